@@ -1,0 +1,129 @@
+"""rewrite(source, options) -> Result: parse, analyse once, run the rules, check, report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import libcst as cst
+
+from accelerate_rewrite.codemod.checks import check, undefined_names
+from accelerate_rewrite.codemod.edits import apply_edits
+from accelerate_rewrite.codemod.facts import ScriptFacts
+from accelerate_rewrite.codemod.rule import Note, Rule, RuleContext
+from accelerate_rewrite.options import Options
+
+
+class RewriteError(Exception):
+    """The file can't be rewritten at all (a syntax error, ...); the message names the file."""
+
+
+@dataclass
+class Result:
+    path: str
+    source: str
+    output: str
+    notes: list[Note] = field(default_factory=list)
+    #: rules dropped for this file, with why (a failed check, an internal error)
+    dropped: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return self.output != self.source
+
+    @property
+    def changes(self) -> list[Note]:
+        return [n for n in self.notes if not n.skipped]
+
+    @property
+    def skips(self) -> list[Note]:
+        return [n for n in self.notes if n.skipped]
+
+
+def _dependents(dropped: str, rules: Sequence[Rule]) -> set[str]:
+    """``dropped`` and every rule that relies on it, directly or not."""
+    out = {dropped}
+    grew = True
+    while grew:
+        grew = False
+        for rule in rules:
+            if rule.code not in out and out.intersection(rule.requires):
+                out.add(rule.code)
+                grew = True
+    return out
+
+
+def rewrite(
+    source: str,
+    options: Options,
+    *,
+    path: str = "<string>",
+    rules: Optional[Sequence[Rule]] = None,
+) -> Result:
+    if rules is None:
+        from accelerate_rewrite.rules import ALL_RULES
+
+        rules = ALL_RULES
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        raise RewriteError(
+            f"{path}:{exc.raw_line}:{exc.raw_column}: syntax error: {exc.message}"
+        ) from None
+    facts = ScriptFacts(module)
+    result = Result(path=path, source=source, output=source)
+
+    contexts: dict[str, RuleContext] = {}
+    for rule in rules:
+        if not rule.applies(options):
+            continue
+        ctx = RuleContext(rule, facts, options)
+        try:
+            rule.rewrite(ctx)
+        except Exception as exc:  # a bug in a rule must not cost the user their file
+            result.dropped.append(
+                f"{rule.code} {rule.name}: internal error ({type(exc).__name__}: {exc}); "
+                "not applied to this file"
+            )
+            continue
+        contexts[rule.code] = ctx
+    active = [r for r in rules if r.code in contexts]
+    # a rule whose prerequisite did not run can't run either
+    orphans = {r.code for r in active if any(req not in contexts for req in r.requires)}
+    gone = set().union(*(_dependents(code, active) for code in orphans)) if orphans else set()
+    for code in sorted(gone):
+        result.dropped.append(f"{code}: not applied: a rule it relies on did not run")
+    active = [r for r in active if r.code not in gone]
+
+    original_undefined = undefined_names(facts.module)
+
+    def attempt(selected: Sequence[Rule]) -> tuple[str, list[str]]:
+        new = apply_edits(facts.module, [contexts[r.code].edits for r in selected])
+        code = new.code
+        return code, ([] if code == source else check(original_undefined, code))
+
+    output, problems = attempt(active)
+    while problems:
+        # find the first rule whose edits break the result, drop it and what relies on it
+        culprit: Optional[Rule] = None
+        for i in range(1, len(active) + 1):
+            _, problems_i = attempt(active[:i])
+            if problems_i:
+                culprit, problems = active[i - 1], problems_i
+                break
+        if culprit is None:  # only the whole set fails: drop the last rule
+            culprit = active[-1]
+        gone = _dependents(culprit.code, active)
+        others = sorted(gone - {culprit.code})
+        result.dropped.append(
+            f"{culprit.code} {culprit.name}: dropped for this file: " + "; ".join(problems)
+            + (f" (and with it {', '.join(others)}, which rely on it)" if others else "")
+        )
+        active = [r for r in active if r.code not in gone]
+        output, problems = attempt(active)
+
+    for rule in active:
+        result.notes.extend(contexts[rule.code].notes)
+    result.notes.sort(key=lambda n: (n.line, n.rule))
+    result.output = output
+    return result

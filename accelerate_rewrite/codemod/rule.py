@@ -1,0 +1,87 @@
+"""What a rule is, and how it speaks: the Rule base class, Kind, notes and examples."""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Optional
+
+import libcst as cst
+
+from accelerate_rewrite.codemod.edits import EditSet
+from accelerate_rewrite.options import Options
+
+if TYPE_CHECKING:
+    from accelerate_rewrite.codemod.facts import ScriptFacts
+
+
+class Kind(str, enum.Enum):
+    """How much a rule may change what the script computes."""
+
+    SAFE = "safe"  # keeps the math
+    APPROXIMATE = "approximate"  # numerics change within a known tolerance
+    CHANGES_TRAINING = "changes-training"  # trains differently, on purpose
+
+
+@dataclass(frozen=True)
+class Note:
+    """A change a rule made, or a place it left alone and why. ``line`` is 1-based."""
+
+    rule: str
+    line: int
+    message: str
+    skipped: bool = False
+
+
+@dataclass(frozen=True)
+class Example:
+    """A before/after pair: the docs print it, a test runs it."""
+
+    before: str
+    after: str
+    options: dict = field(default_factory=dict)
+
+
+class RuleContext:
+    """What a rule gets: the facts, the options, its own edit set, and a way to speak."""
+
+    def __init__(self, rule: "Rule", facts: "ScriptFacts", options: Options) -> None:
+        self.rule = rule
+        self.facts = facts
+        self.options = options
+        self.edits = EditSet()
+        self.notes: list[Note] = []
+
+    def change(self, node: Optional[cst.CSTNode], message: str) -> None:
+        self.notes.append(Note(self.rule.code, self.facts.line(node), message))
+
+    def skip(self, node: Optional[cst.CSTNode], message: str) -> None:
+        self.notes.append(Note(self.rule.code, self.facts.line(node), message, skipped=True))
+
+
+class Rule:
+    """A rule: the class docstring is its documentation (``accelerate-rewrite explain``)."""
+
+    code: ClassVar[str]
+    name: ClassVar[str]
+    kind: ClassVar[Kind] = Kind.SAFE
+    #: codes of rules whose edits this one relies on: if one of them is dropped, so is this.
+    requires: ClassVar[tuple[str, ...]] = ()
+    examples: ClassVar[tuple[Example, ...]] = ()
+
+    @classmethod
+    def summary(cls) -> str:
+        return (inspect.getdoc(cls) or "").strip().splitlines()[0]
+
+    @classmethod
+    def documentation(cls) -> str:
+        return inspect.getdoc(cls) or ""
+
+    def applies(self, options: Options) -> bool:
+        """Whether the rule runs at all with these options."""
+        return True
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        """Read ``ctx.facts``, record edits in ``ctx.edits`` and notes with ctx.change/skip."""
+        raise NotImplementedError

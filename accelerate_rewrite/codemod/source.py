@@ -1,0 +1,99 @@
+"""Source files in and out: bytes -> text (encoding, BOM) and back, atomically.
+
+Line endings, tabs and a missing final newline need nothing here: LibCST keeps every byte
+of the text it is given, so only the encoding has to round-trip.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import tempfile
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class SourceError(Exception):
+    """A file that can't be read, decoded or written; the message names the file."""
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: Path
+    raw: bytes
+    text: str
+    encoding: str  # as tokenize names it: "utf-8", "utf-8-sig" (with a BOM), "latin-1", ...
+
+    def encode(self, text: str) -> bytes:
+        return text.encode(self.encoding)
+
+
+def decode(path: Path, raw: bytes) -> SourceFile:
+    if b"\x00" in raw:
+        raise SourceError(f"{path}: binary file (contains NUL bytes), not a Python script")
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
+    except SyntaxError as exc:  # a bad coding cookie
+        raise SourceError(f"{path}: {exc}") from None
+    try:
+        text = raw.decode(encoding)
+    except (UnicodeDecodeError, LookupError) as exc:
+        raise SourceError(f"{path}: cannot be decoded as {encoding} ({exc.reason})") from None
+    if encoding == "utf-8-sig" and text.startswith("\ufeff"):
+        text = text[1:]
+    return SourceFile(path=path, raw=raw, text=text, encoding=encoding)
+
+
+def read_source(path: Path) -> SourceFile:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SourceError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise SourceError(f"{path}: is a directory") from None
+    except OSError as exc:
+        raise SourceError(f"{path}: cannot be read ({exc.strerror})") from None
+    return decode(path, raw)
+
+
+def write_atomic(path: Path, data: bytes, *, expected: bytes | None = None) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
+
+    The file's mode is kept; a symlink is followed to its target (the link stays a link).
+    With ``expected``, a file whose bytes changed since they were read is not overwritten.
+    """
+    target = Path(os.path.realpath(path))
+    if expected is not None:
+        try:
+            current = target.read_bytes()
+        except OSError as exc:
+            raise SourceError(f"{path}: cannot be re-read before writing ({exc.strerror})") from None
+        if current != expected:
+            raise SourceError(f"{path}: changed on disk since it was read; not overwritten")
+    try:
+        mode = stat.S_IMODE(target.stat().st_mode)
+    except FileNotFoundError:
+        mode = 0o644
+    if target.exists() and not os.access(target, os.W_OK):
+        raise SourceError(f"{path}: is read-only; not written")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise SourceError(
+            f"{path}: cannot write in {target.parent} ({exc.strerror}); not written"
+        ) from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise SourceError(f"{path}: write failed ({exc.strerror}); the original is unchanged") from None

@@ -1,0 +1,176 @@
+"""The options a rewrite runs with, and their validation.
+
+The valid values mirror Lightning Fabric 2.6 (``Fabric(accelerator=, strategy=, devices=,
+num_nodes=, precision=)``) without importing it: the rewrite path must start fast. A test
+checks these lists against Lightning's own registries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Union
+
+#: Fabric's precision values, in the order its docs list them.
+PRECISIONS = (
+    "32-true",
+    "16-mixed",
+    "bf16-mixed",
+    "16-true",
+    "bf16-true",
+    "64-true",
+    "transformer-engine",
+    "transformer-engine-float16",
+)
+#: The aliases Fabric also accepts, and the canonical value each one means.
+PRECISION_ALIASES = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed", "64": "64-true"}
+
+#: Strategy names in Fabric's registry, plus "auto".
+STRATEGIES = (
+    "auto",
+    "ddp",
+    "ddp_find_unused_parameters_true",
+    "ddp_spawn",
+    "ddp_fork",
+    "ddp_notebook",
+    "dp",
+    "fsdp",
+    "fsdp_cpu_offload",
+    "deepspeed",
+    "deepspeed_stage_1",
+    "deepspeed_stage_1_offload",
+    "deepspeed_stage_2",
+    "deepspeed_stage_2_offload",
+    "deepspeed_stage_3",
+    "deepspeed_stage_3_offload",
+    "deepspeed_stage_3_offload_nvme",
+    "xla",
+    "xla_fsdp",
+    "single_xla",
+    "single_tpu",
+)
+#: Strategies whose launcher has to be given the training function: ``fabric.launch(fn)``.
+FUNCTION_LAUNCH_STRATEGIES = frozenset({"ddp_spawn", "ddp_fork", "ddp_notebook", "xla", "xla_fsdp"})
+
+ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps", "tpu")
+
+#: Fabric's own defaults: arguments equal to these are not written into ``Fabric(...)``.
+FABRIC_DEFAULTS = {
+    "accelerator": "auto",
+    "strategy": "auto",
+    "devices": "auto",
+    "num_nodes": 1,
+    "precision": "32-true",
+}
+
+Devices = Union[int, str]
+
+
+class OptionError(ValueError):
+    """A wrong option value; the message is one line that lists the valid values."""
+
+
+def normalize_precision(value: str) -> str:
+    value = str(value).strip()
+    if value in PRECISIONS:
+        return value
+    if value in PRECISION_ALIASES:
+        return PRECISION_ALIASES[value]
+    valid = ", ".join(PRECISIONS) + " (aliases: " + ", ".join(PRECISION_ALIASES) + ")"
+    raise OptionError(f"invalid precision {value!r}; valid values: {valid}")
+
+
+def normalize_strategy(value: str) -> str:
+    value = str(value).strip()
+    if value not in STRATEGIES:
+        raise OptionError(f"invalid strategy {value!r}; valid values: {', '.join(STRATEGIES)}")
+    return value
+
+
+def normalize_accelerator(value: str) -> str:
+    value = str(value).strip()
+    if value not in ACCELERATORS:
+        raise OptionError(
+            f"invalid accelerator {value!r}; valid values: {', '.join(ACCELERATORS)}"
+        )
+    return value
+
+
+def normalize_devices(value: Union[str, int]) -> Devices:
+    """Fabric's forms: "auto", a count (int >= 1, or -1 for all), or device indices "0,1"."""
+    text = str(value).strip()
+    if text == "auto":
+        return "auto"
+    try:
+        count = int(text)
+    except ValueError:
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if len(parts) > 1 and all(p.isdigit() for p in parts):
+            return ",".join(parts)
+        raise OptionError(
+            f"invalid devices {value!r}; valid values: auto, a count such as 4, -1 for all, "
+            "or device indices such as 0,1"
+        ) from None
+    if count == -1 or count >= 1:
+        return count
+    raise OptionError(
+        f"invalid devices {value!r}; valid values: auto, a count such as 4, -1 for all, "
+        "or device indices such as 0,1"
+    )
+
+
+def normalize_num_nodes(value: Union[str, int]) -> int:
+    try:
+        count = int(str(value).strip())
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise OptionError(f"invalid num-nodes {value!r}; valid values: a whole number >= 1")
+    return count
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What the user asked for. ``None`` means "not given": Fabric's default applies."""
+
+    precision: Optional[str] = None
+    devices: Optional[Devices] = None
+    strategy: Optional[str] = None
+    num_nodes: Optional[int] = None
+    accelerator: Optional[str] = None
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        precision: Optional[str] = None,
+        devices: Optional[Union[str, int]] = None,
+        strategy: Optional[str] = None,
+        num_nodes: Optional[Union[str, int]] = None,
+        accelerator: Optional[str] = None,
+    ) -> "Options":
+        """Validate and normalise raw values (from the command line or a test)."""
+        return cls(
+            precision=None if precision is None else normalize_precision(precision),
+            devices=None if devices is None else normalize_devices(devices),
+            strategy=None if strategy is None else normalize_strategy(strategy),
+            num_nodes=None if num_nodes is None else normalize_num_nodes(num_nodes),
+            accelerator=None if accelerator is None else normalize_accelerator(accelerator),
+        )
+
+    def fabric_kwargs(self) -> dict[str, object]:
+        """The ``Fabric(...)`` keyword arguments that differ from Fabric's defaults, in order."""
+        out: dict[str, object] = {}
+        for name in ("accelerator", "strategy", "devices", "num_nodes", "precision"):
+            value = getattr(self, name)
+            if value is not None and value != FABRIC_DEFAULTS[name]:
+                out[name] = value
+        return out
+
+    @property
+    def single_device(self) -> bool:
+        """True only when the user asked for exactly one device on one node."""
+        return self.devices == 1 and (self.num_nodes or 1) == 1
+
+    @property
+    def mixed_or_low_precision(self) -> bool:
+        return self.precision not in (None, "32-true", "64-true")

@@ -1,0 +1,35 @@
+"""The rules, in the order they run. Each module holds one rule; its docstring is its doc."""
+
+from __future__ import annotations
+
+from accelerate_rewrite.codemod.rule import Rule
+from accelerate_rewrite.rules.fabric_backward import FabricBackward
+from accelerate_rewrite.rules.fabric_checkpoint import FabricCheckpoint
+from accelerate_rewrite.rules.fabric_clip_gradients import FabricClipGradients
+from accelerate_rewrite.rules.fabric_data_parallel import FabricDataParallel
+from accelerate_rewrite.rules.fabric_dataloaders import FabricDataloaders
+from accelerate_rewrite.rules.fabric_device import FabricDevice
+from accelerate_rewrite.rules.fabric_launch import FabricLaunch
+from accelerate_rewrite.rules.fabric_print import FabricPrint
+from accelerate_rewrite.rules.fabric_setup import FabricSetup
+
+ALL_RULES: tuple[Rule, ...] = (
+    FabricLaunch(),
+    FabricDataParallel(),
+    FabricSetup(),
+    FabricDataloaders(),
+    FabricDevice(),
+    FabricBackward(),
+    FabricClipGradients(),
+    FabricPrint(),
+    FabricCheckpoint(),
+)
+BY_CODE = {rule.code: rule for rule in ALL_RULES}
+
+
+def find(code_or_name: str) -> Rule | None:
+    key = code_or_name.strip()
+    for rule in ALL_RULES:
+        if key.upper() == rule.code or key.lower() == rule.name:
+            return rule
+    return None

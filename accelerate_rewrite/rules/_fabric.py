@@ -1,0 +1,573 @@
+"""The Fabric conversion plan: the decisions that the Fabric rules share, made once per file.
+
+Where ``fabric`` is created, in which functions it can be reached and under what name
+(``fabric``, a ``device`` parameter that becomes ``fabric``, ``self.fabric``), which models,
+optimizers and loaders are set up, which batches therefore need no ``.to(device)``, and what
+becomes of every use of the device. The rules (AR101-AR109) turn these decisions into edits;
+none of them decides alone, so they agree with each other by construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import libcst as cst
+import libcst.matchers as m
+
+from accelerate_rewrite.codemod.facts import (
+    DEVICE,
+    LOADER,
+    MODEL,
+    Binding,
+    DeviceMove,
+    Key,
+    Optimizer,
+    ScriptFacts,
+    is_literal_device,
+    root_of,
+)
+from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, Options
+
+NAME = "fabric"
+Scope = Union[cst.Module, cst.FunctionDef, cst.Lambda]
+
+
+def code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+def expr(text: str) -> cst.BaseExpression:
+    return cst.parse_expression(text)
+
+
+def stmt(text: str) -> cst.BaseStatement:
+    return cst.parse_statement(text)
+
+
+@dataclass
+class SetupGroup:
+    """One ``fabric.setup(...)`` call: a model and the optimizers that train it."""
+
+    model: str  # as written where the optimizers are built: "model", "self.model"
+    optimizers: list[Optimizer]
+    ref: str
+    model_key: Key
+    after: cst.BaseStatement  # the setup call goes right after this statement
+
+
+@dataclass
+class MoveDecision:
+    move: DeviceMove
+    action: str  # "remove" | "fabric-device"
+    ref: Optional[str] = None
+
+
+@dataclass
+class FabricPlan:
+    refusal: Optional[tuple[Optional[cst.CSTNode], str]] = None
+    home: Optional[Scope] = None
+    anchor: Optional[cst.BaseStatement] = None  # Fabric(...) goes right before it
+    replaces_anchor: bool = False  # the anchor is a device definition that goes away
+    omit_precision: Optional[tuple[cst.CSTNode, str]] = None
+    refs: dict[int, str] = field(default_factory=dict)  # id(scope node) -> "fabric" | "self.fabric"
+    threaded_params: dict[int, cst.Param] = field(default_factory=dict)  # id(FunctionDef) -> param
+    threaded_attrs: dict[int, str] = field(default_factory=dict)  # id(ClassDef) -> "self.device"
+    setups: list[SetupGroup] = field(default_factory=list)
+    setup_skips: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
+    loader_groups: list[tuple[list[Binding], cst.BaseStatement, str]] = field(default_factory=list)
+    loader_skips: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
+    moves: list[MoveDecision] = field(default_factory=list)
+    move_skips: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
+    device_uses: list[tuple[cst.CSTNode, str]] = field(default_factory=list)  # node -> new code
+    device_keeps: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
+    removed_device_defs: list[Binding] = field(default_factory=list)
+    thread_args: list[tuple[cst.Arg, str]] = field(default_factory=list)  # call args -> ref
+    trivial_stmts: list[cst.BaseStatement] = field(default_factory=list)
+
+    def ref_at(self, facts: ScriptFacts, node: cst.CSTNode) -> Optional[str]:
+        """How ``fabric`` is spelled where ``node`` stands, or None if it can't be reached."""
+        for scope in _scopes_up(facts, node):
+            ref = self.refs.get(id(scope))
+            if ref is not None:
+                return ref
+        return None
+
+    def after_creation(self, facts: ScriptFacts, node: cst.CSTNode) -> bool:
+        """In the home scope, only code after the Fabric lines can use ``fabric``."""
+        if self.home is None or self.anchor is None:
+            return False
+        if _innermost_scope(facts, node) is not self.home:
+            return True
+        return facts.line(node) >= facts.line(self.anchor)
+
+    @property
+    def setup_model_keys(self) -> list[Key]:
+        return [g.model_key for g in self.setups]
+
+    def group_of(self, facts: ScriptFacts, key: Optional[Key]) -> Optional[SetupGroup]:
+        for group in self.setups:
+            if facts.same_object(group.model_key, key):
+                return group
+        return None
+
+    def visible_name(self, facts: ScriptFacts, node: cst.CSTNode, target: Key) -> Optional[str]:
+        """How the object behind ``target`` is named where ``node`` stands, if it is."""
+        scopes = list(_scopes_up(facts, node))
+        func = facts.function(node)
+        cls = facts.enclosing_class(func) if func is not None else None
+        for key in facts.kinds:
+            if not facts.same_object(key, target):
+                continue
+            owner, path = key
+            if path.startswith("self.") and owner is cls:
+                return path
+            if any(owner is s for s in scopes):
+                return path
+        return None
+
+
+def _scopes_up(facts: ScriptFacts, node: cst.CSTNode):
+    for parent in [node, *facts.ancestors(node)]:
+        if isinstance(parent, (cst.FunctionDef, cst.Lambda, cst.Module)):
+            yield parent
+
+
+def _innermost_scope(facts: ScriptFacts, node: cst.CSTNode) -> Scope:
+    return next(iter(_scopes_up(facts, node)))
+
+
+def plan(facts: ScriptFacts, options: Options) -> FabricPlan:
+    cache = facts.__dict__.setdefault("_fabric_plans", {})
+    if options not in cache:
+        cache[options] = _Planner(facts, options).run()
+    return cache[options]
+
+
+class _Planner:
+    def __init__(self, facts: ScriptFacts, options: Options) -> None:
+        self.f = facts
+        self.o = options
+        self.p = FabricPlan()
+
+    def refuse(self, node: Optional[cst.CSTNode], why: str) -> FabricPlan:
+        self.p.refusal = (node, why)
+        return self.p
+
+    def run(self) -> FabricPlan:
+        f, p = self.f, self.p
+        if f.frameworks:
+            label, node = f.frameworks[0]
+            return self.refuse(node, f"already uses {label}; left alone")
+        if not f.backward_sites and not f.optimizers:
+            return self.refuse(None, "no training found (no optimizer, no backward call); nothing to do")
+        ddp = f.hand_ddp()
+        if ddp:
+            return self.refuse(
+                ddp[0].call,
+                f"hand-made distributed training ({ddp[0].qualname.rsplit('.', 1)[-1]}): Fabric "
+                "starts its own processes; remove the hand-made set-up and rerun, or convert by hand",
+            )
+        if self.o.strategy in FUNCTION_LAUNCH_STRATEGIES:
+            return self.refuse(
+                None,
+                f"--strategy {self.o.strategy} needs the training code in a function passed to "
+                "fabric.launch(fn); this rewrite does not restructure scripts that way "
+                "(use --strategy ddp)",
+            )
+        taken = [n for n in m.findall(f.module, m.Name(NAME)) if f.key_of(n) is not None]
+        if taken:
+            return self.refuse(taken[0], f"the name `{NAME}` is already used in this script")
+        if not f.optimizers:
+            return self.refuse(f.backward_sites[0].call, "no optimizer found to set up with Fabric")
+        if not self._find_home():
+            return p
+        self._precision()
+        self._refs()
+        self._setups()
+        if p.refusal:
+            return p
+        self._loaders()
+        self._devices()
+        return p
+
+    # -- where Fabric is created --
+    def _find_home(self) -> bool:
+        f, p = self.f, self.p
+        builds = [
+            b for b in f.bindings
+            if any(f.same_object(b.key, key) for opt in f.optimizers for key in opt.models)
+        ]
+        first = min(builds or f.optimizers, key=lambda b: f.line(b.stmt))
+        home = _innermost_scope(f, first.stmt)
+        if isinstance(home, cst.FunctionDef) and f.enclosing_class(home) is not None:
+            self.refuse(
+                first.stmt,
+                f"the model is built inside a class ({f.enclosing_class(home).name.value}."
+                f"{home.name.value}); create Fabric where that object is made and pass it in "
+                "(not automated yet)",
+            )
+            return False
+        if isinstance(home, cst.Lambda):
+            self.refuse(first.stmt, "the model is built in a lambda")
+            return False
+        p.home = home
+        block = f.block(first.stmt)
+        interesting = [b.stmt for b in f.bindings if _innermost_scope(f, b.stmt) is home]
+        interesting += [f.statement(d.call) for d in f.device_moves
+                        if _innermost_scope(f, d.call) is home]
+        candidates = []
+        for s in interesting:
+            top = _ancestor_in_block(f, s, block)
+            if top is not None:
+                candidates.append(top)
+        p.anchor = min(candidates, key=lambda s: list(block.body).index(s))
+        return True
+
+    def _precision(self) -> None:
+        f, p, o = self.f, self.p, self.o
+        if o.precision is None or not o.mixed_or_low_precision:
+            return
+        own = f.uses_autocast()
+        if own:
+            p.omit_precision = (
+                own[0].call,
+                f"precision {o.precision} not set on Fabric: the script runs its own "
+                f"{own[0].qualname.rsplit('.', 1)[-1]}, and Fabric's on top would apply it twice; "
+                "leave the script's mixed precision as it is, or remove it and rerun",
+            )
+            return
+        lbfgs = [opt for opt in f.optimizers if opt.qualname.endswith("LBFGS")]
+        if lbfgs and o.precision == "16-mixed":
+            p.omit_precision = (
+                lbfgs[0].stmt,
+                "precision 16-mixed not set: its GradScaler can't step an LBFGS closure "
+                "(use bf16-mixed)",
+            )
+
+    # -- where `fabric` can be reached --
+    def _refs(self) -> None:
+        f, p = self.f, self.p
+        p.refs[id(p.home)] = NAME
+        if isinstance(p.home, cst.Module):
+            return  # a global: every function sees it
+        changed = True
+        while changed:
+            changed = False
+            for fn in f.functions.values():
+                target = fn.node
+                func = target if isinstance(target, cst.FunctionDef) else _init(target)
+                if func is None or id(func) in p.threaded_params or fn.other_uses or not fn.calls:
+                    continue
+                param = self._device_param(func, fn)
+                if param is None:
+                    continue
+                if not all(p.ref_at(f, call) and p.after_creation(f, call) for call in fn.calls):
+                    continue
+                p.threaded_params[id(func)] = param
+                p.refs[id(func)] = NAME
+                changed = True
+                if isinstance(target, cst.ClassDef):
+                    attr = self._device_attr(target, param)
+                    if attr is not None:
+                        p.threaded_attrs[id(target)] = attr
+                        for stmt_ in target.body.body:
+                            if isinstance(stmt_, cst.FunctionDef) and stmt_ is not func:
+                                p.refs[id(stmt_)] = f"self.{NAME}"
+
+    def _device_param(self, func: cst.FunctionDef, fn) -> Optional[cst.Param]:
+        f = self.f
+        for param in [*func.params.params, *func.params.kwonly_params]:
+            if DEVICE in f.kinds.get((func, param.name.value), set()) and param.default is None:
+                if any(p.name.value == NAME for p in func.params.params):
+                    return None
+                return param
+        return None
+
+    def _device_attr(self, cls: cst.ClassDef, param: cst.Param) -> Optional[str]:
+        f = self.f
+        init = _init(cls)
+        for node in m.findall(init, m.Assign(targets=[m.AssignTarget(m.Attribute(m.Name("self")))],
+                                             value=m.Name(param.name.value))):
+            return code(node.targets[0].target)
+        return None
+
+    # -- fabric.setup(model, optimizer) --
+    def _setups(self) -> None:
+        f, p = self.f, self.p
+        by_model: dict[Key, list[Optimizer]] = {}
+        for opt in f.optimizers:
+            if len(opt.models) != 1:
+                why = ("its parameters come from several models" if opt.models
+                       else "could not tell which model's parameters it takes")
+                p.setup_skips.append((opt.stmt, f"optimizer `{opt.path}` not set up: {why}"))
+                continue
+            by_model.setdefault(opt.models[0], []).append(opt)
+        for model_key, opts in by_model.items():
+            opts.sort(key=lambda o: f.line(o.stmt))
+            after = common_after(f, [o.stmt for o in opts])
+            ref = p.ref_at(f, after) if after is not None else None
+            if after is None or ref is None or not p.after_creation(f, after):
+                p.setup_skips.append(
+                    (opts[-1].stmt, f"`{opts[-1].path}` is built where `fabric` can't be reached")
+                )
+                continue
+            unique: dict[str, Optimizer] = {}
+            for o in opts:  # the same optimizer built in an if/else: one setup after both
+                unique.setdefault(o.path, o)
+            p.setups.append(SetupGroup(model_key[1], list(unique.values()), ref, model_key, after))
+        if p.setup_skips:
+            node, why = p.setup_skips[0]
+            self.refuse(node, f"{why}; without setting every trained model up, Fabric can't apply "
+                              "its precision or strategy, so nothing was converted")
+
+    # -- fabric.setup_dataloaders(...) --
+    def _loaders(self) -> None:
+        f, p = self.f, self.p
+        groups: dict[int, list[Binding]] = {}
+        for loader in f.loaders:
+            ref = p.ref_at(f, loader.stmt)
+            if ref is None:
+                p.loader_skips.append((loader.stmt, f"`{loader.path}` is built where `fabric` can't be reached"))
+                continue
+            groups.setdefault(id(f.block(loader.stmt)), []).append(loader)
+        for loaders in groups.values():
+            loaders.sort(key=lambda b: f.line(b.stmt))
+            last = loaders[-1].stmt
+            block = f.block(last)
+            if not p.after_creation(f, last):
+                # built before Fabric: set up right after the Fabric lines when that's the same block
+                if block is not f.block(p.anchor):
+                    for b in loaders:
+                        p.loader_skips.append((b.stmt, f"`{b.path}` is built before Fabric exists"))
+                    continue
+                last = p.anchor
+            p.loader_groups.append((loaders, last, p.ref_at(f, loaders[-1].stmt)))
+
+    # -- devices: moves, uses, threading --
+    def _set_up(self, key: Optional[Key], kind: str) -> bool:
+        f = self.f
+        if key is None or kind not in f.kinds.get(key, set()):
+            return False
+        if kind == MODEL:
+            return any(f.same_object(key, k) for k in self.p.setup_model_keys)
+        return any(f.same_object(key, b.key) for group, _, _ in self.p.loader_groups for b in group)
+
+    def _batch_moves(self) -> set[int]:
+        """ids of device moves whose receiver is a batch from a loader that Fabric set up."""
+        f = self.f
+        out: set[int] = set()
+        for loop in m.findall(f.module, m.For()):
+            source = loop.iter
+            while m.matches(source, m.Call(func=m.Name("enumerate") | m.Name("tqdm") | m.Attribute(attr=m.Name("tqdm")))):
+                source = source.args[0].value
+            if not self._set_up(f.key_of(source), LOADER):
+                continue
+            names = {n.value for n in m.findall(loop.target, m.Name())}
+            for node in loop.body.body:  # names unpacked from a batch are batches too
+                if m.matches(node, m.SimpleStatementLine(body=[m.Assign()])):
+                    assign = node.body[0]
+                    roots = {root_of(e).value for e in m.findall(assign.value, m.Name())
+                             if isinstance(root_of(e), cst.Name)}
+                    if roots and roots <= names | {"batch"} and not m.findall(assign.value, m.Call()):
+                        for t in assign.targets:
+                            names |= {n.value for n in m.findall(t.target, m.Name())}
+            for move in f.device_moves:
+                root = root_of(move.receiver)
+                if isinstance(root, cst.Name) and root.value in names and loop in f.ancestors(move.call):
+                    out.add(id(move.call))
+        return out
+
+    def _devices(self) -> None:
+        f, p = self.f, self.p
+        batches = self._batch_moves()
+        handled: set[int] = set()  # ids of device Name/Attribute nodes taken care of
+        for move in f.device_moves:
+            device_node = move.device_arg.value if move.device_arg is not None else None
+            is_device_name = device_node is not None and (
+                DEVICE in f.kinds_of(device_node)
+            )
+            literal = move.device_arg is None or is_literal_device(f, device_node)
+            if not is_device_name and not literal:
+                continue
+            ref = p.ref_at(f, move.call)
+            is_model = self._set_up(self._moved_key(move), MODEL)
+            if move.removable and (is_model or id(move.call) in batches):
+                p.moves.append(MoveDecision(move, "remove"))
+                if device_node is not None:
+                    handled.add(id(device_node))
+            elif ref is not None and p.after_creation(f, move.call):
+                p.moves.append(MoveDecision(move, "fabric-device", ref))
+                if device_node is not None:
+                    handled.add(id(device_node))
+            else:
+                p.move_skips.append((move.call, "`fabric` can't be reached here; the move is kept"))
+        self._trivial_statements()
+        self._device_names(handled)
+
+    def _moved_key(self, move: DeviceMove) -> Optional[Key]:
+        """The object a move moves: ``model`` in ``model.to(d)`` and in ``model = Net().to(d)``."""
+        f = self.f
+        if isinstance(move.receiver, (cst.Name, cst.Attribute)):
+            return f.key_of(move.receiver)
+        parent = f.parent(move.call)
+        while isinstance(parent, cst.Call) or (isinstance(parent, cst.Attribute) and parent.attr.value != "parameters"):
+            parent = f.parent(parent)
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+            return f.key_of(parent.targets[0].target)
+        return None
+
+    def _trivial_statements(self) -> None:
+        """Statements that are left doing nothing once their moves are gone: ``model.to(device)``,
+        ``x, y = x.to(device), y.to(device)``, ``if use_cuda: model = model.cuda()``."""
+        f, p = self.f, self.p
+        removed = {id(d.move.call) for d in p.moves if d.action == "remove"}
+        statements = {id(f.statement(d.move.call)): f.statement(d.move.call)
+                      for d in p.moves if d.action == "remove"}
+        for s in statements.values():
+            if not isinstance(s, cst.SimpleStatementLine) or len(s.body) != 1:
+                continue
+            stripped = s.body[0].visit(_StripMoves(removed))
+            if isinstance(stripped, cst.Expr) and not m.findall(stripped, m.Call()):
+                p.trivial_stmts.append(s)
+            elif isinstance(stripped, cst.Assign) and len(stripped.targets) == 1 and (
+                code(stripped.targets[0].target) == code(stripped.value)
+            ):
+                p.trivial_stmts.append(s)
+
+    def _device_names(self, handled: set[int]) -> None:
+        f, p = self.f, self.p
+        device_keys = [k for k, kinds in f.kinds.items() if DEVICE in kinds]
+        for key in device_keys:
+            for node in f.references(key):
+                if id(node) in handled:
+                    continue
+                new = self._device_use(node)
+                if new is None:
+                    p.device_keeps.append((node, f"`{code(node)}` kept: not a use that Fabric replaces"))
+                elif new != "":
+                    p.device_uses.append((node, new))
+        kept_keys = {f.key_of(n) for n, _ in p.device_keeps}
+        for b in f.device_defs:
+            if b.key in kept_keys or any(f.key_of(n) == b.key for n, _ in p.device_keeps):
+                continue
+            s = b.stmt
+            if m.matches(s, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(m.Name())])])):
+                p.removed_device_defs.append(b)
+        if p.anchor is not None and any(b.stmt is p.anchor for b in p.removed_device_defs):
+            p.replaces_anchor = True
+
+    def _device_use(self, node: cst.CSTNode) -> Optional[str]:
+        """What a read of the device becomes: new code, "" when handled elsewhere, None: kept."""
+        f, p = self.f, self.p
+        parent = f.parent(node)
+        ref = p.ref_at(f, node)
+        if ref is None or not p.after_creation(f, node):
+            return None
+        if isinstance(parent, cst.Arg) and parent.value is node:
+            call = f.parent(parent)
+            target = _called_function(f, call)
+            if target is not None:
+                func = target if isinstance(target, cst.FunctionDef) else _init(target)
+                param = p.threaded_params.get(id(func)) if func is not None else None
+                if param is not None and _arg_param(f, target, call, parent) is param:
+                    p.thread_args.append((parent, ref))
+                    return ""
+            if parent.keyword is not None and parent.keyword.value in ("device", "map_location"):
+                return f"{ref}.device"
+            if parent.keyword is None and f.qualname(call) == "builtins.print":
+                return f"{ref}.device"
+            return None
+        if isinstance(parent, cst.Assign) and parent.value is node:
+            # ``self.device = device`` in a threaded __init__
+            target = parent.targets[0].target
+            cls_key = f.key_of(target) if isinstance(target, cst.Attribute) else None
+            if cls_key is not None and p.threaded_attrs.get(id(cls_key[0])) == code(target):
+                return ""
+            return None
+        if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in ("type", "index"):
+            return f"{ref}.device"
+        if isinstance(parent, cst.FormattedStringExpression):
+            return f"{ref}.device"
+        return None
+
+
+class _StripMoves(cst.CSTTransformer):
+    def __init__(self, removed: set[int]) -> None:
+        super().__init__()
+        self.removed = removed
+
+    def on_leave(self, original, updated):  # type: ignore[override]
+        if id(original) in self.removed:
+            return updated.func.value
+        return updated
+
+
+def common_after(facts: ScriptFacts, stmts: list[cst.BaseStatement]) -> Optional[cst.BaseStatement]:
+    """The statement after which all of ``stmts`` have run: in the innermost block that holds
+    them all (within one function), the last statement that holds one of them."""
+    placements = [_placements(facts, s) for s in stmts]
+    for block, _ in placements[0]:
+        found = []
+        for chain in placements:
+            hit = [s for b, s in chain if b is block]
+            if not hit:
+                break
+            found.append(hit[0])
+        else:
+            return max(found, key=lambda s: list(block.body).index(s))
+    return None
+
+
+def _placements(facts: ScriptFacts, s: cst.BaseStatement) -> list[tuple[cst.CSTNode, cst.BaseStatement]]:
+    """(block, statement in that block) from ``s`` outwards, not leaving its function."""
+    out = []
+    current: Optional[cst.BaseStatement] = s
+    while current is not None:
+        block = facts.block(current)
+        out.append((block, current))
+        if isinstance(block, cst.Module):
+            break
+        current = None
+        for parent in facts.ancestors(block):
+            if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return out
+            if isinstance(parent, cst.BaseStatement) and isinstance(
+                facts.parent(parent), (cst.Module, cst.IndentedBlock)
+            ):
+                current = parent
+                break
+    return out
+
+
+def _ancestor_in_block(facts: ScriptFacts, s: cst.BaseStatement, block) -> Optional[cst.BaseStatement]:
+    current = s
+    while True:
+        parent = facts.parent(current)
+        if parent is None:
+            return None
+        if parent is block and isinstance(current, cst.BaseStatement):
+            return current
+        current = parent
+
+
+def _init(cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
+    for s in cls.body.body:
+        if isinstance(s, cst.FunctionDef) and s.name.value == "__init__":
+            return s
+    return None
+
+
+def _called_function(facts: ScriptFacts, call: cst.CSTNode):
+    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Name):
+        return None
+    fn = facts.functions.get(call.func.value)
+    if fn is None or call not in fn.calls:
+        return None
+    return fn.node
+
+
+def _arg_param(facts: ScriptFacts, target, call: cst.Call, arg: cst.Arg) -> Optional[cst.Param]:
+    from accelerate_rewrite.codemod.facts import _param_for, _positional_params
+
+    return _param_for(_positional_params(target), target, arg, list(call.args).index(arg))

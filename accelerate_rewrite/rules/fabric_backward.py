@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
+from accelerate_rewrite.rules._fabric import code, expr, plan
+
+
+class FabricBackward(Rule):
+    """Every backward goes through Fabric: `loss.backward()` becomes `fabric.backward(loss)`.
+
+    What it does: rewrites each backward site, whatever its shape: `loss.backward()`,
+    `loss.mean().backward()`, `self.loss.backward()`, `scaler.scale(loss).backward()`, a
+    backward inside an LBFGS closure; arguments such as `retain_graph=True` are kept.
+
+    Why: mixed precision, FSDP and DeepSpeed refuse a plain `loss.backward()` ("The current
+    strategy and precision selection requires you to call fabric.backward(loss)"); Fabric
+    scales the loss and lets the strategy hook in.
+
+    Kind: safe.
+
+    Leaves alone: a backward where `fabric` can't be reached (a helper function with no
+    `fabric` passed in), and says where.
+    """
+
+    code = "AR106"
+    name = "fabric-backward"
+    kind = Kind.SAFE
+    requires = ("AR101", "AR105")
+    examples = (
+        Example(
+            before='''\
+loss = criterion(model(x), y).mean()
+loss.backward(retain_graph=True)
+''',
+            after='''\
+loss = criterion(model(x), y).mean()
+fabric.backward(loss, retain_graph=True)
+''',
+        ),
+    )
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        f = ctx.facts
+        p = plan(f, ctx.options)
+        if p.refusal is not None:
+            return
+        for site in f.backward_sites:
+            ref = p.ref_at(f, site.call)
+            if ref is None or not p.after_creation(f, site.call):
+                ctx.skip(site.call, f"`{code(site.call)}` left as is: `fabric` can't be reached here")
+                continue
+            ctx.edits.replace(site.call, lambda u, r=ref: cst.Call(
+                func=expr(f"{r}.backward"), args=[cst.Arg(u.func.value), *u.args]))
+            ctx.change(site.call, f"`{code(site.loss)}.backward()` became `{ref}.backward({code(site.loss)})`")

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from accelerate_rewrite.codemod.facts import OPTIMIZER, root_of
+from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
+from accelerate_rewrite.rules._fabric import code, expr, plan
+
+_RANK_WORDS = ("rank", "is_main", "main_process", "is_master", "global_zero")
+
+
+class FabricCheckpoint(Rule):
+    """Save and load through Fabric: `torch.save` / `torch.load` of training state become
+    `fabric.save` / `fabric.load`.
+
+    What it does: `torch.save({"model": model.state_dict(), "optimizer":
+    optimizer.state_dict(), "epoch": epoch}, path)` becomes `fabric.save(path, {"model": model,
+    "optimizer": optimizer, "epoch": epoch})` (Fabric stores the same state dicts under the
+    same keys, so the file's format does not change); `torch.save(model.state_dict(), path)`
+    becomes `fabric.save(path, model.state_dict())`; `torch.load(path, map_location=...)`
+    becomes `fabric.load(path)` (the state is loaded on the CPU, as `load_state_dict` expects).
+
+    Why: with several processes every rank would write the same file at once; Fabric writes
+    once, and saves sharded (FSDP, DeepSpeed) models correctly when it is given the objects.
+
+    Kind: safe.
+
+    Leaves alone (and says why): saves inside a rank check (`fabric.save` has a barrier: it
+    must run on every rank, or the run hangs); `torch.save(model)` of a whole model; a bare
+    state dict under FSDP or DeepSpeed; loads with other arguments than the path,
+    `map_location` and `weights_only`.
+    """
+
+    code = "AR109"
+    name = "fabric-checkpoint"
+    kind = Kind.SAFE
+    requires = ("AR101", "AR103", "AR105")
+    examples = (
+        Example(
+            before='''\
+torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}, "ckpt.pt")
+ckpt = torch.load("ckpt.pt", map_location=device)
+''',
+            after='''\
+fabric.save("ckpt.pt", {"model": model, "optimizer": optimizer, "epoch": epoch})
+ckpt = fabric.load("ckpt.pt")
+''',
+        ),
+    )
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        f = ctx.facts
+        p = plan(f, ctx.options)
+        if p.refusal is not None:
+            return
+        sharded = (ctx.options.strategy or "").startswith(("fsdp", "deepspeed"))
+        for site in f.calls_to("torch.save", "torch.serialization.save"):
+            call = site.call
+            ref = p.ref_at(f, call)
+            if ref is None or not p.after_creation(f, call):
+                ctx.skip(call, "torch.save left as is: `fabric` can't be reached here")
+                continue
+            if len(call.args) != 2 or any(a.keyword for a in call.args):
+                ctx.skip(call, "torch.save with extra arguments left as is")
+                continue
+            guard = self._rank_guard(f, call)
+            if guard is not None:
+                ctx.skip(call, f"torch.save inside a rank check (line {f.line(guard)}) left as is: "
+                               "fabric.save must run on every rank (it waits for all of them)")
+                continue
+            obj, path = call.args[0].value, call.args[1].value
+            if isinstance(obj, cst.Dict):
+                new_dict = obj.with_changes(elements=[self._state_object(f, p, el) for el in obj.elements])
+                state = code(new_dict)
+            elif self._is_state_dict_of(f, p, obj) and not sharded:
+                state = code(obj)
+            else:
+                why = ("a bare state dict can't be gathered from shards; save {'model': model}"
+                       if sharded else "it saves something other than a state dict (a whole model, or an expression)")
+                ctx.skip(call, f"torch.save left as is: {why}")
+                continue
+            ctx.edits.replace(call, expr(f"{ref}.save({code(path)}, {state})"))
+            ctx.change(call, f"torch.save became {ref}.save (written once, by rank 0)")
+        for site in f.calls_to("torch.load", "torch.serialization.load"):
+            call = site.call
+            ref = p.ref_at(f, call)
+            extra = [a for a in call.args[1:] if a.keyword is None or a.keyword.value not in ("map_location", "weights_only")]
+            if ref is None or not p.after_creation(f, call) or not call.args or extra:
+                ctx.skip(call, "torch.load left as is: " + ("extra arguments" if extra else "`fabric` can't be reached here"))
+                continue
+            keep = [code(a) for a in call.args[1:] if a.keyword is not None and a.keyword.value == "weights_only"]
+            ctx.edits.replace(call, lambda u, r=ref, k=keep: expr(
+                f"{r}.load({', '.join([code(u.args[0].value), *k])})"))
+            ctx.change(call, f"torch.load became {ref}.load (loads on the CPU, Fabric places the state)")
+
+    @staticmethod
+    def _rank_guard(f, call):
+        for parent in f.ancestors(call):
+            if isinstance(parent, (cst.If, cst.IfExp)) and any(w in code(parent.test).lower() for w in _RANK_WORDS):
+                return parent
+            if isinstance(parent, cst.FunctionDef):
+                return None
+        return None
+
+    @staticmethod
+    def _is_state_dict_of(f, p, node) -> bool:
+        if not m.matches(node, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[])):
+            return False
+        key = f.key_of(root_of(node.func.value))
+        return p.group_of(f, key) is not None and root_of(node.func.value) is node.func.value
+
+    def _state_object(self, f, p, element):
+        """``"model": model.state_dict()`` -> ``"model": model`` for set-up models and optimizers."""
+        if not isinstance(element, cst.DictElement):
+            return element
+        value = element.value
+        if m.matches(value, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[])):
+            target = value.func.value
+            if self._is_state_dict_of(f, p, value) or OPTIMIZER in f.kinds_of(target):
+                return element.with_changes(value=target)
+        return element

@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
+from accelerate_rewrite.rules._fabric import code, plan
+
+
+class FabricDataParallel(Rule):
+    """Remove `nn.DataParallel`: Fabric's strategy takes its place.
+
+    What it does: drops `model = nn.DataParallel(model)` (and the `if torch.cuda.device_count()
+    > 1:` around it when nothing else is left in it); elsewhere `nn.DataParallel(m, ...)` becomes
+    `m`. `model.module` keeps working on a model set up by Fabric.
+
+    Why: DataParallel is single-process and slower than DDP; `--devices N` (and `--strategy`)
+    give Fabric's DDP (or FSDP, DeepSpeed) instead. Wrapping a model twice breaks set-up.
+
+    Kind: safe (one device trains the same; several devices train with DDP, which PyTorch
+    recommends over DataParallel).
+    """
+
+    code = "AR102"
+    name = "fabric-data-parallel"
+    kind = Kind.SAFE
+    requires = ("AR101",)
+    examples = (
+        Example(
+            before='''\
+if torch.cuda.device_count() > 1:
+    model = nn.DataParallel(model)
+''',
+            after="",
+        ),
+    )
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        f = ctx.facts
+        if plan(f, ctx.options).refusal is not None:
+            return
+        for site in f.data_parallel():
+            call = site.call
+            if not call.args:
+                continue
+            inner = call.args[0].value
+            s = f.statement(call)
+            if m.matches(s, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget()], value=m.Call())])) \
+                    and s.body[0].value is call \
+                    and code(s.body[0].targets[0].target) == code(inner):
+                ctx.edits.remove(s)
+            else:
+                ctx.edits.replace(call, lambda updated: updated.args[0].value)
+            ctx.change(call, "removed nn.DataParallel: Fabric's strategy replaces it (use --devices N)")

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
+from accelerate_rewrite.rules._fabric import plan, stmt
+
+
+class FabricDataloaders(Rule):
+    """Set the DataLoaders up: `train_loader, val_loader = fabric.setup_dataloaders(...)`.
+
+    What it does: after the statement that builds the last DataLoader of a group, one
+    `fabric.setup_dataloaders(...)` call for the group.
+
+    Why: Fabric then moves every batch to the device (so the `.to(device)` calls on batches
+    can go) and, with several devices, gives each process its own shard through a
+    DistributedSampler (and calls `set_epoch` for you).
+
+    Kind: safe (one device sees the same batches in the same order).
+
+    Leaves alone: loaders built where `fabric` can't be reached, or before Fabric exists in
+    another block; their batches keep an explicit move to `fabric.device`.
+    """
+
+    code = "AR104"
+    name = "fabric-dataloaders"
+    kind = Kind.SAFE
+    requires = ("AR101", "AR105")
+    examples = (
+        Example(
+            before='''\
+train_loader = DataLoader(train_set, batch_size=32, shuffle=True)
+val_loader = DataLoader(val_set, batch_size=64)
+''',
+            after='''\
+train_loader = DataLoader(train_set, batch_size=32, shuffle=True)
+val_loader = DataLoader(val_set, batch_size=64)
+train_loader, val_loader = fabric.setup_dataloaders(train_loader, val_loader)
+''',
+        ),
+    )
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        p = plan(ctx.facts, ctx.options)
+        if p.refusal is not None:
+            return
+        for loaders, after, ref in p.loader_groups:
+            names = ", ".join(b.path for b in loaders)
+            ctx.edits.insert_after(after, stmt(f"{names} = {ref}.setup_dataloaders({names})\n"))
+            ctx.change(after, f"set up `{names}` with Fabric")
+        for node, why in p.loader_skips:
+            ctx.skip(node, why)

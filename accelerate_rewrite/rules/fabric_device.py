@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
+from accelerate_rewrite.rules._fabric import NAME, code, expr, plan
+
+
+class FabricDevice(Rule):
+    """Let Fabric place things: no more `.to(device)` on models and batches.
+
+    What it does: removes `.to(device)` / `.cuda()` / `.to(0)` on models that Fabric sets up
+    and on batches from loaders it sets up (a statement left doing nothing, such as
+    `x, y = x.to(device), y.to(device)` or `model.to(device)`, goes whole); other moves and
+    uses of the device (`torch.zeros(..., device=device)`, a metric's `.to(device)`) become
+    `fabric.device`. A `device` parameter threaded through functions (`train(model, loader,
+    device)`, a Trainer keeping `self.device`) becomes `fabric` (`self.fabric`), and the call
+    sites pass `fabric`. The device definition goes once nothing uses it.
+
+    Why: Fabric decides the device of every process; a hard-coded `cuda` or `cuda:0` is wrong
+    on the second GPU, and moves that Fabric already does are noise.
+
+    Kind: safe.
+
+    Leaves alone (and says why): uses of the device that are not a placement (comparisons
+    with a string, `torch.autocast(device)`, ...): the device definition then stays for them.
+    """
+
+    code = "AR105"
+    name = "fabric-device"
+    kind = Kind.SAFE
+    requires = ("AR101", "AR103", "AR104")
+    examples = (
+        Example(
+            before='''\
+def train(model, loader, optimizer, device):
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        hidden = torch.zeros(x.size(0), 8, device=device)
+''',
+            after='''\
+def train(model, loader, optimizer, fabric):
+    for x, y in loader:
+        hidden = torch.zeros(x.size(0), 8, device=fabric.device)
+''',
+        ),
+    )
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        f, e = ctx.facts, ctx.edits
+        p = plan(f, ctx.options)
+        if p.refusal is not None:
+            return
+        trivial = {id(s) for s in p.trivial_stmts}
+        for s in p.trivial_stmts:
+            e.remove(s)
+            ctx.change(s, f"removed `{code(s.body[0]).strip()}`: Fabric places it")
+        for d in p.moves:
+            call = d.move.call
+            if d.action == "remove":
+                e.replace(call, lambda u: u.func.value)
+                if id(f.statement(call)) not in trivial:
+                    ctx.change(call, f"removed `.{call.func.attr.value}(...)` on `{code(d.move.receiver)}`: Fabric places it")
+            elif d.move.device_arg is None:  # .cuda() on something Fabric does not set up
+                e.replace(call, lambda u, r=d.ref: u.with_changes(
+                    func=u.func.with_changes(attr=cst.Name("to")),
+                    args=[cst.Arg(expr(f"{r}.device")), *[a for a in u.args if a.keyword is not None]],
+                ))
+                ctx.change(call, f"`.cuda()` on `{code(d.move.receiver)}` became `.to({d.ref}.device)`")
+            else:
+                e.replace(d.move.device_arg.value, expr(f"{d.ref}.device"))
+        for node, new in p.device_uses:
+            e.replace(node, expr(new))
+        for arg, ref in p.thread_args:
+            e.replace(arg, lambda u, r=ref: u.with_changes(
+                value=expr(r), keyword=cst.Name(NAME) if u.keyword is not None else None))
+        for func_id, param in p.threaded_params.items():
+            e.replace(param, lambda u: u.with_changes(name=cst.Name(NAME), annotation=None))
+            ctx.change(param, f"parameter `{param.name.value}` became `{NAME}` (its callers pass it)")
+        for cls_id, attr in p.threaded_attrs.items():
+            for node in _attr_assignments(f, cls_id, attr):
+                e.replace(node, lambda u: u.with_changes(
+                    targets=[cst.AssignTarget(expr(f"self.{NAME}"))], value=cst.Name(NAME)))
+                ctx.change(node, f"`{attr}` became `self.{NAME}`")
+        for b in p.removed_device_defs:
+            e.remove(b.stmt)
+            ctx.change(b.stmt, f"removed `{b.path} = ...`: Fabric chooses the device")
+        reported: set[str] = set()
+        for node, why in p.device_keeps:
+            if why not in reported:
+                reported.add(why)
+                ctx.skip(node, why)
+        for node, why in p.move_skips:
+            ctx.skip(node, why)
+
+
+def _attr_assignments(facts, cls_id: int, attr: str):
+    import libcst.matchers as m
+
+    for cls in m.findall(facts.module, m.ClassDef()):
+        if id(cls) == cls_id:
+            for node in m.findall(cls, m.Assign(targets=[m.AssignTarget(m.Attribute(m.Name("self")))])):
+                if code(node.targets[0].target) == attr and isinstance(node.value, cst.Name):
+                    yield node

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
+from accelerate_rewrite.rules._fabric import NAME, plan, stmt
+
+
+class FabricLaunch(Rule):
+    """Create `Fabric(...)` with the options given, and launch it.
+
+    What it does: imports `Fabric` from `lightning.fabric`, creates `fabric = Fabric(...)` with
+    only the options that differ from Fabric's defaults (accelerator, strategy, devices,
+    num_nodes, precision), and calls `fabric.launch()` right after, before any set-up call
+    (unless `--devices 1`). The lines go where the script starts to deal with the device, the
+    model or the data; a device definition that the conversion makes unused is replaced by them.
+
+    Why: Fabric owns the device, the processes and the precision; every other Fabric rule
+    relies on this object.
+
+    Kind: safe at 32-true; the precision option itself is what makes numerics change.
+
+    Leaves alone (and says why): scripts that already use Lightning Fabric, the Lightning
+    Trainer or Hugging Face Accelerate (importing lightning only for `seed_everything` does not
+    count); scripts with hand-made distributed training (`init_process_group`, `DDP(model)`,
+    `DistributedSampler`); scripts with nothing to train; strategies that need `launch(fn)`
+    (ddp_spawn, ddp_notebook, ...); models built inside a class. It does not set a mixed
+    precision over a script that already runs its own autocast/GradScaler, or 16-mixed with LBFGS.
+    """
+
+    code = "AR101"
+    name = "fabric-launch"
+    kind = Kind.SAFE
+    examples = (
+        Example(
+            before='''\
+import torch
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+model = torch.nn.Linear(4, 1).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x in torch.randn(8, 2, 4):
+    loss = model(x.to(device)).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+''',
+            after='''\
+import torch
+from lightning.fabric import Fabric
+
+fabric = Fabric(devices=4, precision="bf16-mixed")
+fabric.launch()
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = fabric.setup(model, optimizer)
+for x in torch.randn(8, 2, 4):
+    loss = model(x.to(fabric.device)).pow(2).mean()
+    fabric.backward(loss)
+    optimizer.step()
+''',
+            options={"precision": "bf16-mixed", "devices": 4},
+        ),
+    )
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        p = plan(ctx.facts, ctx.options)
+        if p.refusal is not None:
+            node, why = p.refusal
+            ctx.skip(node, f"Fabric conversion: {why}")
+            return
+        kwargs = ctx.options.fabric_kwargs()
+        if p.omit_precision is not None:
+            kwargs.pop("precision", None)
+            ctx.skip(*p.omit_precision)
+        args = ", ".join(f"{k}={v!r}" if isinstance(v, int) else f'{k}="{v}"' for k, v in kwargs.items())
+        lines: list[cst.BaseStatement] = [stmt(f"{NAME} = Fabric({args})\n")]
+        launch = not ctx.options.single_device
+        if launch:
+            lines.append(stmt(f"{NAME}.launch()\n"))
+        ctx.edits.insert_before(p.anchor, *lines)
+        ctx.edits.add_import("lightning.fabric", "Fabric")
+        ctx.change(p.anchor, f"created `{NAME} = Fabric({args})`" + (" and launched it" if launch else ""))

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
+from accelerate_rewrite.rules._fabric import expr, plan
+
+
+class FabricPrint(Rule):
+    """Print once, not once per process: `print(...)` becomes `fabric.print(...)`.
+
+    What it does: in the code that runs after Fabric is created (the training path, and the
+    functions `fabric` is passed into), `print(...)` becomes `fabric.print(...)`, with the same
+    arguments.
+
+    Why: with several devices every process runs the script; `fabric.print` prints on rank 0
+    only.
+
+    Kind: safe (prints the same on one device).
+
+    Leaves alone: prints before Fabric exists, and in functions that `fabric` does not reach.
+    """
+
+    code = "AR108"
+    name = "fabric-print"
+    kind = Kind.SAFE
+    requires = ("AR101", "AR105")
+    examples = (
+        Example(
+            before='print(f"epoch {epoch}: loss {loss.item():.4f}")\n',
+            after='fabric.print(f"epoch {epoch}: loss {loss.item():.4f}")\n',
+        ),
+    )
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        f = ctx.facts
+        p = plan(f, ctx.options)
+        if p.refusal is not None:
+            return
+        count = 0
+        for call in f.prints:
+            ref = p.ref_at(f, call)
+            if ref is None or not p.after_creation(f, call):
+                continue
+            ctx.edits.replace(call.func, expr(f"{ref}.print"))
+            count += 1
+        if count:
+            ctx.change(None, f"{count} print(...) call(s) became fabric.print(...) (rank 0 only)")

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
+from accelerate_rewrite.rules._fabric import plan, stmt
+
+
+class FabricSetup(Rule):
+    """Set each model up with its optimizers: `model, optimizer = fabric.setup(model, optimizer)`.
+
+    What it does: after the statement that builds a model's optimizer(s), adds one
+    `fabric.setup(model, *optimizers)` call per model (a GAN gets two). With `--strategy
+    fsdp`, the model is set up before its optimizer is built (`fabric.setup_module`, then
+    `fabric.setup_optimizers`), as FSDP prefers.
+
+    Why: set-up moves the model to the device, wraps it for the strategy (DDP, FSDP, ...) and
+    the precision (autocast in forward), and wraps the optimizer so that steps go through them.
+
+    Kind: safe (keeps the math at 32-true).
+
+    Leaves alone: an optimizer whose parameters come from several models, or from something it
+    can't trace to a model; then nothing of the Fabric conversion is applied (a model that is
+    not set up would silently miss the precision and the strategy).
+    """
+
+    code = "AR103"
+    name = "fabric-setup"
+    kind = Kind.SAFE
+    requires = ("AR101", "AR102", "AR105")
+    examples = (
+        Example(
+            before='''\
+model = Net()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+''',
+            after='''\
+model = Net()
+model = fabric.setup_module(model)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+optimizer = fabric.setup_optimizers(optimizer)
+''',
+            options={"strategy": "fsdp"},
+        ),
+    )
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        p = plan(ctx.facts, ctx.options)
+        if p.refusal is not None:
+            return
+        fsdp = (ctx.options.strategy or "").startswith("fsdp")
+        for group in p.setups:
+            opts = [o.path for o in group.optimizers]
+            ref = group.ref
+            if fsdp and len(group.optimizers) == 1 and group.after is group.optimizers[0].stmt:
+                opt = group.optimizers[0]
+                ctx.edits.insert_before(opt.stmt, stmt(f"{group.model} = {ref}.setup_module({group.model})\n"))
+                ctx.edits.insert_after(opt.stmt, stmt(f"{opt.path} = {ref}.setup_optimizers({opt.path})\n"))
+                ctx.change(opt.stmt, f"set `{group.model}` up before its optimizer is built (FSDP), then `{opt.path}`")
+                continue
+            names = ", ".join([group.model, *opts])
+            ctx.edits.insert_after(group.after, stmt(f"{names} = {ref}.setup({names})\n"))
+            ctx.change(group.after, f"set up `{names}` with Fabric")
