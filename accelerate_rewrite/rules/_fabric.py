@@ -37,6 +37,12 @@ def code(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
 
 
+def short(node: cst.CSTNode, limit: int = 48) -> str:
+    """One line of code for a message: whitespace folded, long code cut."""
+    text = " ".join(code(node).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def expr(text: str) -> cst.BaseExpression:
     return cst.parse_expression(text)
 
@@ -444,7 +450,8 @@ class _Planner:
                     continue
                 new = self._device_use(node)
                 if new is None:
-                    p.device_keeps.append((node, f"`{code(node)}` kept: not a use that Fabric replaces"))
+                    p.device_keeps.append((node, f"`{short(node)}` is still used here as it was "
+                                                 f"(`{short(f.statement(node))}`); its definition stays"))
                 elif new != "":
                     p.device_uses.append((node, new))
         kept_keys = {f.key_of(n) for n, _ in p.device_keeps}

@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import code, expr, plan
+from accelerate_rewrite.rules._fabric import expr, plan, short
 
 
 class FabricBackward(Rule):
@@ -48,8 +48,8 @@ fabric.backward(loss, retain_graph=True)
         for site in f.backward_sites:
             ref = p.ref_at(f, site.call)
             if ref is None or not p.after_creation(f, site.call):
-                ctx.skip(site.call, f"`{code(site.call)}` left as is: `fabric` can't be reached here")
+                ctx.skip(site.call, f"`{short(site.call)}` left as is: `fabric` can't be reached here")
                 continue
             ctx.edits.replace(site.call, lambda u, r=ref: cst.Call(
                 func=expr(f"{r}.backward"), args=[cst.Arg(u.func.value), *u.args]))
-            ctx.change(site.call, f"`{code(site.loss)}.backward()` became `{ref}.backward({code(site.loss)})`")
+            ctx.change(site.call, f"`{short(site.loss)}.backward()` became `{ref}.backward({short(site.loss)})`")

@@ -27,9 +27,10 @@ class FabricCheckpoint(Rule):
     Kind: safe.
 
     Leaves alone (and says why): saves inside a rank check (`fabric.save` has a barrier: it
-    must run on every rank, or the run hangs); `torch.save(model)` of a whole model; a bare
-    state dict under FSDP or DeepSpeed; loads with other arguments than the path,
-    `map_location` and `weights_only`.
+    must run on every rank, or the run hangs); `torch.save(model)` of a whole model; every save
+    and load under FSDP or DeepSpeed (Fabric writes sharded checkpoints there, which the
+    script's own loading code could not read: convert both together by hand); loads with other
+    arguments than the path, `map_location` and `weights_only`.
     """
 
     code = "AR109"
@@ -70,15 +71,19 @@ ckpt = fabric.load("ckpt.pt")
                                "fabric.save must run on every rank (it waits for all of them)")
                 continue
             obj, path = call.args[0].value, call.args[1].value
+            if sharded:
+                ctx.skip(call, f"torch.save left as is: under {ctx.options.strategy}, fabric.save writes a "
+                               "sharded checkpoint that this script's loading code could not read; "
+                               "convert saving and loading together by hand")
+                continue
             if isinstance(obj, cst.Dict):
                 new_dict = obj.with_changes(elements=[self._state_object(f, p, el) for el in obj.elements])
                 state = code(new_dict)
-            elif self._is_state_dict_of(f, p, obj) and not sharded:
+            elif self._is_state_dict_of(f, p, obj):
                 state = code(obj)
             else:
-                why = ("a bare state dict can't be gathered from shards; save {'model': model}"
-                       if sharded else "it saves something other than a state dict (a whole model, or an expression)")
-                ctx.skip(call, f"torch.save left as is: {why}")
+                ctx.skip(call, "torch.save left as is: it saves something other than a state dict "
+                               "(a whole model, or an expression)")
                 continue
             ctx.edits.replace(call, expr(f"{ref}.save({code(path)}, {state})"))
             ctx.change(call, f"torch.save became {ref}.save (written once, by rank 0)")
@@ -86,6 +91,10 @@ ckpt = fabric.load("ckpt.pt")
             call = site.call
             ref = p.ref_at(f, call)
             extra = [a for a in call.args[1:] if a.keyword is None or a.keyword.value not in ("map_location", "weights_only")]
+            if sharded:
+                ctx.skip(call, f"torch.load left as is: under {ctx.options.strategy}, checkpoints are "
+                               "sharded; convert saving and loading together by hand")
+                continue
             if ref is None or not p.after_creation(f, call) or not call.args or extra:
                 ctx.skip(call, "torch.load left as is: " + ("extra arguments" if extra else "`fabric` can't be reached here"))
                 continue

@@ -45,10 +45,19 @@ if torch.cuda.device_count() > 1:
                 continue
             inner = call.args[0].value
             s = f.statement(call)
-            if m.matches(s, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget()], value=m.Call())])) \
+            guard = f.parent(f.block(s))
+            if isinstance(guard, cst.If) and guard.orelse is None and "device_count" in code(guard.test) \
+                    and all(x is s or _is_print(x) for x in guard.body.body):
+                # ``if torch.cuda.device_count() > 1: print(...); model = nn.DataParallel(model)``
+                ctx.edits.remove(guard)
+            elif m.matches(s, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget()], value=m.Call())])) \
                     and s.body[0].value is call \
                     and code(s.body[0].targets[0].target) == code(inner):
                 ctx.edits.remove(s)
             else:
                 ctx.edits.replace(call, lambda updated: updated.args[0].value)
             ctx.change(call, "removed nn.DataParallel: Fabric's strategy replaces it (use --devices N)")
+
+
+def _is_print(statement: cst.BaseStatement) -> bool:
+    return m.matches(statement, m.SimpleStatementLine(body=[m.Expr(m.Call(func=m.Name("print")))]))

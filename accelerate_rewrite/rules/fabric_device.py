@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import NAME, code, expr, plan
+from accelerate_rewrite.rules._fabric import NAME, code, expr, plan, short
 
 
 class FabricDevice(Rule):
@@ -54,19 +54,19 @@ def train(model, loader, optimizer, fabric):
         trivial = {id(s) for s in p.trivial_stmts}
         for s in p.trivial_stmts:
             e.remove(s)
-            ctx.change(s, f"removed `{code(s.body[0]).strip()}`: Fabric places it")
+            ctx.change(s, f"removed `{short(s.body[0])}`: Fabric places it")
         for d in p.moves:
             call = d.move.call
             if d.action == "remove":
                 e.replace(call, lambda u: u.func.value)
                 if id(f.statement(call)) not in trivial:
-                    ctx.change(call, f"removed `.{call.func.attr.value}(...)` on `{code(d.move.receiver)}`: Fabric places it")
+                    ctx.change(call, f"removed `.{call.func.attr.value}(...)` on `{short(d.move.receiver)}`: Fabric places it")
             elif d.move.device_arg is None:  # .cuda() on something Fabric does not set up
                 e.replace(call, lambda u, r=d.ref: u.with_changes(
                     func=u.func.with_changes(attr=cst.Name("to")),
                     args=[cst.Arg(expr(f"{r}.device")), *[a for a in u.args if a.keyword is not None]],
                 ))
-                ctx.change(call, f"`.cuda()` on `{code(d.move.receiver)}` became `.to({d.ref}.device)`")
+                ctx.change(call, f"`.cuda()` on `{short(d.move.receiver)}` became `.to({d.ref}.device)`")
             else:
                 e.replace(d.move.device_arg.value, expr(f"{d.ref}.device"))
         for node, new in p.device_uses:

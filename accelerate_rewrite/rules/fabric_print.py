@@ -35,12 +35,13 @@ class FabricPrint(Rule):
         p = plan(f, ctx.options)
         if p.refusal is not None:
             return
-        count = 0
+        converted = []
         for call in f.prints:
             ref = p.ref_at(f, call)
             if ref is None or not p.after_creation(f, call):
                 continue
             ctx.edits.replace(call.func, expr(f"{ref}.print"))
-            count += 1
-        if count:
-            ctx.change(None, f"{count} print(...) call(s) became fabric.print(...) (rank 0 only)")
+            converted.append(call)
+        if converted:
+            lines = ", ".join(str(f.line(c)) for c in converted)
+            ctx.change(converted[0], f"print(...) became fabric.print(...) (rank 0 only) on lines {lines}")
