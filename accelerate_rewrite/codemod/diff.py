@@ -31,13 +31,19 @@ def split_lines(text: str) -> list[str]:
     return out
 
 
-def unified_diff(path: str, before: str, after: str, *, context: int = 3) -> str:
-    """The unified diff from ``before`` to ``after``, both named ``path``; "" when equal."""
+def unified_diff(
+    path: str, before: str, after: str, *, context: int = 3, to_path: str | None = None
+) -> str:
+    """The unified diff from ``before`` to ``after``, both named ``path``; "" when equal.
+
+    ``to_path`` names the after side differently (``explain`` shows "before" / "after").
+    """
     if before == after:
         return ""
     out: list[str] = []
     for line in difflib.unified_diff(
-        split_lines(before), split_lines(after), fromfile=path, tofile=path, n=context
+        split_lines(before), split_lines(after), fromfile=path,
+        tofile=path if to_path is None else to_path, n=context,
     ):
         if line.endswith("\n"):
             out.append(line)

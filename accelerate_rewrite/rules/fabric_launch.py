@@ -25,7 +25,8 @@ class FabricLaunch(Rule):
     count); scripts with hand-made distributed training (`init_process_group`, `DDP(model)`,
     `DistributedSampler`); scripts with nothing to train; strategies that need `launch(fn)`
     (ddp_spawn, ddp_notebook, ...); models built inside a class. It does not set a mixed
-    precision over a script that already runs its own autocast/GradScaler, or 16-mixed with LBFGS.
+    precision over a script that already runs its own autocast/GradScaler, nor any
+    low precision with LBFGS.
     """
 
     code = "AR101"

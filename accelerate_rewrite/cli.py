@@ -1,0 +1,281 @@
+"""The command line: a thin click layer over accelerate_rewrite.runner.
+
+    accelerate-rewrite PATH... [options]   the rewrite (the default command)
+    accelerate-rewrite rules               the rules, one line each
+    accelerate-rewrite explain CODE        a rule's documentation and example
+
+A first argument that is not a command name runs the rewrite, so a file that happens to be
+called ``rules`` is reached with ``accelerate-rewrite ./rules`` or ``accelerate-rewrite
+rewrite rules``. Heavy imports (libcst, rich, the rules) happen inside the commands: ``--help``
+stays fast, and torch / lightning are never imported.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NoReturn, Optional, Sequence
+
+import click
+
+from accelerate_rewrite.options import (
+    ACCELERATORS,
+    PRECISION_ALIASES,
+    PRECISIONS,
+    STRATEGIES,
+    OptionError,
+)
+
+DEFAULT_COMMAND = "rewrite"
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    """A one-line error on stderr, then exit (2 by default, like a usage error)."""
+    from rich.markup import escape
+
+    from accelerate_rewrite.runner import make_console
+
+    make_console(stderr=True).print(f"[bold red]error[/]: {escape(message)}")
+    raise click.exceptions.Exit(code)
+
+
+def _choices(values: Sequence[str]):
+    """Shell completion for an option whose values are checked by Options.create."""
+
+    def complete(ctx, param, incomplete):
+        return [v for v in values if v.startswith(incomplete)]
+
+    return complete
+
+
+class DefaultGroup(click.Group):
+    """A group that runs ``rewrite`` when the first argument is not one of its commands."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        own = set(ctx.help_option_names) | {"--version"}
+        if args and args[0] not in self.commands and args[0] not in own:
+            args = [DEFAULT_COMMAND, *args]
+        return super().parse_args(ctx, args)
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_usage(ctx.command_path, "[OPTIONS] PATH...")
+        formatter.write_usage(ctx.command_path, "COMMAND [ARGS]...", prefix="   or: ")
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # the default command's options first, then the group's own (--version, --help)
+        command = self.commands[DEFAULT_COMMAND]
+        sub = click.Context(command, info_name=DEFAULT_COMMAND, parent=ctx)
+        records: list[tuple[str, str]] = []
+        for params, c in ((command.get_params(sub), sub), (self.get_params(ctx), ctx)):
+            for param in params:
+                record = param.get_help_record(c) if isinstance(param, click.Option) else None
+                if record is not None and record not in records:
+                    records.append(record)
+        with formatter.section("Options"):
+            formatter.write_dl(records)
+        self.format_commands(ctx, formatter)
+
+
+@click.group(
+    cls=DefaultGroup,
+    context_settings=CONTEXT_SETTINGS,
+    invoke_without_command=False,
+    no_args_is_help=True,
+)
+@click.version_option(package_name="accelerate-rewrite", prog_name="accelerate-rewrite")
+def cli() -> None:
+    """Rewrite plain PyTorch training scripts into Lightning Fabric scripts.
+
+    PATH is a file or a folder (searched for *.py, leaving out hidden folders, .venv,
+    __pycache__, node_modules, build and dist). By default the diff of each file that would
+    change is printed and nothing is written; a summary of what each rule changed, and of
+    every place left alone with the reason, follows on stderr.
+
+    Exit status: 0 done; 1 with --check when a file would change; 2 on any error (the other
+    files are still processed).
+    """
+
+
+@cli.command(
+    DEFAULT_COMMAND, context_settings=CONTEXT_SETTINGS,
+    short_help="Rewrite files or folders (the default command).",
+)
+@click.argument("paths", nargs=-1, required=True, metavar="PATH...", type=click.Path())
+@click.option(
+    "--precision", metavar="VALUE", shell_complete=_choices([*PRECISIONS, *PRECISION_ALIASES]),
+    help="Fabric precision: " + ", ".join(PRECISIONS)
+    + " (or the aliases " + ", ".join(PRECISION_ALIASES) + ").",
+)
+@click.option(
+    "--devices", metavar="N|auto|0,1",
+    help="Devices per node: a count, -1 for all, auto, or device indices such as 0,1.",
+)
+@click.option(
+    "--strategy", metavar="NAME", shell_complete=_choices(STRATEGIES),
+    help="Fabric strategy: " + ", ".join(STRATEGIES) + ".",
+)
+@click.option("--num-nodes", metavar="N", help="Number of nodes (a whole number >= 1).")
+@click.option(
+    "--accelerator", metavar="NAME", shell_complete=_choices(ACCELERATORS),
+    help="Fabric accelerator: " + ", ".join(ACCELERATORS) + ".",
+)
+@click.option("--write", is_flag=True, help="Rewrite the files in place.")
+@click.option(
+    "-o", "--output", metavar="FILE",
+    help="Write the result to FILE ('-' for stdout); one input file only.",
+)
+@click.option(
+    "--check", is_flag=True,
+    help="Write nothing; list the files that would change and exit 1 if any would.",
+)
+@click.option(
+    "--diff", "show_diff", is_flag=True,
+    help="Show the diff (the default without --write, -o or --check).",
+)
+@click.option("-q", "--quiet", is_flag=True, help="Print only diffs and errors.")
+def rewrite_command(
+    paths: tuple[str, ...],
+    precision: Optional[str],
+    devices: Optional[str],
+    strategy: Optional[str],
+    num_nodes: Optional[str],
+    accelerator: Optional[str],
+    write: bool,
+    output: Optional[str],
+    check: bool,
+    show_diff: bool,
+    quiet: bool,
+) -> None:
+    """Rewrite PATH... (files or folders) into Lightning Fabric scripts.
+
+    Without --write, -o or --check nothing is written: the diff goes to stdout (plain text
+    that `git apply -p0` takes when piped), the summary to stderr.
+    """
+    from accelerate_rewrite.options import Options
+    from accelerate_rewrite.runner import Mode, Settings, run
+
+    try:
+        options = Options.create(
+            precision=precision, devices=devices, strategy=strategy,
+            num_nodes=num_nodes, accelerator=accelerator,
+        )
+    except OptionError as exc:
+        _fail(str(exc))
+
+    if check and (write or output is not None):
+        _fail("--check writes nothing: it can't be combined with --write or -o/--output")
+    if write and output is not None:
+        _fail("--write and -o/--output can't be combined: pick in place or a new file")
+    if output is not None:
+        if len(paths) != 1 or os.path.isdir(paths[0]):
+            _fail("-o/--output takes exactly one input file")
+        if output == "-" and show_diff:
+            _fail("-o - writes the result to stdout: it can't be combined with --diff")
+
+    if check:
+        mode = Mode.CHECK
+    elif write:
+        mode = Mode.WRITE
+    elif output is not None:
+        mode = Mode.OUTPUT
+    else:
+        mode = Mode.PREVIEW
+    settings = Settings(mode=mode, options=options, diff=show_diff, quiet=quiet, output=output)
+    raise click.exceptions.Exit(run(paths, settings))
+
+
+@cli.command("rules", context_settings=CONTEXT_SETTINGS)
+def rules_command() -> None:
+    """List the rules: code, name, kind and what each does."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    from accelerate_rewrite.rules import ALL_RULES
+    from accelerate_rewrite.runner import make_console
+
+    rows = [
+        (rule.code, rule.name, rule.kind.value,
+         _first_paragraph(rule.documentation()) or rule.summary())
+        for rule in ALL_RULES
+    ]
+    hint = "Run `accelerate-rewrite explain CODE` for a rule's documentation and example."
+    console = make_console()
+    if not console.is_terminal:  # piped: plain aligned text, one rule per line, for grep
+        header = ("CODE", "NAME", "KIND", "WHAT IT DOES")
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+        for row in [header, *rows]:
+            console.file.write("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+            console.file.write("  " + row[3] + "\n")
+        console.file.write("\n" + hint + "\n")
+        return
+    colours = {"safe": "green", "approximate": "yellow", "changes-training": "red"}
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table.add_column("Code", style="bold cyan", no_wrap=True)
+    table.add_column("Name", no_wrap=True)
+    table.add_column("Kind", no_wrap=True)
+    table.add_column("What it does")
+    for code, name, kind, what in rows:
+        table.add_row(code, name, f"[{colours.get(kind, 'default')}]{kind}[/]", escape(what))
+    console.print(table, soft_wrap=False)
+    console.print(hint, markup=False)
+
+
+def _first_paragraph(doc: str) -> str:
+    """The opening sentence(s) of a docstring, which may run over more than one line."""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+def _options_text(options: dict) -> str:
+    return " ".join(f"--{key.replace('_', '-')} {value}" for key, value in options.items())
+
+
+@cli.command("explain", context_settings=CONTEXT_SETTINGS)
+@click.argument("code", metavar="CODE")
+def explain_command(code: str) -> None:
+    """Show a rule's documentation and its before/after example(s). CODE: AR106 or a name."""
+    from rich.markup import escape
+
+    from accelerate_rewrite.codemod.diff import colour_wanted, render_diff, unified_diff
+    from accelerate_rewrite.rules import ALL_RULES, find
+    from accelerate_rewrite.runner import make_console
+
+    rule = find(code)
+    if rule is None:
+        known = ", ".join(f"{r.code} ({r.name})" for r in ALL_RULES)
+        _fail(f"unknown rule {code!r}; known rules: {known}")
+    console = make_console()
+    console.print(f"[bold cyan]{rule.code}[/] [bold]{escape(rule.name)}[/] ({rule.kind.value})")
+    console.print()
+    doc = rule.documentation()
+    if colour_wanted(console):
+        from rich.markdown import Markdown
+
+        console.print(Markdown(doc), soft_wrap=False)
+    else:
+        console.print(doc, markup=False)
+    for number, example in enumerate(rule.examples, 1):
+        with_options = _options_text(example.options)
+        title = "Example" if len(rule.examples) == 1 else f"Example {number}"
+        console.print()
+        console.print(
+            f"[bold]{title}[/]" + (f", with {escape(with_options)}" if with_options else "")
+            + ":"
+        )
+        text = unified_diff("before", example.before, example.after, to_path="after",
+                            context=1_000_000)
+        if text:
+            render_diff(console, text)
+        else:
+            console.print("(the rule leaves this code as it is)")
+            console.print(example.before, markup=False)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """The console script (``accelerate-rewrite``) and ``python -m accelerate_rewrite``."""
+    # click's standalone mode exits with the command's code, and handles a closed pipe
+    cli.main(args=list(argv) if argv is not None else None, prog_name="accelerate-rewrite")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
