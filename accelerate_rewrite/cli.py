@@ -196,7 +196,7 @@ def rules_command() -> None:
 
     rows = [
         (rule.code, rule.name, rule.kind.value,
-         _first_paragraph(rule.documentation()) or rule.summary())
+         rule.summary())
         for rule in ALL_RULES
     ]
     hint = "Run `accelerate-rewrite explain CODE` for a rule's documentation and example."
@@ -219,11 +219,6 @@ def rules_command() -> None:
         table.add_row(code, name, f"[{colours.get(kind, 'default')}]{kind}[/]", escape(what))
     console.print(table, soft_wrap=False)
     console.print(hint, markup=False)
-
-
-def _first_paragraph(doc: str) -> str:
-    """The opening sentence(s) of a docstring, which may run over more than one line."""
-    return " ".join(doc.strip().split("\n\n")[0].split())
 
 
 def _options_text(options: dict) -> str:

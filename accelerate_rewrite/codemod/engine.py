@@ -67,9 +67,14 @@ def rewrite(
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
-        raise RewriteError(
-            f"{path}:{exc.raw_line}:{exc.raw_column}: syntax error: {exc.message}"
-        ) from None
+        # Python's own parser names the place best (1-based line and column)
+        try:
+            compile(source, path, "exec", dont_inherit=True)
+        except SyntaxError as py_exc:
+            raise RewriteError(
+                f"{path}:{py_exc.lineno}:{py_exc.offset}: syntax error: {py_exc.msg}"
+            ) from None
+        raise RewriteError(f"{path}:{exc.raw_line}:{exc.raw_column + 1}: syntax error: {exc.message}") from None
     facts = ScriptFacts(module)
     result = Result(path=path, source=source, output=source)
 

@@ -72,7 +72,8 @@ class Rule:
 
     @classmethod
     def summary(cls) -> str:
-        return (inspect.getdoc(cls) or "").strip().splitlines()[0]
+        """The docstring's first paragraph, on one line."""
+        return " ".join((inspect.getdoc(cls) or "").strip().split("\n\n")[0].split())
 
     @classmethod
     def documentation(cls) -> str:

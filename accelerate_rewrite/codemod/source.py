@@ -76,7 +76,9 @@ def write_atomic(path: Path, data: bytes, *, expected: bytes | None = None) -> N
         mode = stat.S_IMODE(target.stat().st_mode)
     except FileNotFoundError:
         mode = 0o644
-    if target.exists() and not os.access(target, os.W_OK):
+    # a file without any write bit is read-only on purpose, even for root (whom os.access
+    # lets write anything)
+    if target.exists() and (not mode & 0o222 or not os.access(target, os.W_OK)):
         raise SourceError(f"{path}: is read-only; not written")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)

@@ -30,12 +30,27 @@ class FabricBackward(Rule):
     examples = (
         Example(
             before='''\
-loss = criterion(model(x), y).mean()
-loss.backward(retain_graph=True)
+import torch
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loss = model(torch.randn(2, 4)).pow(2)
+loss.mean().backward(retain_graph=True)
+optimizer.step()
 ''',
             after='''\
-loss = criterion(model(x), y).mean()
-fabric.backward(loss, retain_graph=True)
+import torch
+from lightning.fabric import Fabric
+
+fabric = Fabric()
+fabric.launch()
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = fabric.setup(model, optimizer)
+loss = model(torch.randn(2, 4)).pow(2)
+fabric.backward(loss.mean(), retain_graph=True)
+optimizer.step()
 ''',
         ),
     )

@@ -40,12 +40,35 @@ class FabricCheckpoint(Rule):
     examples = (
         Example(
             before='''\
-torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}, "ckpt.pt")
+import torch
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+model = torch.nn.Linear(4, 1).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 ckpt = torch.load("ckpt.pt", map_location=device)
+model.load_state_dict(ckpt["model"])
+for epoch in range(2):
+    loss = model(torch.randn(2, 4, device=device)).sum()
+    loss.backward()
+    optimizer.step()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}, "ckpt.pt")
 ''',
             after='''\
-fabric.save("ckpt.pt", {"model": model, "optimizer": optimizer, "epoch": epoch})
+import torch
+from lightning.fabric import Fabric
+
+fabric = Fabric()
+fabric.launch()
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = fabric.setup(model, optimizer)
 ckpt = fabric.load("ckpt.pt")
+model.load_state_dict(ckpt["model"])
+for epoch in range(2):
+    loss = model(torch.randn(2, 4, device=fabric.device)).sum()
+    fabric.backward(loss)
+    optimizer.step()
+    fabric.save("ckpt.pt", {"model": model, "optimizer": optimizer, "epoch": epoch})
 ''',
         ),
     )

@@ -35,11 +35,26 @@ class FabricClipGradients(Rule):
     examples = (
         Example(
             before='''\
+import torch
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loss = model(torch.randn(2, 4)).sum()
 loss.backward()
 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
 optimizer.step()
 ''',
             after='''\
+import torch
+from lightning.fabric import Fabric
+
+fabric = Fabric()
+fabric.launch()
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = fabric.setup(model, optimizer)
+loss = model(torch.randn(2, 4)).sum()
 fabric.backward(loss)
 fabric.clip_gradients(model, optimizer, max_norm=1.0, error_if_nonfinite=False)
 optimizer.step()

@@ -59,7 +59,7 @@ for x in torch.randn(8, 2, 4):
     fabric.backward(loss)
     optimizer.step()
 ''',
-            options={"precision": "bf16-mixed", "devices": 4},
+            options={'precision': 'bf16-mixed', 'devices': 4},
         ),
     )
 

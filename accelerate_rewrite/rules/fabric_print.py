@@ -25,8 +25,33 @@ class FabricPrint(Rule):
     requires = ("AR101", "AR105")
     examples = (
         Example(
-            before='print(f"epoch {epoch}: loss {loss.item():.4f}")\n',
-            after='fabric.print(f"epoch {epoch}: loss {loss.item():.4f}")\n',
+            before='''\
+import torch
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    loss = model(torch.randn(2, 4)).sum()
+    loss.backward()
+    optimizer.step()
+    print(f"step {step}: loss {loss.item():.4f}")
+''',
+            after='''\
+import torch
+from lightning.fabric import Fabric
+
+fabric = Fabric()
+fabric.launch()
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = fabric.setup(model, optimizer)
+for step in range(3):
+    loss = model(torch.randn(2, 4)).sum()
+    fabric.backward(loss)
+    optimizer.step()
+    fabric.print(f"step {step}: loss {loss.item():.4f}")
+''',
         ),
     )
 

@@ -29,16 +29,30 @@ class FabricSetup(Rule):
     examples = (
         Example(
             before='''\
-model = Net()
+import torch
+
+model = torch.nn.Linear(4, 1)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+loss = model(torch.randn(2, 4)).sum()
+loss.backward()
+optimizer.step()
 ''',
             after='''\
-model = Net()
+import torch
+from lightning.fabric import Fabric
+
+fabric = Fabric(strategy="fsdp")
+fabric.launch()
+
+model = torch.nn.Linear(4, 1)
 model = fabric.setup_module(model)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 optimizer = fabric.setup_optimizers(optimizer)
+loss = model(torch.randn(2, 4)).sum()
+fabric.backward(loss)
+optimizer.step()
 ''',
-            options={"strategy": "fsdp"},
+            options={'strategy': 'fsdp'},
         ),
     )
 
