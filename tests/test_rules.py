@@ -49,3 +49,11 @@ def test_example_holds(rule, index, example):
 def test_requirements_name_real_rules():
     for rule in ALL_RULES:
         assert set(rule.requires) <= set(BY_CODE), rule.code
+
+
+def test_readme_catalog_lists_every_rule():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for rule in ALL_RULES:
+        assert f"| {rule.code} | {rule.name} | {rule.kind.value} |" in readme, rule.code

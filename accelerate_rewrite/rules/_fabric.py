@@ -77,6 +77,7 @@ class FabricPlan:
     replaces_anchor: bool = False  # the anchor is a device definition that goes away
     omit_precision: Optional[tuple[cst.CSTNode, str]] = None
     refs: dict[int, str] = field(default_factory=dict)  # id(scope node) -> "fabric" | "self.fabric"
+    blocked: set[int] = field(default_factory=set)  # ids of functions that may run before Fabric exists
     threaded_params: dict[int, cst.Param] = field(default_factory=dict)  # id(FunctionDef) -> param
     threaded_attrs: dict[int, str] = field(default_factory=dict)  # id(ClassDef) -> "self.device"
     setups: list[SetupGroup] = field(default_factory=list)
@@ -94,6 +95,8 @@ class FabricPlan:
     def ref_at(self, facts: ScriptFacts, node: cst.CSTNode) -> Optional[str]:
         """How ``fabric`` is spelled where ``node`` stands, or None if it can't be reached."""
         for scope in _scopes_up(facts, node):
+            if id(scope) in self.blocked:
+                return None
             ref = self.refs.get(id(scope))
             if ref is not None:
                 return ref
@@ -257,7 +260,8 @@ class _Planner:
         f, p = self.f, self.p
         p.refs[id(p.home)] = NAME
         if isinstance(p.home, cst.Module):
-            return  # a global: every function sees it
+            self._block_early_functions()
+            return  # a global: every function that runs after its creation sees it
         changed = True
         while changed:
             changed = False
@@ -281,6 +285,35 @@ class _Planner:
                         for stmt_ in target.body.body:
                             if isinstance(stmt_, cst.FunctionDef) and stmt_ is not func:
                                 p.refs[id(stmt_)] = f"self.{NAME}"
+
+    def _block_early_functions(self) -> None:
+        """With Fabric created at module level, a function called (or handed on) before the
+        Fabric lines would meet no ``fabric`` yet: block it, and what it calls."""
+        f, p = self.f, self.p
+        safe: dict[str, bool] = {}
+
+        def is_safe(name: str, seen: frozenset = frozenset()) -> bool:
+            if name in safe:
+                return safe[name]
+            if name in seen:
+                return True
+            fn = f.functions[name]
+            ok = True
+            for use in [*fn.calls, *fn.other_uses]:
+                outer = [a for a in f.ancestors(use) if isinstance(a, (cst.FunctionDef, cst.ClassDef))]
+                if not outer:
+                    ok = ok and f.line(use) >= f.line(p.anchor)
+                else:
+                    top = outer[-1].name.value
+                    ok = ok and (top == name or top not in f.functions or is_safe(top, seen | {name}))
+            safe[name] = ok
+            return ok
+
+        for name, fn in f.functions.items():
+            if not is_safe(name):
+                p.blocked.add(id(fn.node))
+                if isinstance(fn.node, cst.ClassDef):
+                    p.blocked.update(id(s) for s in fn.node.body.body if isinstance(s, cst.FunctionDef))
 
     def _device_param(self, func: cst.FunctionDef, fn) -> Optional[cst.Param]:
         f = self.f
