@@ -9,8 +9,10 @@ from libcst.metadata import MetadataWrapper, PositionProvider, ScopeProvider
 def undefined_names(module: cst.Module) -> dict[str, int]:
     """Names read somewhere without any assignment, import or builtin behind them -> first line."""
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    scopes = wrapper.resolve(ScopeProvider)
-    positions = wrapper.resolve(PositionProvider)
+    return undefined_in(wrapper.resolve(ScopeProvider), wrapper.resolve(PositionProvider))
+
+
+def undefined_in(scopes, positions) -> dict[str, int]:
     out: dict[str, int] = {}
     for scope in {s for s in scopes.values() if s is not None}:
         for access in scope.accesses:

@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.checks import check, undefined_names
+from accelerate_rewrite.codemod.checks import check
 from accelerate_rewrite.codemod.edits import apply_edits
 from accelerate_rewrite.codemod.facts import ScriptFacts
 from accelerate_rewrite.codemod.rule import Note, Rule, RuleContext
@@ -100,7 +100,7 @@ def rewrite(
         result.dropped.append(f"{code}: not applied: a rule it relies on did not run")
     active = [r for r in active if r.code not in gone]
 
-    original_undefined = undefined_names(facts.module)
+    original_undefined = facts.undefined_names()
 
     def attempt(selected: Sequence[Rule]) -> tuple[str, list[str]]:
         new = apply_edits(facts.module, [contexts[r.code].edits for r in selected])

@@ -250,6 +250,12 @@ class ScriptFacts:
     def is_kind(self, expr: cst.BaseExpression, kind: str) -> bool:
         return kind in self.kinds_of(expr)
 
+    def undefined_names(self) -> dict[str, int]:
+        """Names the script reads without defining them (star imports, globals(), typos)."""
+        from accelerate_rewrite.codemod.checks import undefined_in
+
+        return undefined_in(self._meta[ScopeProvider], self._meta[PositionProvider])
+
     def bindings_of(self, kind: str) -> list[Binding]:
         return [b for b in self.bindings if b.kind == kind]
 
@@ -275,9 +281,6 @@ class ScriptFacts:
 
     def calls_to(self, *qualnames: str) -> list[CallSite]:
         return [c for c in self.calls if c.qualname in qualnames]
-
-    def calls_under(self, prefix: str) -> list[CallSite]:
-        return [c for c in self.calls if c.qualname.startswith(prefix)]
 
     def references(self, key: Key) -> list[cst.CSTNode]:
         """Every Name (or ``self.attr`` Attribute) that reads the object behind ``key``."""
@@ -361,9 +364,6 @@ class ScriptFacts:
 
     def data_parallel(self) -> list[CallSite]:
         return self.calls_to(*DATA_PARALLEL)
-
-    def mentions_torch(self) -> bool:
-        return any(c.qualname.startswith("torch") for c in self.calls) or bool(self.bindings)
 
 
 def root_of(expr: cst.BaseExpression) -> cst.BaseExpression:

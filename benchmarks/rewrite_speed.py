@@ -1,0 +1,692 @@
+"""How fast accelerate-rewrite rewrites, and how fast the command starts.
+
+    .venv/bin/python benchmarks/rewrite_speed.py              # a short report
+    .venv/bin/python benchmarks/rewrite_speed.py --markdown   # a markdown section to paste
+    .venv/bin/python benchmarks/rewrite_speed.py --profile    # cProfile of one pass (slow)
+
+Measures, in this order:
+
+1. Rewrite throughput of the engine API, ``rewrite(source, Options.create(**opts), path=...)``,
+   over every ``fixtures/*/input.py`` with each option set below: one warm-up pass (every
+   fixture once, the option sets taken in turn), then ``--rounds`` measured rounds of all
+   fixtures x all option sets. Reported: median lines/s over the rounds, and per-rewrite
+   milliseconds (the median over the rounds of each fixture and option set, then the min /
+   median / max of those). Where the time goes is measured during the same rounds: parsing is
+   timed on its own (``libcst.parse_module``, once per fixture and round), and the engine's
+   ``ScriptFacts``, ``undefined_names``, ``apply_edits`` and ``check`` are wrapped with timers
+   for the measured rounds (and put back afterwards); what is left is the rules, the code
+   generation of the result and the bookkeeping.
+2. A synthetic large input: a module of about ``--synthetic-lines`` lines in the style of
+   fixtures/train_function (many small classifiers, each with its own train()/evaluate(), all
+   built and trained in one main()). It is generated here, checked to compile, and rewritten
+   with the default options; the result must compile too.
+3. Cold start of ``accelerate-rewrite --help`` and ``accelerate-rewrite --check
+   fixtures/module_loop/input.py`` as subprocesses (wall clock, one untimed run first, then the
+   median of ``--cold-runs`` runs), and whether either imports torch or lightning (from
+   ``python -X importtime``): they must not.
+
+Exits 1 when the rewrites or either command imported torch or lightning. Only the standard
+library and the package are used. With the defaults it takes about 45 s on
+a 2-core machine (most of it in the measured rounds); ``--rounds 1 --synthetic-lines 0`` is a
+quick check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime
+import gc
+import importlib.metadata
+import os
+import platform
+import pstats
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import libcst
+
+import accelerate_rewrite.codemod.engine as engine
+from accelerate_rewrite.options import Options
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+COLD_CHECK_TARGET = "fixtures/module_loop/input.py"
+
+#: the option sets of the fixture goldens (tests/goldens.py)
+OPTION_SETS: dict[str, dict] = {
+    "default": {},
+    "bf16-mixed-devices-4": {"precision": "bf16-mixed", "devices": 4},
+    "fsdp": {"strategy": "fsdp"},
+}
+
+#: engine globals wrapped with timers during the measured rounds -> label
+INSTRUMENTED = {
+    "ScriptFacts": "analysis (ScriptFacts)",
+    "undefined_names": "undefined names of the input",
+    "apply_edits": "apply the edits",
+    "check": "check the result (re-parse, compile, scopes)",
+}
+PARSE = "parse (libcst.parse_module)"
+REST = "rules, code generation, the rest"
+
+FORBIDDEN_IMPORTS = ("torch", "lightning", "lightning_fabric", "pytorch_lightning")
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def n_lines(source: str) -> int:
+    return len(source.splitlines())
+
+
+# ---- the machine ---------------------------------------------------------------------------
+
+
+def machine() -> dict[str, str]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = os.cpu_count() or 0
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = cores
+    try:
+        load = "%.2f %.2f %.2f" % os.getloadavg()
+    except OSError:
+        load = "n/a"
+    commit = "n/a"
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=10)
+        if head.returncode == 0:
+            commit = head.stdout.strip() + (" with uncommitted changes" if dirty.stdout.strip()
+                                            else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {
+        "cpu": cpu,
+        "cores": f"{cores}" + (f" ({usable} usable)" if usable != cores else ""),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "libcst": importlib.metadata.version("libcst"),
+        "package": importlib.metadata.version("accelerate-rewrite"),
+        "commit": commit,
+        "load": load,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+# ---- 1. throughput over the fixtures -------------------------------------------------------
+
+
+class Phases:
+    """Timers around engine globals; ``take()`` returns and clears the seconds per label."""
+
+    def __init__(self) -> None:
+        self.saved: dict[str, object] = {}
+        self.current: dict[str, float] = {}
+        self.missing: list[str] = []
+
+    def _wrap(self, fn: Callable, label: str) -> Callable:
+        current = self.current
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                current[label] = current.get(label, 0.0) + time.perf_counter() - start
+
+        return timed
+
+    def __enter__(self) -> "Phases":
+        for attr, label in INSTRUMENTED.items():
+            fn = getattr(engine, attr, None)
+            if fn is None:  # the engine changed: measure what is still there
+                self.missing.append(attr)
+                continue
+            self.saved[attr] = fn
+            setattr(engine, attr, self._wrap(fn, label))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for attr, fn in self.saved.items():
+            setattr(engine, attr, fn)
+
+    def take(self) -> dict[str, float]:
+        out = dict(self.current)
+        self.current.clear()
+        return out
+
+
+def fixture_sources() -> list[tuple[str, str]]:
+    paths = sorted(FIXTURES.glob("*/input.py"))
+    if not paths:
+        sys.exit(f"no fixtures found under {FIXTURES}")
+    return [(p.relative_to(ROOT).as_posix(), p.read_text(encoding="utf-8")) for p in paths]
+
+
+def one_rewrite(path: str, source: str, opts: dict) -> float:
+    start = time.perf_counter()
+    engine.rewrite(source, Options.create(**opts), path=path)
+    return time.perf_counter() - start
+
+
+def throughput(rounds: int) -> dict:
+    files = fixture_sources()
+    names = list(OPTION_SETS)
+    log(f"throughput: warm-up pass over {len(files)} fixtures")
+    for i, (path, source) in enumerate(files):
+        one_rewrite(path, source, OPTION_SETS[names[i % len(names)]])
+
+    times: dict[tuple[str, str], list[float]] = {}
+    parse_times: dict[str, list[float]] = {path: [] for path, _ in files}
+    phase_sums: dict[str, float] = {}
+    round_lines_per_s: list[float] = []
+    set_lines_per_s: dict[str, list[float]] = {name: [] for name in names}
+    with Phases() as phases:
+        for r in range(rounds):
+            log(f"throughput: round {r + 1}/{rounds} ({len(files)} fixtures x {len(names)} "
+                "option sets)")
+            gc.collect()
+            round_time = 0.0
+            round_lines = 0
+            for name in names:
+                set_time = 0.0
+                set_lines = 0
+                for path, source in files:
+                    phases.take()
+                    elapsed = one_rewrite(path, source, OPTION_SETS[name])
+                    for label, seconds in phases.take().items():
+                        phase_sums[label] = phase_sums.get(label, 0.0) + seconds
+                    times.setdefault((path, name), []).append(elapsed)
+                    set_time += elapsed
+                    set_lines += n_lines(source)
+                set_lines_per_s[name].append(set_lines / set_time)
+                round_time += set_time
+                round_lines += set_lines
+            round_lines_per_s.append(round_lines / round_time)
+            for path, source in files:  # parsing alone, once per fixture and round
+                start = time.perf_counter()
+                libcst.parse_module(source)
+                parse_times[path].append(time.perf_counter() - start)
+        missing = phases.missing
+
+    per_rewrite = {key: statistics.median(v) for key, v in times.items()}
+    total = sum(sum(v) for v in times.values())
+    parse_median = {path: statistics.median(v) for path, v in parse_times.items()}
+    phase_sums[PARSE] = sum(parse_median[path] * rounds for path, _ in times)
+    phase_sums[REST] = total - sum(phase_sums.values())
+    order = [PARSE, *INSTRUMENTED.values(), REST]
+    analysis = INSTRUMENTED["ScriptFacts"]
+    slowest = max(per_rewrite, key=per_rewrite.get)
+    ms = sorted(v * 1e3 for v in per_rewrite.values())
+    return {
+        "files": len(files),
+        "lines": sum(n_lines(s) for _, s in files),
+        "option_sets": names,
+        "rounds": rounds,
+        "rewrites_per_round": len(per_rewrite),
+        "lines_per_s": statistics.median(round_lines_per_s),
+        "lines_per_s_rounds": round_lines_per_s,
+        "lines_per_s_by_set": {n: statistics.median(v) for n, v in set_lines_per_s.items()},
+        "ms_min": ms[0],
+        "ms_median": statistics.median(ms),
+        "ms_max": ms[-1],
+        "slowest": slowest,
+        "phases": [(label, phase_sums[label] / total) for label in order if label in phase_sums],
+        "parse_analysis_share": (phase_sums[PARSE] + phase_sums.get(analysis, 0.0)) / total,
+        "missing": missing,
+    }
+
+
+# ---- 2. a synthetic large input ------------------------------------------------------------
+
+_HEADER = '''"""Synthetic benchmark input: {n} small classifiers, each with its own train()/evaluate().
+
+Generated by benchmarks/rewrite_speed.py in the style of fixtures/train_function: one module,
+one main() with argparse that builds every model, optimizer and scheduler and trains them side
+by side on the same loaders.
+"""
+import argparse
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+'''
+_BLOCK = '''
+
+class Net{k}(nn.Module):
+    def __init__(self, in_features=20, hidden={hidden}, num_classes=4):
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden)
+        self.fc2 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x):
+        x = F.relu(self.fc1(x))
+        return self.fc2(x)
+
+
+def train{k}(model, optimizer, loader, device):
+    """Train model {k} for one epoch."""
+    model.train()
+    for batch_idx, (data, target) in enumerate(loader):
+        data, target = data.to(device), target.to(device)
+        optimizer.zero_grad()
+        output = model(data)
+        loss = F.cross_entropy(output, target)
+        loss.backward()
+        optimizer.step()
+        print(f"model {k} batch {{batch_idx}} loss {{loss.item():.4f}}")
+
+
+def evaluate{k}(model, loader, device):
+    model.eval()
+    total_loss = torch.zeros(1, device=device)
+    correct = torch.zeros(1, device=device)
+    count = 0
+    with torch.no_grad():
+        for data, target in loader:
+            data, target = data.to(device), target.to(device)
+            output = model(data)
+            total_loss += F.cross_entropy(output, target, reduction="sum")
+            correct += (output.argmax(dim=1) == target).sum()
+            count += target.size(0)
+    return total_loss.item() / count, correct.item() / count
+'''
+_MAIN = '''
+
+def main():
+    parser = argparse.ArgumentParser(description="Train {n} small classifiers")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--batch-size", type=int, default=16)
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    x_train = torch.randn(96, 20)
+    y_train = torch.randint(0, 4, (96,))
+    x_val = torch.randn(32, 20)
+    y_val = torch.randint(0, 4, (32,))
+    train_loader = DataLoader(
+        TensorDataset(x_train, y_train), batch_size=args.batch_size, shuffle=True, num_workers=0
+    )
+    val_loader = DataLoader(TensorDataset(x_val, y_val), batch_size=args.batch_size, num_workers=0)
+'''
+_SETUP = '''
+    model{k} = Net{k}().to(device)
+    optimizer{k} = torch.optim.SGD(model{k}.parameters(), lr=args.lr, momentum=0.9)
+    scheduler{k} = torch.optim.lr_scheduler.StepLR(optimizer{k}, step_size=1, gamma=0.5)
+'''
+_LOOP = '''
+    for epoch in range(1, args.epochs + 1):
+'''
+_STEP = '''        train{k}(model{k}, optimizer{k}, train_loader, device)
+        val_loss, val_acc = evaluate{k}(model{k}, val_loader, device)
+        scheduler{k}.step()
+        print(f"epoch {{epoch}} model {k} val loss {{val_loss:.4f}} val acc {{val_acc:.3f}}")
+'''
+_TAIL = '''
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def synthetic_source(models: int) -> str:
+    return "".join([
+        _HEADER.format(n=models),
+        *(_BLOCK.format(k=k, hidden=16 + k % 4 * 8) for k in range(models)),
+        _MAIN.format(n=models),
+        *(_SETUP.format(k=k) for k in range(models)),
+        _LOOP,
+        *(_STEP.format(k=k) for k in range(models)),
+        _TAIL,
+    ])
+
+
+def synthetic(target_lines: int, runs: int) -> Optional[dict]:
+    if target_lines <= 0:
+        return None
+    models = 1
+    while n_lines(synthetic_source(models)) < target_lines:
+        models += 1
+    source = synthetic_source(models)
+    compile(source, "<synthetic>", "exec", dont_inherit=True)  # valid Python, or stop here
+    lines = n_lines(source)
+    times = []
+    result = None
+    with Phases() as phases:
+        for r in range(runs):
+            log(f"synthetic: {lines} lines, {models} models, run {r + 1}/{runs}")
+            gc.collect()
+            phases.take()
+            start = time.perf_counter()
+            result = engine.rewrite(source, Options.create(), path="<synthetic>")
+            times.append(time.perf_counter() - start)
+        analysis = phases.take().get(INSTRUMENTED["ScriptFacts"])
+    start = time.perf_counter()
+    libcst.parse_module(source)
+    parse = time.perf_counter() - start
+    compile(result.output, "<synthetic rewritten>", "exec", dont_inherit=True)
+    seconds = statistics.median(times)
+    return {
+        "lines": lines,
+        "models": models,
+        "runs": runs,
+        "seconds": seconds,
+        "lines_per_s": lines / seconds,
+        "parse_analysis_share": None if analysis is None else (parse + analysis) / times[-1],
+        "changes": len(result.changes),
+        "skips": len(result.skips),
+        "dropped": len(result.dropped),
+    }
+
+
+# ---- 3. cold start -------------------------------------------------------------------------
+
+
+def console_script() -> str:
+    found = shutil.which("accelerate-rewrite", path=str(Path(sys.executable).parent))
+    found = found or shutil.which("accelerate-rewrite")
+    if not found:
+        sys.exit("the accelerate-rewrite console script is not installed next to this Python")
+    return found
+
+
+def heavy_imports(script: str, args: list[str]) -> tuple[list[str], float, list[tuple[str, float]]]:
+    """(forbidden modules imported, all imports in ms, the three slowest packages: the self
+    time of all their modules, in ms)."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", script, *args], cwd=ROOT,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    forbidden: list[str] = []
+    by_package: dict[str, int] = {}
+    total_us = 0
+    pattern = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)")
+    for line in proc.stderr.splitlines():
+        match = pattern.match(line)
+        if not match:
+            continue
+        self_us, name = int(match.group(1)), match.group(4)
+        total_us += self_us
+        if name.split(".")[0] in FORBIDDEN_IMPORTS:
+            forbidden.append(name)
+        package = name.split(".")[0]
+        by_package[package] = by_package.get(package, 0) + self_us
+    top = sorted(((p, us / 1e3) for p, us in by_package.items()), key=lambda item: -item[1])
+    return forbidden, total_us / 1e3, top[:3]
+
+
+def cold_start(runs: int) -> list[dict]:
+    script = console_script()
+    out = []
+    for args in (["--help"], ["--check", COLD_CHECK_TARGET]):
+        label = "accelerate-rewrite " + " ".join(args)
+        log(f"cold start: {label} (1 untimed + {runs} runs)")
+        subprocess.run([script, *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        times, codes = [], set()
+        for _ in range(runs):
+            start = time.perf_counter()
+            proc = subprocess.run([script, *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+            times.append(time.perf_counter() - start)
+            codes.add(proc.returncode)
+        forbidden, imports_ms, top = heavy_imports(script, args)
+        out.append({
+            "command": label,
+            "runs": runs,
+            "median_ms": statistics.median(times) * 1e3,
+            "min_ms": min(times) * 1e3,
+            "max_ms": max(times) * 1e3,
+            "exit": sorted(codes),
+            "forbidden": forbidden,
+            "imports_ms": imports_ms,
+            "top_imports": top,
+        })
+    return out
+
+
+# ---- profile (optional) --------------------------------------------------------------------
+
+
+#: libcst's tree-walk frames: every visit recurses through them, so they top any cumulative list
+_WALK = ("libcst/_nodes/", "libcst/_batched_visitor.py", "libcst/_visitors.py",
+         "libcst/matchers/_visitors.py")
+
+
+def profile(top: int) -> None:
+    files = fixture_sources()
+    for path, source in files:  # warm up outside the profile
+        engine.rewrite(source, Options.create(), path=path)
+    prof = cProfile.Profile()
+    prof.enable()
+    for path, source in files:
+        engine.rewrite(source, Options.create(), path=path)
+    prof.disable()
+    stats = pstats.Stats(prof)
+    rows = []
+    for (filename, line, func), (_cc, calls, _tt, cumulative, _callers) in stats.stats.items():
+        norm = filename.replace(os.sep, "/")
+        for marker in ("/accelerate_rewrite/", "/libcst/"):
+            if marker in norm:
+                short = marker.strip("/") + "/" + norm.split(marker, 1)[1]
+                rows.append((cumulative, calls, short, f"{short}:{line}({func})"))
+                break
+    rows.sort(reverse=True)
+    total = rows[0][0] if rows else stats.total_tt  # engine.rewrite, all of the rewrites
+    print(f"cProfile of {len(files)} rewrites (default options, after a warm-up pass): "
+          f"{total:.2f} s in the rewrites under the profiler")
+    rest = [r for r in rows if not r[2].startswith(_WALK)]
+    for title, selected in (
+        (f"top {top} by cumulative time, accelerate_rewrite/ and libcst/", rows),
+        (f"top {top} without libcst's tree-walk frames ({', '.join(_WALK)})", rest),
+    ):
+        print(title + ":")
+        for cumulative, calls, _short, name in selected[:top]:
+            share = 100 * cumulative / total
+            print(f"  {cumulative:7.2f} s {share:5.1f} % {calls:>8} calls  {name}")
+
+
+# ---- reports -------------------------------------------------------------------------------
+
+
+def _runs(n: int, median: bool = False) -> str:
+    return "1 run" if n == 1 else (f"median of {n} runs" if median else f"{n} runs")
+
+
+def text_report(m: dict, t: dict, s: Optional[dict], cold: list[dict], took: float) -> str:
+    out = [
+        f"machine: {m['cpu']}, {m['cores']} cores, {m['os']}, {m['python']}, "
+        f"libcst {m['libcst']}, accelerate-rewrite {m['package']} ({m['commit']}), "
+        f"load average at start {m['load']}, {m['date']}",
+        "",
+        f"rewrite throughput: {t['files']} fixtures ({t['lines']} lines) x "
+        f"{len(t['option_sets'])} option sets, median of {t['rounds']} round(s) after a "
+        "warm-up pass",
+        f"  {t['lines_per_s']:.0f} lines/s (rounds: "
+        + ", ".join(f"{v:.0f}" for v in t["lines_per_s_rounds"]) + ")",
+        "  by option set: " + ", ".join(
+            f"{name} {v:.0f}" for name, v in t["lines_per_s_by_set"].items()) + " lines/s",
+        f"  per rewrite: min {t['ms_min']:.0f} ms, median {t['ms_median']:.0f} ms, "
+        f"max {t['ms_max']:.0f} ms ({t['slowest'][0]}, {t['slowest'][1]})",
+        f"  parse + analysis: {100 * t['parse_analysis_share']:.0f} % of the rewrite time",
+        "  where the time goes:",
+    ]
+    out += [f"    {100 * share:5.1f} %  {label}" for label, share in t["phases"]]
+    if t["missing"]:
+        out.append("    (not instrumented, missing from the engine: " + ", ".join(t["missing"])
+                   + ")")
+    if s:
+        out += [
+            "",
+            f"synthetic input: {s['lines']} lines ({s['models']} models with train/evaluate), "
+            f"{_runs(s['runs'])}: {s['seconds']:.2f} s, {s['lines_per_s']:.0f} lines/s; "
+            f"{s['changes']} changes, {s['skips']} left alone, {s['dropped']} rules dropped"
+            + ("" if s["parse_analysis_share"] is None
+               else f"; parse + analysis {100 * s['parse_analysis_share']:.0f} %"),
+        ]
+    out += ["", "cold start (wall clock, subprocess):"]
+    for c in cold:
+        out.append(
+            f"  {c['command']}: median {c['median_ms']:.0f} ms (min {c['min_ms']:.0f}, "
+            f"max {c['max_ms']:.0f}, {c['runs']} runs, exit {'/'.join(map(str, c['exit']))}); "
+            + ("torch/lightning imported: " + ", ".join(c["forbidden"][:5]) if c["forbidden"]
+               else "no torch/lightning import")
+            + f"; imports {c['imports_ms']:.0f} ms under -X importtime, slowest packages: "
+            + ", ".join(f"{name} {ms:.0f} ms" for name, ms in c["top_imports"])
+        )
+    out += ["", f"benchmark took {took:.0f} s"]
+    return "\n".join(out)
+
+
+def markdown_report(m: dict, t: dict, s: Optional[dict], cold: list[dict], took: float) -> str:
+    out = [
+        "## Rewrite speed",
+        "",
+        f"Measured {m['date']} at {m['commit']} (accelerate-rewrite {m['package']}); "
+        f"the whole benchmark took {took:.0f} s.",
+        "",
+        "| machine | |",
+        "| --- | --- |",
+        f"| CPU | {m['cpu']} |",
+        f"| cores | {m['cores']} |",
+        f"| OS | {m['os']} |",
+        f"| Python | {m['python']} |",
+        f"| libcst | {m['libcst']} |",
+        f"| load average at start (1, 5, 15 min) | {m['load']} |",
+        "",
+        "### Rewrite throughput",
+        "",
+        f"The engine API (`rewrite(source, Options.create(**opts), path=...)`) over the "
+        f"{t['files']} `fixtures/*/input.py` ({t['lines']} lines) with each of the option sets "
+        + ", ".join(f"`{n}`" for n in t["option_sets"])
+        + f": {t['rewrites_per_round']} rewrites a round, one warm-up pass, then "
+        f"{t['rounds']} measured rounds.",
+        "",
+        "| figure | value |",
+        "| --- | --- |",
+        f"| throughput, median of {t['rounds']} rounds | **{t['lines_per_s']:.0f} lines/s** "
+        f"(rounds: " + ", ".join(f"{v:.0f}" for v in t["lines_per_s_rounds"]) + ") |",
+    ]
+    out += [f"| throughput, `{name}` only | {v:.0f} lines/s |"
+            for name, v in t["lines_per_s_by_set"].items()]
+    out += [
+        f"| per rewrite (median over the rounds of each fixture and option set): min / median "
+        f"/ max | {t['ms_min']:.0f} / **{t['ms_median']:.0f}** / {t['ms_max']:.0f} ms |",
+        f"| slowest | `{t['slowest'][0]}`, `{t['slowest'][1]}` |",
+        "",
+        "Where the time goes, as a share of all the measured rewrite time (parsing timed "
+        "alone, once per fixture and round; the engine steps timed by wrapping them during "
+        "the rounds):",
+        "",
+        "| step | share |",
+        "| --- | --- |",
+    ]
+    out += [f"| {label} | {100 * share:.0f} % |" for label, share in t["phases"]]
+    out += [
+        "",
+        f"Parse + analysis (`ScriptFacts(libcst.parse_module(src))`) is "
+        f"{100 * t['parse_analysis_share']:.0f} % of it; the rest is the rules, applying their "
+        "edits, generating the code and checking the result.",
+    ]
+    if t["missing"]:
+        out += ["", "Not instrumented (no longer in the engine): " + ", ".join(t["missing"])
+                + "."]
+    if s:
+        out += [
+            "",
+            "### A large input",
+            "",
+            f"A generated module of {s['lines']} lines in the style of "
+            f"`fixtures/train_function`: {s['models']} classifiers, each with its own "
+            "`train()` / `evaluate()`, all built and trained in one `main()`; default options, "
+            f"{_runs(s['runs'], median=True)}. "
+            f"**{s['seconds']:.2f} s, {s['lines_per_s']:.0f} lines/s**"
+            + ("" if s["parse_analysis_share"] is None
+               else f" (parse + analysis {100 * s['parse_analysis_share']:.0f} %)")
+            + f"; {s['changes']} changes, {s['skips']} places left alone, {s['dropped']} rules "
+            "dropped, and the result compiles.",
+        ]
+    out += [
+        "",
+        "### Cold start",
+        "",
+        "The console script as a subprocess, wall clock: one untimed run, then the runs "
+        "counted below. One more run of each under `python -X importtime` (which slows it "
+        "down a little) checks that neither imports torch or lightning, and adds up the import "
+        "time: in all, and per package (the self time of all its modules).",
+        "",
+        "| command | median | min – max | runs | exit status | torch / lightning imported | "
+        "imports (under `-X importtime`) | slowest packages |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in cold:
+        out.append(
+            f"| `{c['command']}` | **{c['median_ms']:.0f} ms** | {c['min_ms']:.0f} – "
+            f"{c['max_ms']:.0f} ms | {c['runs']} | {'/'.join(map(str, c['exit']))} | "
+            + (("**yes**: " + ", ".join(f"`{n}`" for n in c["forbidden"][:5]))
+               if c["forbidden"] else "no")
+            + f" | {c['imports_ms']:.0f} ms | "
+            + ", ".join(f"`{n}` {ms:.0f} ms" for n, ms in c["top_imports"]) + " |"
+        )
+    out += ["", f"(`--check` exits 1 because `{COLD_CHECK_TARGET}` would change.)"]
+    return "\n".join(out)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--markdown", action="store_true", help="print a markdown section")
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds (default 3)")
+    parser.add_argument("--synthetic-lines", type=int, default=2000,
+                        help="size of the synthetic input, 0 to skip (default 2000)")
+    parser.add_argument("--synthetic-runs", type=int, default=1,
+                        help="rewrites of the synthetic input (default 1)")
+    parser.add_argument("--cold-runs", type=int, default=10,
+                        help="timed runs of each command for the cold start (default 10)")
+    parser.add_argument("--profile", nargs="?", type=int, const=15, metavar="TOP",
+                        help="instead of the benchmark, profile one pass over the fixtures "
+                        "with cProfile and print the TOP (15) cumulative functions")
+    args = parser.parse_args(argv)
+    if args.profile is not None:
+        profile(args.profile)
+        return 0
+    if args.rounds < 1 or args.cold_runs < 1 or args.synthetic_runs < 1:
+        parser.error("--rounds, --cold-runs and --synthetic-runs take a count >= 1")
+
+    started = time.perf_counter()
+    info = machine()
+    t = throughput(args.rounds)
+    s = synthetic(args.synthetic_lines, args.synthetic_runs)
+    torch_in_process = [m for m in sys.modules if m.split(".")[0] in FORBIDDEN_IMPORTS]
+    cold = cold_start(args.cold_runs)
+    took = time.perf_counter() - started
+    report = markdown_report if args.markdown else text_report
+    print(report(info, t, s, cold, took))
+    if torch_in_process:
+        print(f"\nWARNING: the rewrites imported {', '.join(sorted(torch_in_process)[:5])}")
+    bad = torch_in_process or any(c["forbidden"] for c in cold)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,391 @@
+"""The engine: checks that drop a failing rule, rules that crash or lose a prerequisite,
+formatting kept byte for byte, and no torch on the rewrite path."""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from accelerate_rewrite.codemod.engine import RewriteError, rewrite
+from accelerate_rewrite.codemod.rule import Rule, RuleContext
+from accelerate_rewrite.options import Options
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = Options.create()
+
+
+# ---------------------------------------------------------------------------------------
+# tiny fake rules
+# ---------------------------------------------------------------------------------------
+
+def _assignment_to(ctx: RuleContext, name: str) -> cst.SimpleStatementLine:
+    for stmt in ctx.facts.module.body:
+        if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign):
+            target = stmt.body[0].targets[0].target
+            if isinstance(target, cst.Name) and target.value == name:
+                return stmt
+    raise AssertionError(f"no assignment to {name}")
+
+
+class RemoveX(Rule):
+    """Removes ``x = ...``: leaves ``x`` undefined where the script still reads it."""
+
+    code = "T001"
+    name = "remove-x"
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        stmt = _assignment_to(ctx, "x")
+        ctx.edits.remove(stmt)
+        ctx.change(stmt, "removed x")
+
+
+class AddMarker(Rule):
+    """Adds ``marker = 1`` after ``y = ...`` (harmless)."""
+
+    code = "T002"
+    name = "add-marker"
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        stmt = _assignment_to(ctx, "y")
+        ctx.edits.insert_after(stmt, cst.parse_statement("marker = 1\n"))
+        ctx.change(stmt, "added a marker")
+
+
+class Crash(Rule):
+    """A rule with a bug."""
+
+    code = "T003"
+    name = "crash"
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        ctx.change(None, "about to fail")
+        raise KeyError("boom")
+
+
+class NeedsCrash(AddMarker):
+    code = "T004"
+    name = "needs-crash"
+    requires = ("T003",)
+
+
+class NeedsRemoveX(Rule):
+    """Adds ``other = 2`` at the end; relies on T001."""
+
+    code = "T005"
+    name = "needs-remove-x"
+    requires = ("T001",)
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        last = ctx.facts.module.body[-1]
+        ctx.edits.insert_after(last, cst.parse_statement("other = 2\n"))
+        ctx.change(last, "added other")
+
+
+class NeedsNeedsRemoveX(NeedsRemoveX):
+    code = "T006"
+    name = "needs-needs-remove-x"
+    requires = ("T005",)
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        first = ctx.facts.module.body[0]
+        ctx.edits.insert_before(first, cst.parse_statement("third = 3\n"))
+
+
+class ReturnAtModuleLevel(Rule):
+    """Puts a ``return`` at module level: parses with LibCST, does not compile."""
+
+    code = "T007"
+    name = "bad-return"
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        ctx.edits.insert_after(ctx.facts.module.body[-1], cst.parse_statement("return 1\n"))
+
+
+class NeverApplies(AddMarker):
+    code = "T008"
+    name = "never"
+
+    def applies(self, options: Options) -> bool:
+        return False
+
+
+SOURCE = "import os\n\nx = 1\ny = 2\nprint(x, y, os.sep)\n"
+
+
+def test_fake_rules_work_alone():
+    result = rewrite(SOURCE, DEFAULT, rules=[AddMarker()])
+    assert result.output == "import os\n\nx = 1\ny = 2\nmarker = 1\nprint(x, y, os.sep)\n"
+    assert not result.dropped
+    assert [n.message for n in result.changes] == ["added a marker"]
+
+
+def test_rule_leaving_a_name_undefined_is_dropped_and_nothing_changes():
+    result = rewrite(SOURCE, DEFAULT, path="train.py", rules=[RemoveX()])
+    assert result.output == SOURCE
+    assert not result.changed
+    assert result.notes == []  # the dropped rule's notes are not reported as changes
+    [message] = result.dropped
+    assert message.startswith("T001 remove-x: dropped for this file")
+    assert "`x`" in message and "line " in message and "no longer defined" in message
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: the line in the 'no longer defined' message is the "
+                                       "line in the discarded result, not in the user's file "
+                                       "(`print(x, ...)` is line 5 of the input, reported as line 4)")
+def test_undefined_name_message_names_the_line_in_the_input():
+    result = rewrite(SOURCE, DEFAULT, rules=[RemoveX()])
+    assert "(line 5)" in result.dropped[0]
+
+
+def test_dropping_one_rule_keeps_the_others():
+    result = rewrite(SOURCE, DEFAULT, rules=[RemoveX(), AddMarker()])
+    assert result.output == "import os\n\nx = 1\ny = 2\nmarker = 1\nprint(x, y, os.sep)\n"
+    assert len(result.dropped) == 1 and result.dropped[0].startswith("T001")
+    assert [n.rule for n in result.notes] == ["T002"]
+
+
+def test_a_name_undefined_in_the_input_is_not_blamed_on_a_rule():
+    source = "print(undefined_before)\ny = 2\n"
+    result = rewrite(source, DEFAULT, rules=[AddMarker()])
+    assert not result.dropped
+    assert result.output == "print(undefined_before)\ny = 2\nmarker = 1\n"
+
+
+def test_rule_that_raises_is_dropped_with_internal_error_and_others_apply():
+    result = rewrite(SOURCE, DEFAULT, rules=[Crash(), AddMarker()])
+    assert "marker = 1" in result.output
+    [message] = result.dropped
+    assert message.startswith("T003 crash: internal error")
+    assert "KeyError" in message and "boom" in message
+    assert all(n.rule != "T003" for n in result.notes)  # half-done notes are not reported
+
+
+def test_rule_requiring_a_crashed_rule_is_dropped_too():
+    result = rewrite(SOURCE, DEFAULT, rules=[Crash(), NeedsCrash(), AddMarker()])
+    assert result.output.count("marker = 1") == 1  # AddMarker's, not NeedsCrash's
+    assert any(d.startswith("T003") and "internal error" in d for d in result.dropped)
+    assert any(d.startswith("T004") and "relies on did not run" in d for d in result.dropped)
+    assert all(n.rule not in ("T003", "T004") for n in result.notes)
+
+
+def test_rule_requiring_a_rule_that_does_not_apply_is_dropped():
+    class NeedsNever(AddMarker):
+        code = "T009"
+        name = "needs-never"
+        requires = ("T008",)
+
+    result = rewrite(SOURCE, DEFAULT, rules=[NeverApplies(), NeedsNever()])
+    assert result.output == SOURCE
+    assert [d.split(":")[0] for d in result.dropped] == ["T009"]
+
+
+def test_rules_requiring_a_rule_dropped_by_the_check_go_with_it():
+    rules = [RemoveX(), NeedsRemoveX(), NeedsNeedsRemoveX(), AddMarker()]
+    result = rewrite(SOURCE, DEFAULT, rules=rules)
+    assert result.output == "import os\n\nx = 1\ny = 2\nmarker = 1\nprint(x, y, os.sep)\n"
+    [message] = result.dropped
+    assert message.startswith("T001 remove-x: dropped for this file")
+    assert "T005" in message and "T006" in message and "rely on it" in message
+    assert [n.rule for n in result.notes] == ["T002"]
+
+
+def test_result_that_does_not_compile_is_never_returned():
+    result = rewrite(SOURCE, DEFAULT, rules=[AddMarker(), ReturnAtModuleLevel()])
+    assert "return 1" not in result.output and "marker = 1" in result.output
+    [message] = result.dropped
+    assert message.startswith("T007") and "does not compile" in message
+
+
+def test_rules_that_do_not_apply_do_not_run():
+    result = rewrite(SOURCE, DEFAULT, rules=[NeverApplies()])
+    assert result.output == SOURCE and not result.dropped and not result.notes
+
+
+def test_syntax_error_names_the_file_and_place():
+    with pytest.raises(RewriteError, match=r"^broken\.py:2:\d+: syntax error"):
+        rewrite("x = 1\ndef (:\n", DEFAULT, path="broken.py")
+
+
+def test_notes_are_sorted_by_line():
+    class Late(Rule):
+        code = "T010"
+        name = "late"
+
+        def rewrite(self, ctx):
+            ctx.skip(ctx.facts.module.body[-1], "last")
+            ctx.change(ctx.facts.module.body[0], "first")
+
+    result = rewrite(SOURCE, DEFAULT, rules=[Late()])
+    assert [(n.line, n.message, n.skipped) for n in result.notes] == [(1, "first", False), (5, "last", True)]
+    assert [n.message for n in result.skips] == ["last"]
+
+
+# ---------------------------------------------------------------------------------------
+# formatting outside the edited places, with the real rules
+# ---------------------------------------------------------------------------------------
+
+def _kept_and_lost(source: str, output: str) -> tuple[list[str], list[str]]:
+    """Input lines (with their line endings) found unchanged in the output, in order, and the
+    input lines that are not there."""
+    a = source.splitlines(keepends=True)
+    b = output.splitlines(keepends=True)
+    kept, lost = [], []
+    for tag, i1, i2, _, _ in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        (kept if tag == "equal" else lost).extend(a[i1:i2])
+    return kept, lost
+
+
+MESSY = (
+    "# -*- coding: utf-8 -*-\r\n"
+    "# Entraînement: données → modèle (温度), ünïcödé ✓\r\n"
+    "import torch\r\n"
+    "\r\n"
+    "\r\n"
+    "def main():\r\n"
+    "\tdevice = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\r\n"
+    "\tmodel = torch.nn.Linear(4, 1).to(device)  # le modèle\r\n"
+    "\toptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\r\n"
+    "\r\n"
+    "\r\n"
+    "\t# boucle — étapes\r\n"
+    "\tfor step in range(3):\r\n"
+    "\t\tx = torch.randn(2, 4,   device=device)\r\n"
+    "\t\tloss = model(x).sum()   # perte\r\n"
+    "\t\tloss.backward()\r\n"
+    "\t\toptimizer.step( )  # odd spacing stays\r\n"
+    "\t\tprint( 'step' , step )\r\n"
+    "\r\n"
+    "    \r\n"  # whitespace-only line
+    "main()"  # no final newline
+)
+
+
+def test_formatting_outside_edits_is_byte_for_byte():
+    result = rewrite(MESSY, DEFAULT)
+    assert result.changed and not result.dropped
+    out = result.output
+    _, lost = _kept_and_lost(MESSY, out)
+    # exactly the edited statements changed; every other line is there, byte for byte, in order
+    assert [line.strip() for line in lost] == [
+        "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')",
+        "model = torch.nn.Linear(4, 1).to(device)  # le modèle",
+        "x = torch.randn(2, 4,   device=device)",
+        "loss.backward()",
+        "print( 'step' , step )",
+    ]
+    assert "\tmodel = torch.nn.Linear(4, 1)  # le modèle\r\n" in out  # trailing comment kept
+    assert "\t\tx = torch.randn(2, 4,   device=fabric.device)\r\n" in out  # spacing around the edit kept
+    assert "\t\tfabric.backward(loss)\r\n" in out
+    assert "\t\tfabric.print( 'step' , step )\r\n" in out
+
+
+def test_line_endings_tabs_and_final_newline_are_kept():
+    out = rewrite(MESSY, DEFAULT).output
+    assert out.count("\n") == out.count("\r\n")  # no bare LF, even on inserted lines
+    assert not out.endswith("\n") and out.endswith("main()")
+    body = out.split("def main():\r\n", 1)[1]
+    for line in body.split("\r\n"):
+        if line.strip() and not line.startswith("main()"):
+            assert line.startswith("\t") and not line.startswith(" "), repr(line)
+    assert "\tfabric = Fabric()\r\n\tfabric.launch()\r\n" in out
+    assert "\tmodel, optimizer = fabric.setup(model, optimizer)\r\n" in out
+    assert "from lightning.fabric import Fabric\r\n" in out
+    ast.parse(out)
+
+
+def test_lf_file_gets_no_crlf_and_keeps_its_final_newline():
+    source = MESSY.replace("\r\n", "\n") + "\n"
+    out = rewrite(source, DEFAULT).output
+    assert "\r" not in out and out.endswith("main()\n")
+
+
+def test_encoding_round_trips_through_the_source_layer(tmp_path):
+    """Bytes in, bytes out: a latin-1 file with its cookie, and a UTF-8 file with a BOM."""
+    from accelerate_rewrite.codemod.source import decode
+
+    lf = MESSY.replace("\r\n", "\n")
+    body = lf.split("\n", 2)[2].replace("—", "-")  # keep to latin-1 characters
+    latin = "# -*- coding: latin-1 -*-\n# café, señal, 25°C\n" + body
+    cases = [
+        (latin.encode("latin-1"), "# café, señal, 25°C\n".encode("latin-1")),
+        (b"\xef\xbb\xbf" + MESSY.encode("utf-8"), "modèle (温度)".encode("utf-8")),
+    ]
+    for raw, comment in cases:
+        src = decode(tmp_path / "t.py", raw)
+        result = rewrite(src.text, DEFAULT)
+        assert result.changed and not result.dropped
+        data = src.encode(result.output)
+        assert comment in data
+        assert data.startswith(raw.split(b"\n", 1)[0])  # the cookie / BOM line, byte for byte
+
+
+def test_comments_and_blank_lines_around_a_removed_statement():
+    source = textwrap.dedent('''\
+        #!/usr/bin/env python
+        """Docstring."""
+        import torch  # torch!
+
+        # ---------------------------------------------------------------
+        # Device selection
+
+        # pick the GPU when there is one
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+        model = torch.nn.Linear(4, 1)
+        model.to(device)  # move it
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+        def helper():
+            # unrelated, untouched
+            return 1
+
+
+        loss = model(torch.randn(2, 4)).sum()
+        loss.backward()
+        optimizer.step()
+    ''')
+    result = rewrite(source, DEFAULT)
+    _, lost = _kept_and_lost(source, result.output)
+    assert [line.strip() for line in lost] == [
+        'device = torch.device("cuda" if torch.cuda.is_available() else "cpu")',
+        "model.to(device)  # move it",
+        "loss.backward()",
+    ]
+    assert "import torch  # torch!\nfrom lightning.fabric import Fabric\n" in result.output
+    assert "def helper():\n    # unrelated, untouched\n    return 1\n\n\nloss" in result.output
+
+
+# ---------------------------------------------------------------------------------------
+# the rewrite path imports no torch or lightning
+# ---------------------------------------------------------------------------------------
+
+def test_rewrite_path_imports_no_torch_or_lightning():
+    program = textwrap.dedent('''
+        import sys
+        import accelerate_rewrite.cli, accelerate_rewrite.rules
+        from accelerate_rewrite.codemod.engine import rewrite
+        from accelerate_rewrite.options import Options
+        from pathlib import Path
+        changed = 0
+        options = Options.create(precision="bf16-mixed", devices=4)
+        for name in ("gan", "checkpointing", "trainer_class", "data_parallel", "torchmetrics_metrics"):
+            source = Path("fixtures", name, "input.py").read_text(encoding="utf-8")
+            changed += rewrite(source, options).changed
+        heavy = sorted(m for m in sys.modules
+                       if m.split(".")[0] in ("torch", "lightning", "lightning_fabric", "pytorch_lightning"))
+        print(changed, heavy)
+    ''')
+    proc = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    changed, heavy = proc.stdout.strip().split(" ", 1)
+    assert int(changed) == 5
+    assert heavy == "[]"
