@@ -618,9 +618,6 @@ def test_optimizer_over_two_models_is_refused_as_a_whole():
     assert note.line == 6
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: torch.optim.swa_utils.AveragedModel / SWALR are taken "
-                                       "for optimizers over no model, so a plain SWA script is "
-                                       "refused: \"optimizer `swa_model` not set up\"")
 def test_swa_script_is_not_refused_for_a_fake_optimizer():
     result = convert("""
         import torch
@@ -921,10 +918,6 @@ def test_scripts_that_already_use_accelerate_or_fabric(source):
     assert_left_alone(result, "AR101", "already uses")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: `fab = L.fabric.Fabric()` is not seen as Fabric: the "
-                                       "script gets a second Fabric, a second setup of the same "
-                                       "objects (Fabric raises) and `fab.backward(loss)` becomes "
-                                       "`fabric.backward(fab, loss)`")
 def test_script_using_fabric_through_L_fabric_is_left_alone():
     result = convert("""
         import lightning as L
@@ -960,9 +953,6 @@ def test_lightning_imported_only_for_seed_everything_is_converted():
     assert "fabric.backward(loss)" in out
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: `import pytorch_lightning as pl; pl.seed_everything(42)` "
-                                       "counts as using the Lightning Trainer: the script is left "
-                                       "alone with a wrong reason")
 def test_pytorch_lightning_imported_only_for_seed_everything_is_converted():
     result = convert("""
         import torch

@@ -54,6 +54,7 @@ _FRAMEWORKS = {
     "lightning.pytorch": "the Lightning Trainer",
     "lightning.Trainer": "the Lightning Trainer",
     "lightning.LightningModule": "the Lightning Trainer",
+    "lightning.LightningDataModule": "the Lightning Trainer",
     "pytorch_lightning": "the Lightning Trainer",
     "accelerate": "Hugging Face Accelerate",
 }
@@ -261,7 +262,8 @@ class ScriptFacts:
 
     @property
     def models(self) -> list[Binding]:
-        return self.bindings_of(MODEL)
+        """Modules built in the script whose parameters an optimizer trains."""
+        return [b for b in self.bindings_of(MODULE) if MODEL in self.kinds.get(b.key, set())]
 
     @property
     def optimizers(self) -> list[Optimizer]:
@@ -481,12 +483,9 @@ class _Collector(cst.CSTVisitor):
                             f.module_classes.add(stmt.name.value)
                             changed = True
 
-    # -- imports: frameworks that already accelerate the script --
-    def visit_Import(self, node: cst.Import) -> None:
-        for alias in node.names:
-            name = cst.Module([]).code_for_node(alias.name)
-            self._framework(name, node)
-
+    # -- frameworks that already accelerate the script --
+    # ``import lightning as L`` or ``import pytorch_lightning as pl`` alone says nothing (it may
+    # be there for ``seed_everything``): what the script uses from them decides.
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         if node.module is None or node.relative:
             return
@@ -494,32 +493,26 @@ class _Collector(cst.CSTVisitor):
         if isinstance(node.names, cst.ImportStar):
             self._framework(module, node)
             return
-        names = [a.name.value for a in node.names if isinstance(a.name, cst.Name)]
-        if names and all(n in _FRAMEWORK_HARMLESS for n in names):
-            return
-        for n in names:
-            self._framework(f"{module}.{n}", node)
+        for alias in node.names:
+            if isinstance(alias.name, cst.Name):
+                self._framework(f"{module}.{alias.name.value}", node)
 
     def _framework(self, name: str, node: cst.CSTNode) -> None:
         if name.rsplit(".", 1)[-1] in _FRAMEWORK_HARMLESS:
             return
         for prefix, label in _FRAMEWORKS.items():
             if name == prefix or name.startswith(prefix + "."):
-                # ``import lightning as L`` alone: decided by what is used (see visit_Attribute)
-                if name in ("lightning",):
-                    return
                 self.f.frameworks.append((label, node))
                 return
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if m.matches(node, m.Attribute(value=m.Name("self"), attr=m.Name())):
             self.f._self_attrs.append(node)
+        parent = self.f.parent(node)
+        if isinstance(parent, cst.Attribute) and parent.value is node:
+            return  # only the whole of ``L.fabric.Fabric`` counts, not ``L.fabric``
         for q in self.f.qualnames(node):
-            if q.startswith("lightning.") and q.count(".") == 1:
-                attr = q.split(".", 1)[1]
-                if attr in ("Fabric", "Trainer", "LightningModule", "LightningDataModule"):
-                    label = "Lightning Fabric" if attr == "Fabric" else "the Lightning Trainer"
-                    self.f.frameworks.append((label, node))
+            self._framework(q, node)
 
     # -- functions referenced other than by a call --
     def visit_Name(self, node: cst.Name) -> None:
@@ -566,9 +559,12 @@ class _Collector(cst.CSTVisitor):
         if not isinstance(core, cst.Call):
             return
         qual = f.qualname(core) or ""
-        if qual.startswith("torch.optim.lr_scheduler."):
+        if qual == "torch.optim.swa_utils.AveragedModel":
+            f.bindings.append(Binding(key, MODULE, stmt, value, core, qual))
+        elif qual.startswith("torch.optim.lr_scheduler.") or qual == "torch.optim.swa_utils.SWALR":
             f.bindings.append(Binding(key, SCHEDULER, stmt, value, core, qual))
-        elif qual.startswith("torch.optim.") and qual.rsplit(".", 1)[-1][:1].isupper():
+        elif qual.startswith("torch.optim.") and not qual.startswith("torch.optim.swa_utils.") \
+                and qual.rsplit(".", 1)[-1][:1].isupper():
             models = self._param_models(core)
             f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, qual, models=models))
         elif qual in ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"):
