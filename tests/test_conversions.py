@@ -332,7 +332,7 @@ def test_trainer_class_keeping_self_device():
     assert "self.device" not in out
 
 
-def test_device_param_with_default_not_passed_leaves_the_helper_alone_with_a_note():
+def test_device_param_with_default_not_passed_refuses_the_conversion_with_a_note():
     result = convert("""
         import torch
         import torch.nn as nn
@@ -355,9 +355,9 @@ def test_device_param_with_default_not_passed_leaves_the_helper_alone_with_a_not
 
         main()
     """)
-    out = result.output
-    assert 'def train(model, optimizer, loader, device="cuda"):\n' in out  # untouched
-    assert any("can't be reached" in m for m in skips(result, "AR106"))
+    # a backward that can't reach `fabric` would crash under mixed precision: no half conversion
+    assert not result.changed
+    assert any("can't reach `fabric` in train()" in m for m in skips(result, "AR101"))
 
 
 DEFAULT_DEVICE_PARAM = {
@@ -409,10 +409,6 @@ DEFAULT_DEVICE_PARAM = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a `device` parameter with a default value is not "
-                                       "threaded; the model gets fabric.setup with bf16-mixed but "
-                                       "`loss.backward()` in train() stays, which Fabric refuses "
-                                       "under mixed precision (half a conversion that crashes)")
 @pytest.mark.parametrize("case", sorted(DEFAULT_DEVICE_PARAM))
 def test_device_param_with_default_under_mixed_precision(case):
     result = convert(DEFAULT_DEVICE_PARAM[case], precision="bf16-mixed")
@@ -422,11 +418,6 @@ def test_device_param_with_default_under_mixed_precision(case):
         assert skips(result)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a threaded `device` parameter that is also compared "
-                                       "(`if device == 'cuda':`) makes AR105 leave `device` "
-                                       "undefined; the check drops AR105 and everything that needs "
-                                       "it, but AR101 stays: the output only gains an unused "
-                                       "`fabric = Fabric(); fabric.launch()`")
 def test_threaded_device_param_also_compared_to_a_string():
     result = convert("""
         import torch
@@ -459,10 +450,6 @@ def test_threaded_device_param_also_compared_to_a_string():
         assert skips(result)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: `self.device = device` becomes `self.fabric = fabric` "
-                                       "although a method still reads `self.device` (a comparison "
-                                       "Fabric does not replace): AttributeError at run time, and "
-                                       "the note says 'its definition stays'")
 def test_trainer_class_comparing_self_device_keeps_it_defined():
     result = convert("""
         import torch
@@ -505,9 +492,6 @@ def test_trainer_class_comparing_self_device_keeps_it_defined():
 # where Fabric is created
 # ---------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="BUG: the model is built in an if/else; `fabric = Fabric()` "
-                                       "and `fabric.launch()` go inside the `if` branch only, so "
-                                       "the else path hits NameError at `fabric.setup(...)`")
 def test_model_built_in_if_else_gets_fabric_before_the_if():
     result = convert("""
         import argparse
@@ -533,11 +517,6 @@ def test_model_built_in_if_else_gets_fabric_before_the_if():
     assert out.index("fabric.launch()") < out.index("if args.arch")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: model and optimizer built in a factory function and "
-                                       "trained at module level: Fabric is created inside the "
-                                       "factory, so the module-level `loss.backward()` can't reach "
-                                       "it; under bf16-mixed Fabric raises 'requires you to call "
-                                       "fabric.backward(loss)' (checked on CPU)")
 def test_model_and_optimizer_built_in_a_factory_function():
     result = convert("""
         import torch

@@ -164,7 +164,7 @@ class _Planner:
         return self.p
 
     def run(self) -> FabricPlan:
-        f, p = self.f, self.p
+        f = self.f
         if f.frameworks:
             label, node = f.frameworks[0]
             return self.refuse(node, f"already uses {label}; left alone")
@@ -189,16 +189,55 @@ class _Planner:
             return self.refuse(taken[0], f"the name `{NAME}` is already used in this script")
         if not f.optimizers:
             return self.refuse(f.backward_sites[0].call, "no optimizer found to set up with Fabric")
+        # Threading a device parameter into `fabric` is tried first; a function whose device
+        # is also used in a way Fabric does not replace keeps it, and the plan is made again.
+        self.excluded: set[int] = set()
+        for _ in range(len(f.functions) + 1):
+            self.p = FabricPlan()
+            self._plan()
+            if self.p.refusal is not None:
+                return self.p
+            stuck = self._stuck_threads()
+            if not stuck:
+                return self.p
+            self.excluded |= stuck
+        return self.refuse(None, "could not settle where `fabric` is passed")
+
+    def _plan(self) -> None:
+        p = self.p
         if not self._find_home():
-            return p
+            return
         self._precision()
         self._refs()
+        for site in self.f.backward_sites:
+            if p.ref_at(self.f, site.call) is None or not p.after_creation(self.f, site.call):
+                func = self.f.function(site.call)
+                where = f"in {func.name.value}()" if func is not None else "there"
+                self.refuse(site.call, f"`{short(site.call)}` can't reach `fabric` {where} (no "
+                                       "`device` parameter to turn into `fabric`, or one used in a "
+                                       "way Fabric does not replace); every backward must go "
+                                       "through Fabric, so nothing was converted")
+                return
         self._setups()
         if p.refusal:
-            return p
+            return
         self._loaders()
         self._devices()
-        return p
+
+    def _stuck_threads(self) -> set[int]:
+        """Functions (or classes) threaded into `fabric` whose device is still read as it was."""
+        f, p = self.f, self.p
+        stuck: set[int] = set()
+        for node, _ in p.device_keeps:
+            key = f.key_of(node)
+            if key is None:
+                continue
+            owner = key[0]
+            if isinstance(owner, cst.ClassDef) and id(owner) in p.threaded_attrs:
+                stuck.add(id(_init(owner)))
+            elif id(owner) in p.threaded_params:
+                stuck.add(id(owner))
+        return stuck
 
     # -- where Fabric is created --
     def _find_home(self) -> bool:
@@ -209,6 +248,13 @@ class _Planner:
         ]
         first = min(builds or f.optimizers, key=lambda b: f.line(b.stmt))
         home = _innermost_scope(f, first.stmt)
+        extra: list[cst.BaseStatement] = []
+        # a factory (``def build(device): ...; return model, optimizer``): Fabric belongs
+        # where it is called
+        while isinstance(home, cst.FunctionDef) and self._is_factory(home):
+            call = f.functions[home.name.value].calls[0]
+            extra.append(f.statement(call))
+            home = _innermost_scope(f, call)
         if isinstance(home, cst.FunctionDef) and f.enclosing_class(home) is not None:
             self.refuse(
                 first.stmt,
@@ -221,17 +267,28 @@ class _Planner:
             self.refuse(first.stmt, "the model is built in a lambda")
             return False
         p.home = home
-        block = f.block(first.stmt)
         interesting = [b.stmt for b in f.bindings if _innermost_scope(f, b.stmt) is home]
         interesting += [f.statement(d.call) for d in f.device_moves
                         if _innermost_scope(f, d.call) is home]
-        candidates = []
-        for s in interesting:
-            top = _ancestor_in_block(f, s, block)
-            if top is not None:
-                candidates.append(top)
-        p.anchor = min(candidates, key=lambda s: list(block.body).index(s))
+        interesting += extra
+        p.anchor = first_in_common_block(f, interesting)
+        if p.anchor is None:
+            self.refuse(first.stmt, "could not find one place before the model, optimizer and "
+                                    "loaders are built to create Fabric")
+            return False
         return True
+
+    def _is_factory(self, func: cst.FunctionDef) -> bool:
+        """A module-level function that builds and returns the model, called once."""
+        f = self.f
+        fn = f.functions.get(func.name.value)
+        if fn is None or fn.node is not func or len(fn.calls) != 1 or fn.other_uses:
+            return False
+        built = {b.path for b in f.bindings if b.owner is func and b.kind in ("module", "optimizer")}
+        for ret in m.findall(func, m.Return()):
+            if ret.value is not None and {n.value for n in m.findall(ret.value, m.Name())} & built:
+                return True
+        return False
 
     def _precision(self) -> None:
         f, p, o = self.f, self.p, self.o
@@ -268,7 +325,8 @@ class _Planner:
             for fn in f.functions.values():
                 target = fn.node
                 func = target if isinstance(target, cst.FunctionDef) else _init(target)
-                if func is None or id(func) in p.threaded_params or fn.other_uses or not fn.calls:
+                if func is None or id(func) in p.threaded_params or fn.other_uses or not fn.calls \
+                        or id(func) in self.excluded:
                     continue
                 param = self._device_param(func, fn)
                 if param is None:
@@ -547,8 +605,22 @@ class _StripMoves(cst.CSTTransformer):
 def common_after(facts: ScriptFacts, stmts: list[cst.BaseStatement]) -> Optional[cst.BaseStatement]:
     """The statement after which all of ``stmts`` have run: in the innermost block that holds
     them all (within one function), the last statement that holds one of them."""
+    found = _in_common_block(facts, stmts)
+    return found[-1] if found else None
+
+
+def first_in_common_block(facts: ScriptFacts, stmts: list[cst.BaseStatement]) -> Optional[cst.BaseStatement]:
+    """The place before all of ``stmts``: in the innermost block that holds them all, the first
+    statement that holds one of them."""
+    found = _in_common_block(facts, stmts)
+    return found[0] if found else None
+
+
+def _in_common_block(facts: ScriptFacts, stmts: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """The statements of the innermost block holding all of ``stmts`` that hold one of them,
+    in block order; empty when they share no block within one function."""
     placements = [_placements(facts, s) for s in stmts]
-    for block, _ in placements[0]:
+    for block, _ in placements[0] if placements else ():
         found = []
         for chain in placements:
             hit = [s for b, s in chain if b is block]
@@ -556,8 +628,9 @@ def common_after(facts: ScriptFacts, stmts: list[cst.BaseStatement]) -> Optional
                 break
             found.append(hit[0])
         else:
-            return max(found, key=lambda s: list(block.body).index(s))
-    return None
+            order = list(block.body)
+            return sorted(set(found), key=order.index)
+    return []
 
 
 def _placements(facts: ScriptFacts, s: cst.BaseStatement) -> list[tuple[cst.CSTNode, cst.BaseStatement]]:
@@ -579,17 +652,6 @@ def _placements(facts: ScriptFacts, s: cst.BaseStatement) -> list[tuple[cst.CSTN
                 current = parent
                 break
     return out
-
-
-def _ancestor_in_block(facts: ScriptFacts, s: cst.BaseStatement, block) -> Optional[cst.BaseStatement]:
-    current = s
-    while True:
-        parent = facts.parent(current)
-        if parent is None:
-            return None
-        if parent is block and isinstance(current, cst.BaseStatement):
-            return current
-        current = parent
 
 
 def _init(cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
