@@ -198,11 +198,6 @@ def test_device_used_where_fabric_does_not_replace_it_keeps_its_definition():
     assert note.line == 7 and "its definition stays" in note.message
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a device that is not a recognised device name "
-                                       "(`args.device`) is silently left on a set-up model and on "
-                                       "batches from a set-up loader, with no note; with "
-                                       "--devices 4 and `--device cuda:0` every rank moves its "
-                                       "batch to cuda:0 while its model is on cuda:<rank>")
 def test_moves_to_an_unrecognised_device_on_set_up_objects_are_removed_or_noted():
     result = convert("""
         import argparse

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider, ScopeProvider
 
@@ -26,18 +28,28 @@ def undefined_in(scopes, positions) -> dict[str, int]:
     return out
 
 
-def check(original_undefined: dict[str, int], new_code: str) -> list[str]:
-    """Problems of ``new_code`` that the original did not have; empty when all is well."""
+def check(
+    original_undefined: dict[str, int],
+    new_code: str,
+    locate: Callable[[str], Optional[int]] = lambda name: None,
+) -> list[str]:
+    """Problems of ``new_code`` that the original did not have; empty when all is well.
+
+    ``locate(name)`` gives the line of the input where a name that is no longer defined is
+    read (the user's file, not the discarded result).
+    """
     try:
         module = cst.parse_module(new_code)
     except cst.ParserSyntaxError as exc:
-        return [f"the result does not parse ({exc.message} at line {exc.raw_line})"]
+        return [f"the result does not parse ({exc.message})"]
     try:
-        compile(new_code, "<rewritten>", "exec")
+        compile(new_code, "<rewritten>", "exec", dont_inherit=True)
     except SyntaxError as exc:
-        return [f"the result does not compile ({exc.msg} at line {exc.lineno})"]
+        return [f"the result does not compile ({exc.msg})"]
     problems = []
     for name, line in sorted(undefined_names(module).items(), key=lambda item: item[1]):
         if name not in original_undefined:
-            problems.append(f"it uses `{name}` (line {line}), which is no longer defined")
+            where = locate(name)
+            where_text = f"line {where}" if where is not None else f"line {line} of the result"
+            problems.append(f"it uses `{name}` ({where_text}), which is no longer defined")
     return problems

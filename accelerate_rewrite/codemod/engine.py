@@ -105,7 +105,7 @@ def rewrite(
     def attempt(selected: Sequence[Rule]) -> tuple[str, list[str]]:
         new = apply_edits(facts.module, [contexts[r.code].edits for r in selected])
         code = new.code
-        return code, ([] if code == source else check(original_undefined, code))
+        return code, ([] if code == source else check(original_undefined, code, facts.first_read))
 
     output, problems = attempt(active)
     while problems:

@@ -257,6 +257,15 @@ class ScriptFacts:
 
         return undefined_in(self._meta[ScopeProvider], self._meta[PositionProvider])
 
+    def first_read(self, name: str) -> Optional[int]:
+        """The first line where the script reads ``name``."""
+        lines = [
+            self.line(access.node)
+            for scope in {s for s in self._meta[ScopeProvider].values() if s is not None}
+            for access in scope.accesses[name]
+        ]
+        return min(lines) if lines else None
+
     def bindings_of(self, kind: str) -> list[Binding]:
         return [b for b in self.bindings if b.kind == kind]
 

@@ -30,6 +30,15 @@ from accelerate_rewrite.codemod.facts import (
 from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, Options
 
 NAME = "fabric"
+#: The rules without which a Fabric conversion is wrong (a model not set up misses the precision,
+#: a plain backward is refused under mixed precision, unconverted clipping clips scaled
+#: gradients, ...): each relies on all the others, so if one is dropped for a file, all are.
+#: Printing (AR108) and checkpoints (AR109) rely on them but are optional themselves.
+FABRIC_CORE = ("AR101", "AR102", "AR103", "AR104", "AR105", "AR106", "AR107")
+
+
+def core_except(code_: str) -> tuple[str, ...]:
+    return tuple(c for c in FABRIC_CORE if c != code_)
 Scope = Union[cst.Module, cst.FunctionDef, cst.Lambda]
 
 
@@ -486,11 +495,19 @@ class _Planner:
                 DEVICE in f.kinds_of(device_node)
             )
             literal = move.device_arg is None or is_literal_device(f, device_node)
-            if not is_device_name and not literal:
-                continue
+            # a device the script gets from elsewhere: ``args.device``, ``cfg.device``
+            foreign = not is_device_name and not literal and "device" in code(device_node).lower()
+            if not is_device_name and not literal and not foreign:
+                continue  # ``.to(torch.float16)``, ``.to(other_tensor)``: not a move to a device
             ref = p.ref_at(f, move.call)
             is_model = self._set_up(self._moved_key(move), MODEL)
-            if move.removable and (is_model or id(move.call) in batches):
+            placed_by_fabric = is_model or id(move.call) in batches
+            if foreign and not (move.removable and placed_by_fabric):
+                p.move_skips.append((move.call, f"`.to({short(device_node)})` left as is: Fabric "
+                                                "does not manage that device; with several devices "
+                                                "every process would use it (use fabric.device)"))
+                continue
+            if move.removable and placed_by_fabric:
                 p.moves.append(MoveDecision(move, "remove"))
                 if device_node is not None:
                     handled.add(id(device_node))

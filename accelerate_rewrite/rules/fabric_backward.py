@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import expr, plan, short
+from accelerate_rewrite.rules._fabric import core_except, expr, plan, short
 
 
 class FabricBackward(Rule):
@@ -26,7 +26,7 @@ class FabricBackward(Rule):
     code = "AR106"
     name = "fabric-backward"
     kind = Kind.SAFE
-    requires = ("AR101", "AR105")
+    requires = core_except("AR106")
     examples = (
         Example(
             before='''\
@@ -66,5 +66,7 @@ optimizer.step()
                 ctx.skip(site.call, f"`{short(site.call)}` left as is: `fabric` can't be reached here")
                 continue
             ctx.edits.replace(site.call, lambda u, r=ref: cst.Call(
-                func=expr(f"{r}.backward"), args=[cst.Arg(u.func.value), *u.args]))
+                func=expr(f"{r}.backward"),
+                # ``(a - b).backward()`` -> ``fabric.backward(a - b)``: an argument needs no parens
+                args=[cst.Arg(u.func.value.with_changes(lpar=[], rpar=[])), *u.args]))
             ctx.change(site.call, f"`{short(site.loss)}.backward()` became `{ref}.backward({short(site.loss)})`")

@@ -5,7 +5,7 @@ import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import OPTIMIZER, root_of
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import code, expr, plan
+from accelerate_rewrite.rules._fabric import FABRIC_CORE, code, expr, plan
 
 _RANK_WORDS = ("rank", "is_main", "main_process", "is_master", "global_zero")
 
@@ -36,7 +36,7 @@ class FabricCheckpoint(Rule):
     code = "AR109"
     name = "fabric-checkpoint"
     kind = Kind.SAFE
-    requires = ("AR101", "AR103", "AR105")
+    requires = FABRIC_CORE
     examples = (
         Example(
             before='''\

@@ -4,7 +4,7 @@ import libcst as cst
 
 from accelerate_rewrite.codemod.facts import root_of
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import code, expr, plan
+from accelerate_rewrite.rules._fabric import core_except, code, expr, plan
 
 _NORM = ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_norm_")
 _VALUE = ("torch.nn.utils.clip_grad_value_", "torch.nn.utils.clip_grad.clip_grad_value_")
@@ -31,7 +31,7 @@ class FabricClipGradients(Rule):
     code = "AR107"
     name = "fabric-clip-gradients"
     kind = Kind.SAFE
-    requires = ("AR101", "AR103", "AR105")
+    requires = core_except("AR107")
     examples = (
         Example(
             before='''\

@@ -4,7 +4,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import code, plan
+from accelerate_rewrite.rules._fabric import core_except, code, plan
 
 
 class FabricDataParallel(Rule):
@@ -24,7 +24,7 @@ class FabricDataParallel(Rule):
     code = "AR102"
     name = "fabric-data-parallel"
     kind = Kind.SAFE
-    requires = ("AR101",)
+    requires = core_except("AR102")
     examples = (
         Example(
             before='''\

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import plan, stmt
+from accelerate_rewrite.rules._fabric import core_except, plan, stmt
 
 
 class FabricDataloaders(Rule):
@@ -23,7 +23,7 @@ class FabricDataloaders(Rule):
     code = "AR104"
     name = "fabric-dataloaders"
     kind = Kind.SAFE
-    requires = ("AR101", "AR105")
+    requires = core_except("AR104")
     examples = (
         Example(
             before='''\

@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import NAME, code, expr, plan, short
+from accelerate_rewrite.rules._fabric import core_except, NAME, code, expr, plan, short
 
 
 class FabricDevice(Rule):
@@ -29,7 +29,7 @@ class FabricDevice(Rule):
     code = "AR105"
     name = "fabric-device"
     kind = Kind.SAFE
-    requires = ("AR101", "AR103", "AR104")
+    requires = core_except("AR105")
     examples = (
         Example(
             before='''\

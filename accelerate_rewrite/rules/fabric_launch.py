@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import NAME, plan, stmt
+from accelerate_rewrite.rules._fabric import core_except, NAME, plan, stmt
 
 
 class FabricLaunch(Rule):
@@ -32,6 +32,7 @@ class FabricLaunch(Rule):
     code = "AR101"
     name = "fabric-launch"
     kind = Kind.SAFE
+    requires = core_except("AR101")
     examples = (
         Example(
             before='''\
@@ -78,6 +79,14 @@ for x in torch.randn(8, 2, 4):
         launch = not ctx.options.single_device
         if launch:
             lines.append(stmt(f"{NAME}.launch()\n"))
+        if not p.replaces_anchor:
+            # set the new lines off as the anchor is: the blank lines above it (not its comments)
+            blanks = []
+            for line in p.anchor.leading_lines:
+                if line.comment is not None:
+                    break
+                blanks.append(line)
+            lines[0] = lines[0].with_changes(leading_lines=blanks)
         ctx.edits.insert_before(p.anchor, *lines)
         ctx.edits.add_import("lightning.fabric", "Fabric")
         ctx.change(p.anchor, f"created `{NAME} = Fabric({args})`" + (" and launched it" if launch else ""))

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import expr, plan
+from accelerate_rewrite.rules._fabric import FABRIC_CORE, expr, plan
 
 
 class FabricPrint(Rule):
@@ -22,7 +22,7 @@ class FabricPrint(Rule):
     code = "AR108"
     name = "fabric-print"
     kind = Kind.SAFE
-    requires = ("AR101", "AR105")
+    requires = FABRIC_CORE
     examples = (
         Example(
             before='''\

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import plan, stmt
+from accelerate_rewrite.rules._fabric import core_except, plan, stmt
 
 
 class FabricSetup(Rule):
@@ -25,7 +25,7 @@ class FabricSetup(Rule):
     code = "AR103"
     name = "fabric-setup"
     kind = Kind.SAFE
-    requires = ("AR101", "AR102", "AR105")
+    requires = core_except("AR103")
     examples = (
         Example(
             before='''\
