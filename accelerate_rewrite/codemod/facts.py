@@ -156,9 +156,17 @@ class ScriptFacts:
         self.module_classes: set[str] = set()  # classes in the file deriving from nn.Module
         self.kinds: dict[Key, set[str]] = {}
         self._aliases: list[tuple[Key, cst.BaseExpression]] = []
+        self._memo: dict[object, object] = {}
         self._self_attrs: list[cst.Attribute] = []
         _Collector(self).collect()
         self._flow()
+
+    def memo(self, key: object, compute):
+        """A conclusion drawn from these facts once and shared by several rules (e.g. the
+        Fabric plan for one set of options)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     # ---- metadata accessors -------------------------------------------------------------
     def _get(self, provider, node, default=None):

@@ -39,6 +39,8 @@ FABRIC_CORE = ("AR101", "AR102", "AR103", "AR104", "AR105", "AR106", "AR107")
 
 def core_except(code_: str) -> tuple[str, ...]:
     return tuple(c for c in FABRIC_CORE if c != code_)
+
+
 Scope = Union[cst.Module, cst.FunctionDef, cst.Lambda]
 
 
@@ -156,10 +158,8 @@ def _innermost_scope(facts: ScriptFacts, node: cst.CSTNode) -> Scope:
 
 
 def plan(facts: ScriptFacts, options: Options) -> FabricPlan:
-    cache = facts.__dict__.setdefault("_fabric_plans", {})
-    if options not in cache:
-        cache[options] = _Planner(facts, options).run()
-    return cache[options]
+    """The plan for this file and these options: made by the first rule that asks."""
+    return facts.memo(("fabric-plan", options), lambda: _Planner(facts, options).run())
 
 
 class _Planner:
