@@ -465,9 +465,7 @@ class _Planner:
         f = self.f
         out: set[int] = set()
         for loop in m.findall(f.module, m.For()):
-            source = loop.iter
-            while m.matches(source, m.Call(func=m.Name("enumerate") | m.Name("tqdm") | m.Attribute(attr=m.Name("tqdm")))):
-                source = source.args[0].value
+            source = _unwrap_iter(loop.iter)
             if not self._set_up(f.key_of(source), LOADER):
                 continue
             names = {n.value for n in m.findall(loop.target, m.Name())}
@@ -476,7 +474,7 @@ class _Planner:
                     assign = node.body[0]
                     roots = {root_of(e).value for e in m.findall(assign.value, m.Name())
                              if isinstance(root_of(e), cst.Name)}
-                    if roots and roots <= names | {"batch"} and not m.findall(assign.value, m.Call()):
+                    if roots and roots <= names and not m.findall(assign.value, m.Call()):
                         for t in assign.targets:
                             names |= {n.value for n in m.findall(t.target, m.Name())}
             for move in f.device_moves:
@@ -485,8 +483,28 @@ class _Planner:
                     out.add(id(move.call))
         return out
 
+    def _unsharded_loops(self) -> None:
+        """Training loops over something that is not a loader Fabric sets up: say so, since
+        with several devices every process would then see every batch."""
+        f, p = self.f, self.p
+        seen: set[int] = set()
+        for site in f.backward_sites:
+            loop = next((a for a in f.ancestors(site.call) if isinstance(a, cst.For)
+                         and not _is_counter(a.iter)), None)
+            if loop is None or id(loop) in seen:
+                continue
+            seen.add(id(loop))
+            source = _unwrap_iter(loop.iter)
+            if not self._set_up(f.key_of(source), LOADER):
+                p.loader_skips.append((loop, f"batches come from `{short(source)}`, not from a "
+                                             "DataLoader built in this script: they keep their "
+                                             "explicit move, and with several devices every "
+                                             "process would see all of them (set the loader up "
+                                             "with fabric.setup_dataloaders by hand)"))
+
     def _devices(self) -> None:
         f, p = self.f, self.p
+        self._unsharded_loops()
         batches = self._batch_moves()
         handled: set[int] = set()  # ids of device Name/Attribute nodes taken care of
         for move in f.device_moves:
@@ -606,6 +624,20 @@ class _Planner:
         if isinstance(parent, cst.FormattedStringExpression):
             return f"{ref}.device"
         return None
+
+
+def _unwrap_iter(source: cst.BaseExpression) -> cst.BaseExpression:
+    """``enumerate(tqdm(loader))`` -> ``loader``."""
+    while m.matches(source, m.Call(func=m.Name("enumerate") | m.Name("tqdm") | m.Attribute(attr=m.Name("tqdm")))) \
+            and source.args:
+        source = source.args[0].value
+    return source
+
+
+def _is_counter(source: cst.BaseExpression) -> bool:
+    """``range(epochs)``, ``enumerate(range(n))``, ``itertools.count()``: not data."""
+    source = _unwrap_iter(source)
+    return m.matches(source, m.Call(func=m.Name("range") | m.Attribute(attr=m.Name("count"))))
 
 
 class _StripMoves(cst.CSTTransformer):
