@@ -13,7 +13,7 @@ Measures, in this order:
    milliseconds (the median over the rounds of each fixture and option set, then the min /
    median / max of those). Where the time goes is measured during the same rounds: parsing is
    timed on its own (``libcst.parse_module``, once per fixture and round), and the engine's
-   ``ScriptFacts``, ``undefined_names``, ``apply_edits`` and ``check`` are wrapped with timers
+   ``ScriptFacts``, ``apply_edits`` and ``check`` are wrapped with timers
    for the measured rounds (and put back afterwards); what is left is the rules, the code
    generation of the result and the bookkeeping.
 2. A synthetic large input: a module of about ``--synthetic-lines`` lines in the style of
@@ -69,7 +69,6 @@ OPTION_SETS: dict[str, dict] = {
 #: engine globals wrapped with timers during the measured rounds -> label
 INSTRUMENTED = {
     "ScriptFacts": "analysis (ScriptFacts)",
-    "undefined_names": "undefined names of the input",
     "apply_edits": "apply the edits",
     "check": "check the result (re-parse, compile, scopes)",
 }
