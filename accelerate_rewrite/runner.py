@@ -169,16 +169,10 @@ class Reporter:
         self.err.print(f"[{style}]{final_line(tally, self.settings.mode)}[/]")
 
 
-def _write(path: Path, data: bytes, *, expected: Optional[bytes]) -> None:
-    from accelerate_rewrite.codemod.source import write_atomic
-
-    write_atomic(path, data, expected=expected)
-
-
 def process(target: Target, settings: Settings, report: Reporter) -> Outcome:
     """Rewrite one file; every failure becomes an error message naming the file."""
     from accelerate_rewrite.codemod.engine import RewriteError, rewrite
-    from accelerate_rewrite.codemod.source import SourceError, read_source
+    from accelerate_rewrite.codemod.source import SourceError, read_source, write_atomic
 
     path = target.path
     outcome = Outcome(path)
@@ -213,7 +207,7 @@ def process(target: Target, settings: Settings, report: Reporter) -> Outcome:
     status = "would be rewritten" if result.changed else "left unchanged"
     try:
         if settings.mode is Mode.WRITE and data is not None:
-            _write(path, data, expected=source.raw)
+            write_atomic(path, data, expected=source.raw)
             status = "rewritten"
         elif settings.mode is Mode.OUTPUT:
             assert data is not None and settings.output is not None
@@ -224,7 +218,7 @@ def process(target: Target, settings: Settings, report: Reporter) -> Outcome:
             else:
                 out = Path(settings.output)
                 same = os.path.realpath(out) == os.path.realpath(path)
-                _write(out, data, expected=source.raw if same else None)
+                write_atomic(out, data, expected=source.raw if same else None)
             where = "stdout" if settings.output == "-" else settings.output
             status = f"{'rewritten' if result.changed else 'unchanged'}, written to {where}"
     except SourceError as exc:
