@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Optional
 
@@ -34,6 +35,9 @@ class Note:
     skipped: bool = False
 
 
+EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "rules" / "examples"
+
+
 @dataclass(frozen=True)
 class Example:
     """A before/after pair: the docs print it, a test runs it."""
@@ -41,6 +45,14 @@ class Example:
     before: str
     after: str
     options: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_files(cls, name: str, options: Optional[dict] = None) -> "Example":
+        """``rules/examples/NAME.before.txt`` and ``NAME.after.txt``: whole training scripts,
+        kept as text so that no .py file of the rewrite path holds an ``import torch`` line."""
+        before = (EXAMPLES_DIR / f"{name}.before.txt").read_text(encoding="utf-8")
+        after = (EXAMPLES_DIR / f"{name}.after.txt").read_text(encoding="utf-8")
+        return cls(before, after, dict(options or {}))
 
 
 class RuleContext:

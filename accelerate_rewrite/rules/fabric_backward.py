@@ -27,33 +27,7 @@ class FabricBackward(Rule):
     name = "fabric-backward"
     kind = Kind.SAFE
     requires = core_except("AR106")
-    examples = (
-        Example(
-            before='''\
-import torch
-
-model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-loss = model(torch.randn(2, 4)).pow(2)
-loss.mean().backward(retain_graph=True)
-optimizer.step()
-''',
-            after='''\
-import torch
-from lightning.fabric import Fabric
-
-fabric = Fabric()
-fabric.launch()
-
-model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-model, optimizer = fabric.setup(model, optimizer)
-loss = model(torch.randn(2, 4)).pow(2)
-fabric.backward(loss.mean(), retain_graph=True)
-optimizer.step()
-''',
-        ),
-    )
+    examples = (Example.from_files("AR106"),)
 
     def rewrite(self, ctx: RuleContext) -> None:
         f = ctx.facts

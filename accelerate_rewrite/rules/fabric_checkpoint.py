@@ -37,41 +37,7 @@ class FabricCheckpoint(Rule):
     name = "fabric-checkpoint"
     kind = Kind.SAFE
     requires = FABRIC_CORE
-    examples = (
-        Example(
-            before='''\
-import torch
-
-device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-model = torch.nn.Linear(4, 1).to(device)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-ckpt = torch.load("ckpt.pt", map_location=device)
-model.load_state_dict(ckpt["model"])
-for epoch in range(2):
-    loss = model(torch.randn(2, 4, device=device)).sum()
-    loss.backward()
-    optimizer.step()
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}, "ckpt.pt")
-''',
-            after='''\
-import torch
-from lightning.fabric import Fabric
-
-fabric = Fabric()
-fabric.launch()
-model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-model, optimizer = fabric.setup(model, optimizer)
-ckpt = fabric.load("ckpt.pt")
-model.load_state_dict(ckpt["model"])
-for epoch in range(2):
-    loss = model(torch.randn(2, 4, device=fabric.device)).sum()
-    fabric.backward(loss)
-    optimizer.step()
-    fabric.save("ckpt.pt", {"model": model, "optimizer": optimizer, "epoch": epoch})
-''',
-        ),
-    )
+    examples = (Example.from_files("AR109"),)
 
     def rewrite(self, ctx: RuleContext) -> None:
         f = ctx.facts

@@ -32,35 +32,7 @@ class FabricClipGradients(Rule):
     name = "fabric-clip-gradients"
     kind = Kind.SAFE
     requires = core_except("AR107")
-    examples = (
-        Example(
-            before='''\
-import torch
-
-model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-loss = model(torch.randn(2, 4)).sum()
-loss.backward()
-torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-optimizer.step()
-''',
-            after='''\
-import torch
-from lightning.fabric import Fabric
-
-fabric = Fabric()
-fabric.launch()
-
-model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-model, optimizer = fabric.setup(model, optimizer)
-loss = model(torch.randn(2, 4)).sum()
-fabric.backward(loss)
-fabric.clip_gradients(model, optimizer, max_norm=1.0, error_if_nonfinite=False)
-optimizer.step()
-''',
-        ),
-    )
+    examples = (Example.from_files("AR107"),)
 
     def rewrite(self, ctx: RuleContext) -> None:
         f = ctx.facts

@@ -25,38 +25,7 @@ class FabricDataParallel(Rule):
     name = "fabric-data-parallel"
     kind = Kind.SAFE
     requires = core_except("AR102")
-    examples = (
-        Example(
-            before='''\
-import torch
-from torch import nn
-
-model = nn.Linear(4, 1)
-if torch.cuda.device_count() > 1:
-    model = nn.DataParallel(model)
-model.cuda()
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-loss = model(torch.randn(2, 4).cuda()).sum()
-loss.backward()
-optimizer.step()
-''',
-            after='''\
-import torch
-from torch import nn
-from lightning.fabric import Fabric
-
-fabric = Fabric()
-fabric.launch()
-
-model = nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-model, optimizer = fabric.setup(model, optimizer)
-loss = model(torch.randn(2, 4).to(fabric.device)).sum()
-fabric.backward(loss)
-optimizer.step()
-''',
-        ),
-    )
+    examples = (Example.from_files("AR102"),)
 
     def rewrite(self, ctx: RuleContext) -> None:
         f = ctx.facts

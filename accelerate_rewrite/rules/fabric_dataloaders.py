@@ -24,45 +24,7 @@ class FabricDataloaders(Rule):
     name = "fabric-dataloaders"
     kind = Kind.SAFE
     requires = core_except("AR104")
-    examples = (
-        Example(
-            before='''\
-import torch
-from torch.utils.data import DataLoader, TensorDataset
-
-device = "cuda" if torch.cuda.is_available() else "cpu"
-data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
-train_loader = DataLoader(data, batch_size=16, shuffle=True)
-val_loader = DataLoader(data, batch_size=32)
-model = torch.nn.Linear(4, 1).to(device)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-for x, y in train_loader:
-    x, y = x.to(device), y.to(device)
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    optimizer.step()
-''',
-            after='''\
-import torch
-from torch.utils.data import DataLoader, TensorDataset
-from lightning.fabric import Fabric
-
-fabric = Fabric()
-fabric.launch()
-data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
-train_loader = DataLoader(data, batch_size=16, shuffle=True)
-val_loader = DataLoader(data, batch_size=32)
-train_loader, val_loader = fabric.setup_dataloaders(train_loader, val_loader)
-model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-model, optimizer = fabric.setup(model, optimizer)
-for x, y in train_loader:
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    fabric.backward(loss)
-    optimizer.step()
-''',
-        ),
-    )
+    examples = (Example.from_files("AR104"),)
 
     def rewrite(self, ctx: RuleContext) -> None:
         p = plan(ctx.facts, ctx.options)

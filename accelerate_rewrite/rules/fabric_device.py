@@ -30,63 +30,7 @@ class FabricDevice(Rule):
     name = "fabric-device"
     kind = Kind.SAFE
     requires = core_except("AR105")
-    examples = (
-        Example(
-            before='''\
-import torch
-
-
-def train(model, loader, optimizer, device):
-    for x, y in loader:
-        x, y = x.to(device), y.to(device)
-        noise = torch.randn(x.shape, device=device)
-        loss = torch.nn.functional.mse_loss(model(x + noise), y)
-        loss.backward()
-        optimizer.step()
-
-
-def main():
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
-    loader = torch.utils.data.DataLoader(data, batch_size=16)
-    model = torch.nn.Linear(4, 1).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    train(model, loader, optimizer, device)
-
-
-if __name__ == "__main__":
-    main()
-''',
-            after='''\
-import torch
-from lightning.fabric import Fabric
-
-
-def train(model, loader, optimizer, fabric):
-    for x, y in loader:
-        noise = torch.randn(x.shape, device=fabric.device)
-        loss = torch.nn.functional.mse_loss(model(x + noise), y)
-        fabric.backward(loss)
-        optimizer.step()
-
-
-def main():
-    fabric = Fabric()
-    fabric.launch()
-    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
-    loader = torch.utils.data.DataLoader(data, batch_size=16)
-    loader = fabric.setup_dataloaders(loader)
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    model, optimizer = fabric.setup(model, optimizer)
-    train(model, loader, optimizer, fabric)
-
-
-if __name__ == "__main__":
-    main()
-''',
-        ),
-    )
+    examples = (Example.from_files("AR105"),)
 
     def rewrite(self, ctx: RuleContext) -> None:
         f, e = ctx.facts, ctx.edits

@@ -33,36 +33,7 @@ class FabricLaunch(Rule):
     name = "fabric-launch"
     kind = Kind.SAFE
     requires = core_except("AR101")
-    examples = (
-        Example(
-            before='''\
-import torch
-
-device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-model = torch.nn.Linear(4, 1).to(device)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-for x in torch.randn(8, 2, 4):
-    loss = model(x.to(device)).pow(2).mean()
-    loss.backward()
-    optimizer.step()
-''',
-            after='''\
-import torch
-from lightning.fabric import Fabric
-
-fabric = Fabric(devices=4, precision="bf16-mixed")
-fabric.launch()
-model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-model, optimizer = fabric.setup(model, optimizer)
-for x in torch.randn(8, 2, 4):
-    loss = model(x.to(fabric.device)).pow(2).mean()
-    fabric.backward(loss)
-    optimizer.step()
-''',
-            options={'precision': 'bf16-mixed', 'devices': 4},
-        ),
-    )
+    examples = (Example.from_files("AR101", options={"precision": "bf16-mixed", "devices": 4}),)
 
     def rewrite(self, ctx: RuleContext) -> None:
         p = plan(ctx.facts, ctx.options)

@@ -23,37 +23,7 @@ class FabricPrint(Rule):
     name = "fabric-print"
     kind = Kind.SAFE
     requires = FABRIC_CORE
-    examples = (
-        Example(
-            before='''\
-import torch
-
-model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(3):
-    loss = model(torch.randn(2, 4)).sum()
-    loss.backward()
-    optimizer.step()
-    print(f"step {step}: loss {loss.item():.4f}")
-''',
-            after='''\
-import torch
-from lightning.fabric import Fabric
-
-fabric = Fabric()
-fabric.launch()
-
-model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-model, optimizer = fabric.setup(model, optimizer)
-for step in range(3):
-    loss = model(torch.randn(2, 4)).sum()
-    fabric.backward(loss)
-    optimizer.step()
-    fabric.print(f"step {step}: loss {loss.item():.4f}")
-''',
-        ),
-    )
+    examples = (Example.from_files("AR108"),)
 
     def rewrite(self, ctx: RuleContext) -> None:
         f = ctx.facts

@@ -26,35 +26,7 @@ class FabricSetup(Rule):
     name = "fabric-setup"
     kind = Kind.SAFE
     requires = core_except("AR103")
-    examples = (
-        Example(
-            before='''\
-import torch
-
-model = torch.nn.Linear(4, 1)
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-loss = model(torch.randn(2, 4)).sum()
-loss.backward()
-optimizer.step()
-''',
-            after='''\
-import torch
-from lightning.fabric import Fabric
-
-fabric = Fabric(strategy="fsdp")
-fabric.launch()
-
-model = torch.nn.Linear(4, 1)
-model = fabric.setup_module(model)
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-optimizer = fabric.setup_optimizers(optimizer)
-loss = model(torch.randn(2, 4)).sum()
-fabric.backward(loss)
-optimizer.step()
-''',
-            options={'strategy': 'fsdp'},
-        ),
-    )
+    examples = (Example.from_files("AR103", options={"strategy": "fsdp"}),)
 
     def rewrite(self, ctx: RuleContext) -> None:
         p = plan(ctx.facts, ctx.options)
