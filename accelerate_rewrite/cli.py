@@ -96,29 +96,48 @@ def cli() -> None:
     """
 
 
+def fabric_options(command):
+    """--precision, --devices, --strategy, --num-nodes, --accelerator: the rewrite's options."""
+    for decorator in reversed([
+        click.option(
+            "--precision", metavar="VALUE", shell_complete=_choices([*PRECISIONS, *PRECISION_ALIASES]),
+            help="Fabric precision: " + ", ".join(PRECISIONS)
+            + " (or the aliases " + ", ".join(PRECISION_ALIASES) + ").",
+        ),
+        click.option(
+            "--devices", metavar="N|auto|0,1",
+            help="Devices per node: a count, -1 for all, auto, or device indices such as 0,1.",
+        ),
+        click.option(
+            "--strategy", metavar="NAME", shell_complete=_choices(STRATEGIES),
+            help="Fabric strategy: " + ", ".join(STRATEGIES) + ".",
+        ),
+        click.option("--num-nodes", metavar="N", help="Number of nodes (a whole number >= 1)."),
+        click.option(
+            "--accelerator", metavar="NAME", shell_complete=_choices(ACCELERATORS),
+            help="Fabric accelerator: " + ", ".join(ACCELERATORS) + ".",
+        ),
+    ]):
+        command = decorator(command)
+    return command
+
+
+def _options(precision, devices, strategy, num_nodes, accelerator):
+    from accelerate_rewrite.options import Options
+
+    try:
+        return Options.create(precision=precision, devices=devices, strategy=strategy,
+                              num_nodes=num_nodes, accelerator=accelerator)
+    except OptionError as exc:
+        _fail(str(exc))
+
+
 @cli.command(
     DEFAULT_COMMAND, context_settings=CONTEXT_SETTINGS,
     short_help="Rewrite files or folders (the default command).",
 )
 @click.argument("paths", nargs=-1, required=True, metavar="PATH...", type=click.Path())
-@click.option(
-    "--precision", metavar="VALUE", shell_complete=_choices([*PRECISIONS, *PRECISION_ALIASES]),
-    help="Fabric precision: " + ", ".join(PRECISIONS)
-    + " (or the aliases " + ", ".join(PRECISION_ALIASES) + ").",
-)
-@click.option(
-    "--devices", metavar="N|auto|0,1",
-    help="Devices per node: a count, -1 for all, auto, or device indices such as 0,1.",
-)
-@click.option(
-    "--strategy", metavar="NAME", shell_complete=_choices(STRATEGIES),
-    help="Fabric strategy: " + ", ".join(STRATEGIES) + ".",
-)
-@click.option("--num-nodes", metavar="N", help="Number of nodes (a whole number >= 1).")
-@click.option(
-    "--accelerator", metavar="NAME", shell_complete=_choices(ACCELERATORS),
-    help="Fabric accelerator: " + ", ".join(ACCELERATORS) + ".",
-)
+@fabric_options
 @click.option("--write", is_flag=True, help="Rewrite the files in place.")
 @click.option(
     "-o", "--output", metavar="FILE",
@@ -151,16 +170,9 @@ def rewrite_command(
     Without --write, -o or --check nothing is written: the diff goes to stdout (plain text
     that `git apply -p0` takes when piped), the summary to stderr.
     """
-    from accelerate_rewrite.options import Options
     from accelerate_rewrite.runner import Mode, Settings, run
 
-    try:
-        options = Options.create(
-            precision=precision, devices=devices, strategy=strategy,
-            num_nodes=num_nodes, accelerator=accelerator,
-        )
-    except OptionError as exc:
-        _fail(str(exc))
+    options = _options(precision, devices, strategy, num_nodes, accelerator)
 
     if check and (write or output is not None):
         _fail("--check writes nothing: it can't be combined with --write or -o/--output")
@@ -260,6 +272,106 @@ def explain_command(code: str) -> None:
         else:
             console.print("(the rule leaves this code as it is)")
             console.print(example.before, markup=False)
+
+
+@cli.command(
+    "verify", context_settings=CONTEXT_SETTINGS,
+    short_help="Run the original and the rewritten script side by side, and compare.",
+)
+@click.argument("script", type=click.Path(dir_okay=False))
+@fabric_options
+@click.option("--against", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Compare with this already rewritten file instead of rewriting SCRIPT.")
+@click.option("--steps", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Stop each run after this many optimizer steps.")
+@click.option("--run-on", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where both runs go: auto (as the scripts choose), or force cpu (CUDA hidden; "
+                   "Fabric's accelerator set to cpu) or cuda.")
+@click.option("--run-devices", type=click.IntRange(min=1), metavar="N",
+              help="Run the rewritten script on N devices (e.g. 2 CPU processes with gloo).")
+@click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
+              help="Seconds each run may take; then its whole process group is killed.")
+@click.option("--rtol", type=float, default=1e-5, show_default=True,
+              help="Rewrites that keep the math: largest relative difference of any step.")
+@click.option("--mean-rtol", type=float, default=2e-2, show_default=True,
+              help="Mixed precision: largest mean relative difference.")
+@click.option("--last-rtol", type=float, default=3e-2, show_default=True,
+              help="Mixed precision: largest relative difference of the mean of the last 10% of steps.")
+@click.option("--warmup-steps", type=click.IntRange(min=0), metavar="N",
+              help="Steps left out of the speed figure [default: 10% of the steps, at least 1].")
+@click.option("--threads", type=click.IntRange(min=1), metavar="N",
+              help="torch.set_num_threads(N) in both runs.")
+@click.option("--python", "python", metavar="PATH",
+              help="The Python to run the scripts with [default: this one].")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), metavar="PATH",
+              help="Write the verdict and both runs' records as JSON.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="PATH.png",
+              help="Plot both loss curves and the per-step relative difference (needs matplotlib).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress display and no table: the verdict only.")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
+def verify_command(script, precision, devices, strategy, num_nodes, accelerator, against, steps,
+                   run_on, run_devices, timeout, rtol, mean_rtol, last_rtol, warmup_steps, threads,
+                   python, json_path, plot_path, quiet, script_args) -> None:
+    """Rewrite SCRIPT with the given options (or take --against FILE), run both with the same
+    arguments and seeds, stop each after --steps optimizer steps, and compare the losses.
+
+    Exit status: 0 parity; 1 mismatch (or the rewrite broke the script); 2 could not run or
+    compare (the original failed, the requested precision did not run, bad input).
+    """
+    import sys
+    from pathlib import Path
+
+    from rich.markup import escape
+
+    from accelerate_rewrite.runner import make_console
+    from accelerate_rewrite.verify.compare import Tolerance
+    from accelerate_rewrite.verify.session import VerifyError, verify
+
+    options = _options(precision, devices, strategy, num_nodes, accelerator)
+    if plot_path is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            _fail("--plot needs matplotlib: pip install 'accelerate-rewrite[plot]'")
+    console = make_console(stderr=True)
+    status = None if quiet else console.status("starting", spinner="dots")
+    labels = {"original": f"running the original {script}", "rewritten": "running the rewritten script"}
+
+    def on_start(label: str) -> None:
+        if status is not None:
+            status.update(labels[label] + f" (up to {steps} steps)")
+
+    try:
+        if status is not None:
+            status.start()
+        try:
+            result = verify(
+                Path(script), options, script_args=script_args,
+                against=Path(against) if against else None, steps=steps,
+                run_on=None if run_on == "auto" else run_on, run_devices=run_devices,
+                timeout=timeout, python=python or sys.executable, threads=threads,
+                tolerance=Tolerance(max_rel=rtol, mean_rel=mean_rtol, last_rel=last_rtol,
+                                    warmup_steps=warmup_steps),
+                on_start=on_start,
+            )
+        finally:
+            if status is not None:
+                status.stop()
+    except VerifyError as exc:
+        _fail(str(exc))
+    from accelerate_rewrite.verify import report
+
+    out = make_console()
+    if quiet:
+        style = report.STYLE[result.verdict.verdict]
+        out.print(f"[{style}]{result.verdict.verdict.upper()}[/]: {escape(result.verdict.reason)}")
+    else:
+        report.render(out, result)
+    if json_path:
+        report.write_json(Path(json_path), result)
+    if plot_path:
+        report.write_plot(Path(plot_path), result)
+    raise click.exceptions.Exit(result.verdict.exit_code)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -1,133 +1,281 @@
-"""Run a training script in this process and record the losses it trains on.
+"""The in-process side of the verifier: records what a training script does, step by step.
 
-    python -m accelerate_rewrite.verify.harness --out OUT.json SCRIPT [-- ARGS...]
+It is started by ``boot/sitecustomize.py`` in every Python process of a verified run (the
+script itself and, under DDP, every process Fabric launches), when ``ACCELERATE_REWRITE_VERIFY``
+holds its configuration. The script runs as the user runs it (``python train.py args``: its own
+``__main__``, argparse, ``if __name__ == "__main__"``); nothing in the user's files is edited.
 
-Every scalar tensor that backward is called on (``loss.backward()``,
-``torch.autograd.backward(loss)``, ``fabric.backward(loss)``, a GradScaler's
-scaled loss, ...) is recorded in call order, and every optimizer step is
-counted. The JSON written to OUT.json looks like::
+Once torch is imported (not before: a script may set CUDA_VISIBLE_DEVICES first), it seeds
+torch, random and numpy, and hooks the places every variant of a training loop passes through:
 
-    {"losses": [...], "optimizer_steps": N, "backward_calls": M,
-     "torch_version": "...", "error": null or "Traceback ..."}
+- ``Tensor.backward`` / ``torch.autograd.backward`` (so also ``fabric.backward``): the value of
+  each scalar loss. A loss scaled by a GradScaler (``scaler.scale(loss)``, Fabric's 16-mixed)
+  is recorded unscaled.
+- every optimizer step (a global post-step hook): the step's loss is the sum of the losses
+  backwarded since the previous step (one loss; the micro-batch losses of an accumulating
+  rewrite, which divides each by N, add up to their mean; a GAN's D terms add up to errD), or,
+  for a step with a closure (LBFGS), the loss at the start of the step. Also the wall time since
+  the previous step (CUDA-synchronised), per optimizer in the order they first step.
+- ``torch.autocast`` and ``GradScaler``: which precision really ran (autocast("cuda") on a
+  machine without CUDA disables itself; Fabric turns 16-mixed into bf16 on CPU).
 
-``backward_calls`` also counts backward on non-scalar tensors (which record no
-loss). The harness exits with the script's exit code (1 if it raised).
+After ``max_steps`` steps of the first optimizer it stops the script cleanly (SystemExit(0)).
+At exit it writes ``rank{R}-{pid}.json`` into the run's folder. Only the standard library is
+imported before torch is.
 """
 
 from __future__ import annotations
 
-import argparse
-import functools
+import atexit
+import importlib.abc
 import json
 import os
-import runpy
 import sys
-import threading
+import time
 import traceback
+from typing import Any, Callable, Optional
 
-import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
+CONFIG_ENV = "ACCELERATE_REWRITE_VERIFY"
 
-USAGE = "%(prog)s --out OUT.json SCRIPT [-- ARGS...]"
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``callback(module)`` right after the module ``name`` has been imported."""
+
+    def __init__(self, name: str, callback: Callable[[Any], None]) -> None:
+        self.name = name
+        self.callback = callback
+        self.done = False
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name or self.done:
+            return None
+        self.done = True
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        original = loader.exec_module
+        callback = self.callback
+
+        def exec_module(module):
+            original(module)
+            callback(module)
+
+        loader.exec_module = exec_module
+        return spec
 
 
 class Recorder:
-    """Wraps torch's backward entry points and counts optimizer steps."""
-
-    def __init__(self) -> None:
-        self.losses: list[float] = []
+    def __init__(self, config: dict) -> None:
+        self.out_dir: str = config["out_dir"]
+        self.max_steps: Optional[int] = config.get("max_steps")
+        self.seed: int = int(config.get("seed", 0))
+        self.threads: Optional[int] = config.get("threads")
+        self.torch: Any = None
+        self.pending: list[float] = []
+        self.scaled: dict[int, float] = {}  # id(scaled loss) -> unscaled value
+        self.optimizers: dict[int, int] = {}  # id(optimizer) -> index
+        self.steps: list[list[dict]] = []  # per optimizer: [{"loss": x, "time_s": t}]
+        self.last_time: Optional[float] = None
         self.backward_calls = 0
-        self.optimizer_steps = 0
-        # Tensor.backward calls torch.autograd.backward: record only the outermost call.
-        self._inside = threading.local()
+        self.autocast: list[list] = []  # [device_type, dtype, enabled]
+        self.grad_scaler: list[list] = []  # [device, enabled]
+        self.device: Optional[str] = None
+        self.param_dtype: Optional[str] = None
+        self.stopped = False
+        self.error: Optional[str] = None
+        self.written = False
+        self._inside_backward = False
 
-    def _record(self, tensors) -> None:
-        if isinstance(tensors, torch.Tensor):
-            tensors = [tensors]
-        self.backward_calls += 1
-        for t in tensors:
-            if isinstance(t, torch.Tensor) and t.numel() == 1:
-                self.losses.append(float(t.detach().float().item()))
+    # ---- installation ----------------------------------------------------------------------
+    def boot(self) -> None:
+        sys.meta_path.insert(0, _AfterImport("torch", self.install))
+        previous_hook = sys.excepthook
 
-    def _wrap(self, fn):
-        @functools.wraps(fn)
-        def wrapper(tensors, *args, **kwargs):
-            if getattr(self._inside, "active", False):
+        def excepthook(kind, value, tb):
+            self.error = "".join(traceback.format_exception(kind, value, tb))
+            previous_hook(kind, value, tb)
+
+        sys.excepthook = excepthook
+        atexit.register(self.write)
+
+    def install(self, torch) -> None:
+        import random
+
+        self.torch = torch
+        random.seed(self.seed)
+        torch.manual_seed(self.seed)
+        try:
+            import numpy
+
+            numpy.random.seed(self.seed)
+        except ImportError:
+            pass
+        if self.threads:
+            torch.set_num_threads(int(self.threads))
+        torch.Tensor.backward = self._wrap_backward(torch.Tensor.backward)
+        torch.autograd.backward = self._wrap_backward(torch.autograd.backward)
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        register_optimizer_step_post_hook(self._on_step)
+        self._hook_autocast(torch)
+        self._hook_grad_scaler(torch)
+
+    def _wrap_backward(self, fn):
+        recorder = self
+
+        def backward(tensors, *args, **kwargs):
+            if recorder._inside_backward:  # Tensor.backward calls torch.autograd.backward
                 return fn(tensors, *args, **kwargs)
-            self._record(tensors)
-            self._inside.active = True
+            recorder._record_loss(tensors)
+            recorder._inside_backward = True
             try:
                 return fn(tensors, *args, **kwargs)
             finally:
-                self._inside.active = False
+                recorder._inside_backward = False
 
-        return wrapper
+        backward.__wrapped__ = fn
+        backward.__doc__ = fn.__doc__
+        return backward
 
-    def install(self) -> None:
-        torch.Tensor.backward = self._wrap(torch.Tensor.backward)
-        torch.autograd.backward = self._wrap(torch.autograd.backward)
-        register_optimizer_step_post_hook(self._on_step)
+    def _hook_autocast(self, torch) -> None:
+        recorder = self
+        cls = torch.amp.autocast_mode.autocast
+        original = cls.__enter__
+
+        def __enter__(self_):
+            result = original(self_)
+            entry = [self_.device, str(self_.fast_dtype).replace("torch.", ""),
+                     bool(torch.is_autocast_enabled(self_.device))]
+            if entry not in recorder.autocast:
+                recorder.autocast.append(entry)
+            return result
+
+        cls.__enter__ = __enter__
+
+    def _hook_grad_scaler(self, torch) -> None:
+        recorder = self
+        cls = torch.amp.grad_scaler.GradScaler
+        original_init, original_scale = cls.__init__, cls.scale
+
+        def __init__(self_, *args, **kwargs):
+            original_init(self_, *args, **kwargs)
+            entry = [str(getattr(self_, "_device", "cuda")), bool(self_.is_enabled())]
+            if entry not in recorder.grad_scaler:
+                recorder.grad_scaler.append(entry)
+
+        def scale(self_, outputs):
+            result = original_scale(self_, outputs)
+            if isinstance(outputs, torch.Tensor) and outputs.numel() == 1 and result is not outputs:
+                recorder.scaled[id(result)] = float(outputs.detach().float().item())
+            return result
+
+        cls.__init__ = __init__
+        cls.scale = scale
+
+    # ---- recording ---------------------------------------------------------------------------
+    def _now(self) -> float:
+        torch = self.torch
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _record_loss(self, tensors) -> None:
+        torch = self.torch
+        self.backward_calls += 1
+        if self.last_time is None:
+            self.last_time = self._now()
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        for t in tensors or ():
+            if isinstance(t, torch.Tensor) and t.numel() == 1:
+                value = self.scaled.pop(id(t), None)
+                self.pending.append(value if value is not None else float(t.detach().float().item()))
 
     def _on_step(self, optimizer, args, kwargs) -> None:
-        self.optimizer_steps += 1
+        index = self.optimizers.setdefault(id(optimizer), len(self.optimizers))
+        if index == len(self.steps):
+            self.steps.append([])
+        closure = args[0] if args else kwargs.get("closure")
+        if closure is not None and self.pending:
+            loss: Optional[float] = self.pending[0]  # LBFGS: the loss at the start of the step
+        else:
+            loss = sum(self.pending) if self.pending else None
+        self.pending.clear()
+        now = self._now()
+        entry: dict = {"loss": loss}
+        if index == 0:
+            entry["time_s"] = now - (self.last_time if self.last_time is not None else now)
+            self.last_time = now
+        self.steps[index].append(entry)
+        if self.device is None:
+            try:
+                param = optimizer.param_groups[0]["params"][0]
+                self.device, self.param_dtype = param.device.type, str(param.dtype).replace("torch.", "")
+            except (IndexError, KeyError, AttributeError):
+                pass
+        if index == 0 and self.max_steps is not None and len(self.steps[0]) >= self.max_steps:
+            self.stopped = True
+            self.write()
+            raise SystemExit(0)
+
+    # ---- output ------------------------------------------------------------------------------
+    def _rank_and_world(self) -> tuple[int, int]:
+        torch = self.torch
+        try:
+            if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+                return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        except Exception:
+            pass
+        env = os.environ
+        rank = int(env.get("RANK", env.get("LOCAL_RANK", 0)))
+        return rank, int(env.get("WORLD_SIZE", 1))
+
+    def _peak_memory(self) -> tuple[int, str]:
+        torch = self.torch
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            return int(torch.cuda.max_memory_allocated()), "cuda max allocated"
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak RSS"
+
+    def write(self) -> None:
+        if self.written:
+            return
+        self.written = True
+        rank, world = self._rank_and_world()
+        memory, memory_kind = self._peak_memory()
+        record = {
+            "rank": rank,
+            "world_size": world,
+            "pid": os.getpid(),
+            "torch_imported": self.torch is not None,
+            "steps": self.steps[0] if self.steps else [],
+            "other_optimizers": [[s["loss"] for s in steps] for steps in self.steps[1:]],
+            "backward_calls": self.backward_calls,
+            "peak_memory_bytes": memory,
+            "memory_kind": memory_kind,
+            "device": self.device,
+            "param_dtype": self.param_dtype,
+            "autocast": self.autocast,
+            "grad_scaler": self.grad_scaler,
+            "stopped_after_max_steps": self.stopped,
+            "error": self.error,
+        }
+        path = os.path.join(self.out_dir, f"rank{rank}-{os.getpid()}.json")
+        with open(path + ".tmp", "w") as handle:
+            json.dump(record, handle)
+        os.replace(path + ".tmp", path)
 
 
-def _exit_code(exc: SystemExit) -> int:
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code
-    print(exc.code, file=sys.stderr)  # SystemExit("message") behaves like python does
-    return 1
-
-
-def run(script: str, script_args: list[str], out: str) -> int:
-    threads = os.environ.get("ACCELERATE_REWRITE_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
-
-    recorder = Recorder()
-    recorder.install()
-    sys.argv = [script, *script_args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-
-    code, error = 0, None
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as exc:
-        code = _exit_code(exc)
-        if code != 0:
-            error = traceback.format_exc()
-    except BaseException:
-        code, error = 1, traceback.format_exc()
-        traceback.print_exc()
-
-    sys.stdout.flush()
-    result = {
-        "losses": recorder.losses,
-        "optimizer_steps": recorder.optimizer_steps,
-        "backward_calls": recorder.backward_calls,
-        "torch_version": torch.__version__,
-        "error": error,
-    }
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
-    return code
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    script_args: list[str] = []
-    if "--" in argv:  # everything after the first "--" belongs to the script
-        cut = argv.index("--")
-        argv, script_args = argv[:cut], argv[cut + 1 :]
-    parser = argparse.ArgumentParser(prog="python -m accelerate_rewrite.verify.harness", usage=USAGE)
-    parser.add_argument("--out", required=True, help="where to write the JSON record")
-    parser.add_argument("script", help="the training script to run")
-    args = parser.parse_args(argv)
-    # Resolve now: the script may chdir.
-    return run(args.script, script_args, os.path.abspath(args.out))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def boot() -> None:
+    """Called from sitecustomize in every process of a verified run."""
+    config = os.environ.get(CONFIG_ENV)
+    if not config:
+        return
+    Recorder(json.loads(config)).boot()

@@ -1,0 +1,88 @@
+"""What the verifier shows: a rich table, the JSON record, and a plot of both loss curves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from accelerate_rewrite.verify.session import Verification
+
+STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold yellow"}
+
+
+def _loss(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.6g}"
+
+
+def _ratio(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _memory(run) -> str:
+    if not run.peak_memory_bytes:
+        return "-"
+    return f"{run.peak_memory_bytes / 2**20:,.0f} MiB ({run.memory_kind})"
+
+
+def render(console, v: Verification) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    o, r, c = v.original, v.rewritten, v.verdict.comparison
+    title = f"{v.script}" + (f" vs {v.against}" if v.against else " (rewritten)")
+    table = Table(title=escape(title), title_justify="left", show_lines=False)
+    table.add_column("")
+    table.add_column("original", justify="right")
+    table.add_column("rewritten", justify="right")
+    table.add_row("steps run", str(len(o.losses)), str(len(r.losses)))
+    table.add_row("loss at start", _loss(o.losses[0] if o.losses else None),
+                  _loss(r.losses[0] if r.losses else None))
+    table.add_row("loss at end", _loss(o.losses[-1] if o.losses else None),
+                  _loss(r.losses[-1] if r.losses else None))
+    table.add_row("device", f"{o.device or '-'} x{o.world_size}", f"{r.device or '-'} x{r.world_size}")
+    table.add_row("precision used", o.precision, r.precision)
+    table.add_row("peak memory", _memory(o), _memory(r))
+    table.add_section()
+    if c.get("max_rel_diff") is not None:
+        table.add_row("relative difference", "max", f"{c['max_rel_diff']:.2e}")
+        table.add_row("", "mean", f"{c['mean_rel_diff']:.2e}")
+    table.add_row("speedup (median step)", "", _ratio(c.get("speedup")))
+    table.add_row("memory ratio", "", _ratio(c.get("memory_ratio")))
+    table.add_row("tolerance", "", c["tolerance"]["kind"])
+    console.print(table)
+    for note in v.notes:
+        console.print(f"[dim]note: {escape(note)}[/]")
+    verdict = v.verdict.verdict
+    console.print(f"[{STYLE[verdict]}]{verdict.upper()}[/]: {escape(v.verdict.reason)}")
+
+
+def write_json(path: Path, v: Verification) -> None:
+    path.write_text(json.dumps(v.to_json(), indent=2) + "\n", encoding="utf-8")
+
+
+def write_plot(path: Path, v: Verification) -> None:
+    """Both loss curves, and the relative difference per step (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from accelerate_rewrite.verify.compare import rel_diffs
+
+    o, r = v.original.losses, v.rewritten.losses
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True,
+                                      gridspec_kw={"height_ratios": [2, 1]})
+    top.plot(range(1, len(o) + 1), o, label="original", linewidth=2)
+    top.plot(range(1, len(r) + 1), r, label="rewritten", linestyle="--")
+    top.set_ylabel("loss")
+    top.set_title(f"{v.script.name}: {v.verdict.verdict} ({v.rewritten.precision})")
+    top.legend()
+    diffs = rel_diffs(o, r)
+    bottom.plot(range(1, len(diffs) + 1), [max(d, 1e-12) for d in diffs], color="tab:red")
+    bottom.set_yscale("log")
+    bottom.set_ylabel("relative difference")
+    bottom.set_xlabel("optimizer step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

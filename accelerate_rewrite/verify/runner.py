@@ -1,0 +1,223 @@
+"""Runs one training script as a subprocess under the harness, and reads what it recorded.
+
+The script runs as ``PYTHON script.py args`` in its own process group (so that DDP workers go
+with it), with a timeout; on a timeout or Ctrl-C the whole group is killed. What every process
+recorded is merged: per optimizer step, the loss averaged over the ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from accelerate_rewrite.verify.harness import CONFIG_ENV
+
+BOOT_DIR = Path(__file__).resolve().parent / "boot"
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent
+TAIL_LINES = 15
+
+
+@dataclass
+class RunRecord:
+    """One run of one script, as recorded."""
+
+    label: str
+    exit_code: Optional[int] = None
+    timed_out: bool = False
+    error: Optional[str] = None  # why it did not finish: a traceback's tail, a timeout
+    losses: list[Optional[float]] = field(default_factory=list)  # per step of the first optimizer
+    other_losses: list[list[Optional[float]]] = field(default_factory=list)  # further optimizers
+    step_times_s: list[float] = field(default_factory=list)
+    peak_memory_bytes: int = 0
+    memory_kind: str = ""
+    device: Optional[str] = None
+    param_dtype: Optional[str] = None
+    autocast: list[list] = field(default_factory=list)
+    grad_scaler: list[list] = field(default_factory=list)
+    world_size: int = 1
+    backward_calls: int = 0
+    stopped_after_max_steps: bool = False
+    output_tail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def precision(self) -> str:
+        """The precision that really ran, in Fabric's words."""
+        dtype = self.param_dtype or "float32"
+        true = {"float32": "32-true", "float64": "64-true", "float16": "16-true", "bfloat16": "bf16-true"}
+        if dtype != "float32":
+            return true.get(dtype, dtype)
+        enabled = {(d, t) for d, t, on in self.autocast if on}
+        scaler = any(on for _, on in self.grad_scaler)
+        if any(t == "float16" for _, t in enabled):
+            return "16-mixed" if scaler else "16-mixed (no GradScaler)"
+        if any(t == "bfloat16" for _, t in enabled):
+            return "bf16-mixed"
+        return "32-true"
+
+    @property
+    def precision_notes(self) -> list[str]:
+        """Autocast that asked for something and got nothing (autocast("cuda") without CUDA)."""
+        notes = []
+        enabled_devices = {d for d, _, on in self.autocast if on}
+        for device, dtype, on in self.autocast:
+            if not on and device not in enabled_devices:
+                notes.append(f"autocast({device!r}, {dtype}) ran disabled")
+        for device, on in self.grad_scaler:
+            if not on:
+                notes.append(f"GradScaler({device!r}) ran disabled")
+        return notes
+
+    def to_json(self) -> dict:
+        from statistics import median
+
+        return {
+            "losses": self.losses,
+            "other_optimizers_losses": self.other_losses,
+            "step_times_s": self.step_times_s,
+            "median_step_time_s": median(self.step_times_s) if self.step_times_s else None,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "memory_kind": self.memory_kind,
+            "device": self.device,
+            "precision": self.precision,
+            "precision_notes": self.precision_notes,
+            "world_size": self.world_size,
+            "exit_code": self.exit_code,
+            "error": self.error,
+        }
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig is signal.SIGTERM:
+            # the leader is gone; give the rest of the group a moment, then make sure
+            time.sleep(0.2)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _tail(text: str, lines: int = TAIL_LINES) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def run_script(
+    script: Path,
+    args: Sequence[str] = (),
+    *,
+    label: str,
+    max_steps: Optional[int] = None,
+    cwd: Optional[Path] = None,
+    env: Optional[dict[str, str]] = None,
+    timeout: float = 600.0,
+    python: str = sys.executable,
+    threads: Optional[int] = None,
+    seed: int = 0,
+) -> RunRecord:
+    """Run ``python script args`` under the harness and return what it recorded."""
+    record = RunRecord(label=label)
+    out_dir = Path(tempfile.mkdtemp(prefix="accelerate-rewrite-verify-"))
+    try:
+        config = {"out_dir": str(out_dir), "max_steps": max_steps, "seed": seed, "threads": threads}
+        run_env = dict(os.environ if env is None else env)
+        run_env[CONFIG_ENV] = json.dumps(config)
+        run_env["PYTHONPATH"] = os.pathsep.join(
+            [str(BOOT_DIR), str(PACKAGE_ROOT), *filter(None, [run_env.get("PYTHONPATH")])]
+        )
+        run_env.setdefault("PYTHONHASHSEED", "0")
+        log = out_dir / "output.log"
+        with open(log, "wb") as handle:
+            process = subprocess.Popen(
+                [python, str(script), *args], cwd=cwd, env=run_env,
+                stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                record.exit_code = process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                record.timed_out = True
+                _kill_group(process)
+                record.exit_code = process.returncode
+            except BaseException:  # Ctrl-C: no orphaned DDP workers
+                _kill_group(process)
+                raise
+            # DDP workers finish their own last step a moment after rank 0
+            deadline = time.monotonic() + 30
+            while _group_alive(process.pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _group_alive(process.pid):
+                _kill_group(process)
+        record.output_tail = _tail(log.read_text(errors="replace"), 40)
+        _merge(record, out_dir)
+        if record.timed_out:
+            record.error = f"timed out after {timeout:g} s"
+        elif record.exit_code != 0:
+            record.error = _tail(record.error or record.output_tail) or f"exit code {record.exit_code}"
+        else:
+            record.error = None
+        return record
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _merge(record: RunRecord, out_dir: Path) -> None:
+    """One record per rank (the process that trained most), losses averaged over ranks."""
+    per_rank: dict[int, dict] = {}
+    for path in out_dir.glob("rank*.json"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not data.get("torch_imported"):
+            continue
+        best = per_rank.get(data["rank"])
+        if best is None or (len(data["steps"]), data["backward_calls"]) > (len(best["steps"]), best["backward_calls"]):
+            per_rank[data["rank"]] = data
+    if not per_rank:
+        return
+    ranks = [per_rank[r] for r in sorted(per_rank)]
+    main = ranks[0]
+    record.world_size = len(ranks)
+    record.error = main["error"]
+    steps = min(len(r["steps"]) for r in ranks)
+    record.losses = [_mean([r["steps"][i]["loss"] for r in ranks]) for i in range(steps)]
+    record.step_times_s = [max(r["steps"][i]["time_s"] for r in ranks) for i in range(steps)]
+    record.other_losses = main["other_optimizers"]
+    record.peak_memory_bytes = max(r["peak_memory_bytes"] for r in ranks)
+    record.memory_kind = main["memory_kind"]
+    record.device = main["device"]
+    record.param_dtype = main["param_dtype"]
+    record.autocast = main["autocast"]
+    record.grad_scaler = main["grad_scaler"]
+    record.backward_calls = sum(r["backward_calls"] for r in ranks)
+    record.stopped_after_max_steps = all(r["stopped_after_max_steps"] for r in ranks)
+
+
+def _mean(values: list[Optional[float]]) -> Optional[float]:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None

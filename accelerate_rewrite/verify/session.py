@@ -1,0 +1,153 @@
+"""One verification: rewrite (or take ``--against``), run both, compare.
+
+    verify(Path("train.py"), Options.create(precision="bf16-mixed"), script_args=["--epochs", "1"])
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence
+
+from accelerate_rewrite.options import Options
+from accelerate_rewrite.verify.compare import (
+    APPROXIMATE,
+    CHANGES_TRAINING,
+    EXACT,
+    Tolerance,
+    Verdict,
+    compare,
+)
+from accelerate_rewrite.verify.runner import RunRecord, run_script
+
+
+class VerifyError(Exception):
+    """The verification could not start (no such script, the rewrite failed, ...)."""
+
+
+@dataclass
+class Verification:
+    script: Path
+    options: Options
+    verdict: Verdict
+    original: RunRecord
+    rewritten: RunRecord
+    against: Optional[Path] = None
+    notes: list[str] = field(default_factory=list)  # what the verifier did to run things
+
+    def to_json(self) -> dict:
+        return {
+            "verdict": self.verdict.verdict,
+            "reason": self.verdict.reason,
+            "original": self.original.to_json(),
+            "rewritten": self.rewritten.to_json(),
+            "comparison": self.verdict.comparison,
+            "notes": self.notes,
+        }
+
+
+def tolerance_kind(options: Options, rule_kinds: Sequence[str], processes: int) -> str:
+    if processes > 1 or "changes-training" in rule_kinds:
+        return CHANGES_TRAINING
+    if options.mixed_or_low_precision or "approximate" in rule_kinds:
+        return APPROXIMATE
+    return EXACT
+
+
+@contextmanager
+def _rewritten_file(script: Path, source: str) -> Iterator[Path]:
+    """The rewritten script beside the original (so imports and relative paths work the same),
+    or in a temporary folder when that folder can't be written; removed afterwards."""
+    target = script.with_name(f".{script.stem}.accelerate-rewrite-verify.py")
+    try:
+        target.write_text(source, encoding="utf-8")
+    except OSError:
+        folder = Path(tempfile.mkdtemp(prefix="accelerate-rewrite-verify-"))
+        target = folder / script.name
+        target.write_text(source, encoding="utf-8")
+    try:
+        yield target
+    finally:
+        try:
+            target.unlink()
+        except OSError:
+            pass
+
+
+def verify(
+    script: Path,
+    options: Options,
+    *,
+    script_args: Sequence[str] = (),
+    against: Optional[Path] = None,
+    steps: int = 50,
+    run_on: Optional[str] = None,  # None: as the scripts choose; "cpu" or "cuda"
+    run_devices: Optional[int] = None,
+    timeout: float = 600.0,
+    python: str = sys.executable,
+    threads: Optional[int] = None,
+    tolerance: Optional[Tolerance] = None,
+    on_start: Callable[[str], None] = lambda label: None,
+) -> Verification:
+    from accelerate_rewrite.codemod.engine import RewriteError, rewrite
+    from accelerate_rewrite.codemod.source import SourceError, read_source
+    from accelerate_rewrite.rules import BY_CODE
+
+    script = Path(script)
+    try:
+        source = read_source(script)
+    except SourceError as exc:
+        raise VerifyError(str(exc)) from None
+    notes: list[str] = []
+    rule_kinds: list[str] = []
+    if against is not None:
+        try:
+            rewritten_source = read_source(Path(against)).text
+        except SourceError as exc:
+            raise VerifyError(str(exc)) from None
+    else:
+        try:
+            result = rewrite(source.text, options, path=str(script))
+        except RewriteError as exc:
+            raise VerifyError(str(exc)) from None
+        if not result.changed:
+            reasons = "; ".join(n.message for n in result.skips[:3]) or "no rule applies"
+            raise VerifyError(f"{script}: the rewrite changes nothing ({reasons}): nothing to verify")
+        rewritten_source = result.output
+        rule_kinds = sorted({BY_CODE[n.rule].kind.value for n in result.changes if n.rule in BY_CODE})
+
+    env = dict(os.environ)
+    rewritten_env = dict(env)
+    if run_on == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = rewritten_env["CUDA_VISIBLE_DEVICES"] = ""
+        rewritten_env["LT_ACCELERATOR"] = "cpu"
+        strategy = options.strategy or ""
+        if strategy.startswith(("fsdp", "deepspeed")):
+            rewritten_env["LT_STRATEGY"] = "ddp"
+            notes.append(f"--strategy {strategy} does not run on CPU: the rewritten script ran with ddp")
+        notes.append("both scripts ran on the CPU (CUDA hidden; Fabric's accelerator set to cpu)")
+    elif run_on == "cuda":
+        rewritten_env["LT_ACCELERATOR"] = "cuda"
+    if run_devices is not None:
+        rewritten_env["LT_DEVICES"] = str(run_devices)
+        notes.append(f"the rewritten script ran on {run_devices} device(s) (LT_DEVICES)")
+
+    common = dict(max_steps=steps, cwd=Path.cwd(), timeout=timeout, python=python, threads=threads)
+    on_start("original")
+    original = run_script(script, script_args, label="original", env=env, **common)
+    with _rewritten_file(script, rewritten_source) as rewritten_path:
+        on_start("rewritten")
+        rewritten = run_script(rewritten_path, script_args, label="rewritten", env=rewritten_env, **common)
+    if rewritten.error:
+        rewritten.error = rewritten.error.replace(str(rewritten_path), f"{script} (rewritten)")
+
+    kind = tolerance_kind(options, rule_kinds, max(rewritten.world_size, run_devices or 1))
+    base = tolerance or Tolerance()
+    tol = Tolerance(kind, base.max_rel, base.mean_rel, base.last_rel, base.warmup_steps)
+    verdict = compare(original, rewritten, tol, requested_precision=options.precision)
+    return Verification(script, options, verdict, original, rewritten, against, notes)
+
