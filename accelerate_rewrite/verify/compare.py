@@ -1,8 +1,10 @@
 """Compare two runs: tolerances set by what the rewrite does, and the verdict.
 
-- keeps the math (32-true Fabric, API migrations): every step within 1e-5 relative (CPU);
-- approximate (mixed or low precision): the mean relative difference under 2e-2, and the
-  mean loss of the last 10 % of the steps within 3 % of the original's (adjustable);
+- keeps the math (32-true Fabric, API migrations): every step's loss, and the norm of the
+  gradient it applies, within 1e-5 relative (CPU);
+- approximate (mixed or low precision): the mean relative difference of the losses (and of the
+  gradient norms) under 2e-2, and the mean loss of the last 10 % of the steps within 3 % of the
+  original's (adjustable);
 - changes training (freezing, a larger effective batch, more processes): shown side by side,
   no pass/fail on the curves; a crash, a NaN or an inf still fails.
 
@@ -100,6 +102,7 @@ def compare(
 
     n = min(len(original.losses), len(rewritten.losses))
     diffs = rel_diffs(original.losses[:n], rewritten.losses[:n])
+    grad_diffs = rel_diffs(original.grad_norms[:n], rewritten.grad_norms[:n])
     warmup = tolerance.warmup_steps if tolerance.warmup_steps is not None else max(1, n // 10)
     t_before = _median_time(original.step_times_s, warmup)
     t_after = _median_time(rewritten.step_times_s, warmup)
@@ -110,6 +113,8 @@ def compare(
         speedup=(t_before / t_after) if t_before and t_after else None,
         memory_ratio=(original.peak_memory_bytes / rewritten.peak_memory_bytes)
         if rewritten.peak_memory_bytes else None,
+        max_grad_norm_rel_diff=max(grad_diffs) if grad_diffs else None,
+        mean_grad_norm_rel_diff=sum(grad_diffs) / len(grad_diffs) if grad_diffs else None,
         warmup_steps=warmup,
     )
     for run in (original, rewritten):
@@ -127,19 +132,32 @@ def compare(
         return verdict(FAIL, f"the rewritten script stopped after {len(rewritten.losses)} steps, "
                              f"the original ran {len(original.losses)}")
     if tolerance.kind == EXACT:
-        worst = max(range(len(diffs)), key=diffs.__getitem__)
-        if diffs[worst] > tolerance.max_rel:
-            return verdict(FAIL, f"the losses differ at step {worst + 1}: {rewritten.losses[worst]:.6g} "
-                                 f"instead of {original.losses[worst]:.6g} (relative {diffs[worst]:.2e}, "
-                                 f"allowed {tolerance.max_rel:g} for a rewrite that keeps the math)")
+        first = next((i for i, d in enumerate(diffs) if d > tolerance.max_rel), None)
+        if first is not None:
+            return verdict(FAIL, f"the losses differ from step {first + 1} on: "
+                                 f"{rewritten.losses[first]:.6g} instead of {original.losses[first]:.6g} "
+                                 f"(relative {diffs[first]:.2e}, allowed {tolerance.max_rel:g} for a "
+                                 "rewrite that keeps the math)")
+        first = next((i for i, d in enumerate(grad_diffs) if d > tolerance.max_rel), None)
+        if first is not None:
+            return verdict(FAIL, f"the losses agree, but the gradient applied at step {first + 1} "
+                                 f"differs: norm {rewritten.grad_norms[first]:.6g} instead of "
+                                 f"{original.grad_norms[first]:.6g} (relative {grad_diffs[first]:.2e}); "
+                                 "a loss scaled differently (e.g. not divided under accumulation) "
+                                 "changes the gradient while Adam's steps, and so the losses, hide it")
         return verdict(PASS, f"identical within {tolerance.max_rel:g} relative at every one of "
-                             f"{n} steps")
+                             f"{n} steps (losses and gradient norms)")
     tail = max(1, n // 10)
     last_before = sum(original.losses[n - tail:n]) / tail
     last_after = sum(rewritten.losses[n - tail:n]) / tail
     last_rel = abs(last_after - last_before) / max(abs(last_before), 1e-12)
     comparison["last_rel_diff"] = last_rel
     mean_rel = comparison["mean_rel_diff"]
+    mean_grad = comparison["mean_grad_norm_rel_diff"]
+    if mean_grad is not None and mean_grad > tolerance.mean_rel:
+        return verdict(FAIL, f"the gradients the steps apply differ by {mean_grad:.2e} on average "
+                             f"(norms), over the {tolerance.mean_rel:g} allowed for "
+                             f"{rewritten.precision}")
     if mean_rel > tolerance.mean_rel:
         return verdict(FAIL, f"mean relative difference {mean_rel:.2e} is over the {tolerance.mean_rel:g} "
                              f"allowed for {rewritten.precision}")

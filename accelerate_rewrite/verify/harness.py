@@ -15,7 +15,8 @@ torch, random and numpy, and hooks the places every variant of a training loop p
   backwarded since the previous step (one loss; the micro-batch losses of an accumulating
   rewrite, which divides each by N, add up to their mean; a GAN's D terms add up to errD), or,
   for a step with a closure (LBFGS), the loss at the start of the step. Also the wall time since
-  the previous step (CUDA-synchronised), per optimizer in the order they first step.
+  the previous step (CUDA-synchronised), per optimizer in the order they first step; and,
+  just before the step, the norm of the gradient it applies.
 - ``torch.autocast`` and ``GradScaler``: which precision really ran (autocast("cuda") on a
   machine without CUDA disables itself; Fabric turns 16-mixed into bf16 on CPU).
 
@@ -83,6 +84,7 @@ class Recorder:
         self.steps: list[list[dict]] = []  # per optimizer: [{"loss": x, "time_s": t}]
         self.last_time: Optional[float] = None
         self.backward_calls = 0
+        self.grad_norm: Optional[float] = None
         self.autocast: list[list] = []  # [device_type, dtype, enabled]
         self.grad_scaler: list[list] = []  # [device, enabled]
         self.device: Optional[str] = None
@@ -120,8 +122,12 @@ class Recorder:
             torch.set_num_threads(int(self.threads))
         torch.Tensor.backward = self._wrap_backward(torch.Tensor.backward)
         torch.autograd.backward = self._wrap_backward(torch.autograd.backward)
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
 
+        register_optimizer_step_pre_hook(self._before_step)
         register_optimizer_step_post_hook(self._on_step)
         self._hook_autocast(torch)
         self._hook_grad_scaler(torch)
@@ -197,18 +203,32 @@ class Recorder:
                 value = self.scaled.pop(id(t), None)
                 self.pending.append(value if value is not None else float(t.detach().float().item()))
 
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        """The gradient the step is about to apply (unscaled: GradScaler.step unscales first).
+        A loss that an accumulating rewrite forgot to divide leaves the losses alone under
+        Adam, but doubles this."""
+        torch = self.torch
+        grads = [p.grad.detach().float() for group in optimizer.param_groups
+                 for p in group["params"] if getattr(p, "grad", None) is not None]
+        if grads:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+            self.grad_norm = float(norm.item())
+        else:
+            self.grad_norm = None
+
     def _on_step(self, optimizer, args, kwargs) -> None:
         index = self.optimizers.setdefault(id(optimizer), len(self.optimizers))
         if index == len(self.steps):
             self.steps.append([])
-        closure = args[0] if args else kwargs.get("closure")
+        # torch passes the step's own arguments with the optimizer first: (optimizer, closure)
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")
         if closure is not None and self.pending:
             loss: Optional[float] = self.pending[0]  # LBFGS: the loss at the start of the step
         else:
             loss = sum(self.pending) if self.pending else None
         self.pending.clear()
         now = self._now()
-        entry: dict = {"loss": loss}
+        entry: dict = {"loss": loss, "grad_norm": self.grad_norm}
         if index == 0:
             entry["time_s"] = now - (self.last_time if self.last_time is not None else now)
             self.last_time = now

@@ -105,10 +105,8 @@ def verify(
     notes: list[str] = []
     rule_kinds: list[str] = []
     if against is not None:
-        try:
-            rewritten_source = read_source(Path(against)).text
-        except SourceError as exc:
-            raise VerifyError(str(exc)) from None
+        if not Path(against).is_file():
+            raise VerifyError(f"{against}: no such file")
     else:
         try:
             result = rewrite(source.text, options, path=str(script))
@@ -139,11 +137,14 @@ def verify(
     common = dict(max_steps=steps, cwd=Path.cwd(), timeout=timeout, python=python, threads=threads)
     on_start("original")
     original = run_script(script, script_args, label="original", env=env, **common)
-    with _rewritten_file(script, rewritten_source) as rewritten_path:
-        on_start("rewritten")
-        rewritten = run_script(rewritten_path, script_args, label="rewritten", env=rewritten_env, **common)
-    if rewritten.error:
-        rewritten.error = rewritten.error.replace(str(rewritten_path), f"{script} (rewritten)")
+    on_start("rewritten")
+    if against is not None:  # the user's own file, run where it is
+        rewritten = run_script(Path(against), script_args, label="rewritten", env=rewritten_env, **common)
+    else:
+        with _rewritten_file(script, rewritten_source) as rewritten_path:
+            rewritten = run_script(rewritten_path, script_args, label="rewritten", env=rewritten_env, **common)
+        if rewritten.error:
+            rewritten.error = rewritten.error.replace(str(rewritten_path), f"{script} (rewritten)")
 
     kind = tolerance_kind(options, rule_kinds, max(rewritten.world_size, run_devices or 1))
     base = tolerance or Tolerance()

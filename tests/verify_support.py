@@ -1,0 +1,35 @@
+"""Test helper for the verifier's tests: run each original script once, not once per option set.
+
+``verify()`` runs the original and then the rewritten script. For one original (same script,
+arguments, working folder, steps, threads and CUDA visibility) the original's run is the same
+whatever the rewrite options are, so the tests patch ``session.run_script`` with
+:meth:`OriginalRuns.run_script`: the first run of an original is real and remembered, later
+ones get a copy of it. The rewritten runs always run.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from accelerate_rewrite.verify import runner
+
+
+class OriginalRuns:
+    def __init__(self) -> None:
+        self.cache: dict[tuple, runner.RunRecord] = {}
+        self.real_runs = 0
+
+    def run_script(self, script, args=(), *, label, **kwargs) -> runner.RunRecord:
+        if label != "original":
+            return runner.run_script(script, args, label=label, **kwargs)
+        env = kwargs.get("env") or {}
+        key = (
+            str(Path(script).resolve()), tuple(args), kwargs.get("max_steps"), kwargs.get("threads"),
+            str(kwargs.get("cwd")), env.get("CUDA_VISIBLE_DEVICES"), kwargs.get("python"),
+            kwargs.get("timeout"), kwargs.get("seed"),
+        )
+        if key not in self.cache:
+            self.real_runs += 1
+            self.cache[key] = runner.run_script(script, args, label=label, **kwargs)
+        return copy.deepcopy(self.cache[key])
