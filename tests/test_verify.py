@@ -1,0 +1,492 @@
+"""The verifier (issue 3), end to end: real runs of the fixtures and of small scripts, on CPU.
+
+- every runnable fixture (one the default rewrite changes) through ``verify()``: at 32-true the
+  losses are identical; at bf16-mixed within the mixed-precision tolerance, or an error where
+  the rewrite refuses the precision (the script's own autocast, LBFGS); on 2 CPU processes the
+  curves are shown side by side (changes-training) and both runs end cleanly;
+- the error paths: the original fails, the rewrite crashes, no backward, a timeout (and no
+  process of the run's group is left), 16-mixed on CPU, stopping after N steps;
+- the CLI: the JSON record's keys, the plot, the exit codes;
+- the checkpointing fixture: fabric.save keeps the file format and the script still resumes.
+
+Each original runs once (tests/verify_support.py); the rewritten runs always run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("lightning")
+
+from accelerate_rewrite.codemod.engine import rewrite  # noqa: E402
+from accelerate_rewrite.options import Options  # noqa: E402
+from accelerate_rewrite.verify import session  # noqa: E402
+from accelerate_rewrite.verify.compare import APPROXIMATE, CHANGES_TRAINING, EXACT  # noqa: E402
+from accelerate_rewrite.verify.runner import run_script  # noqa: E402
+from accelerate_rewrite.verify.session import verify  # noqa: E402
+from tests.goldens import FIXTURES, ROOT, fixture_names  # noqa: E402
+from tests.verify_support import OriginalRuns  # noqa: E402
+
+pytestmark = pytest.mark.runs
+
+STEPS = 12
+RUN = dict(steps=STEPS, threads=1, run_on="cpu")
+
+
+def _source(name: str) -> str:
+    return (FIXTURES / name / "input.py").read_text(encoding="utf-8")
+
+
+#: fixtures that the rewrite (default options) changes: the others have nothing to compare
+RUNNABLE = [name for name in fixture_names() if rewrite(_source(name), Options()).changed]
+#: fixtures whose rewrite refuses bf16-mixed (the script's own autocast; LBFGS) and says why
+REFUSE_BF16 = {"already_autocast", "lbfgs"}
+#: the 2-process runs are the slow ones (~10 s each on 2 cores): four fixtures of different
+#: styles (top-level loop; functions + argparse; a trainer class; two optimizers)
+TWO_PROCESSES = ["module_loop", "train_function", "trainer_class", "gan"]
+
+
+@pytest.fixture(scope="module")
+def originals() -> OriginalRuns:
+    return OriginalRuns()
+
+
+@pytest.fixture(scope="module")
+def fixture_dirs(tmp_path_factory) -> dict[str, Path]:
+    return {}
+
+
+@pytest.fixture
+def fixture_script(fixture_dirs, tmp_path_factory, originals, monkeypatch):
+    """``fixture_script(name)``: a copy of the fixture in its own folder (the rewritten file is
+    written beside it, and checkpoints land in the working folder: never in the repository),
+    made the working folder; the original runs once per fixture."""
+
+    def enter(name: str) -> Path:
+        if name not in fixture_dirs:
+            folder = tmp_path_factory.mktemp(name)
+            shutil.copy(FIXTURES / name / "input.py", folder / "input.py")
+            fixture_dirs[name] = folder
+        monkeypatch.chdir(fixture_dirs[name])
+        monkeypatch.setattr(session, "run_script", originals.run_script)
+        return fixture_dirs[name] / "input.py"
+
+    return enter
+
+
+def _show(name: str, what: str, v) -> None:
+    c = v.verdict.comparison
+    diff = c.get("max_rel_diff")
+    print(f"\n{name} [{what}]: {v.verdict.verdict} ({c['tolerance']['kind']}, "
+          f"{len(v.original.losses)}/{len(v.rewritten.losses)} steps, max rel "
+          f"{'-' if diff is None else f'{diff:.2e}'}, x{v.rewritten.world_size}, "
+          f"{v.rewritten.precision}): {v.verdict.reason[:160]}")
+
+
+def _finite(losses) -> bool:
+    return all(x is not None and math.isfinite(x) for x in losses)
+
+
+def test_the_fixture_lists_are_current():
+    assert len(RUNNABLE) >= 10
+    assert REFUSE_BF16 <= set(RUNNABLE) and set(TWO_PROCESSES) <= set(RUNNABLE)
+    for name in RUNNABLE:
+        output = rewrite(_source(name), Options.create(precision="bf16-mixed")).output
+        assert ('precision="bf16-mixed"' in output) == (name not in REFUSE_BF16), name
+
+
+# ---- every runnable fixture --------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_fixture_at_32_true_is_exact(name, fixture_script):
+    v = verify(fixture_script(name), Options.create(precision="32-true"), **RUN)
+    _show(name, "32-true", v)
+    assert v.verdict.verdict == "pass", v.verdict.reason
+    assert v.verdict.exit_code == 0
+    assert v.verdict.comparison["tolerance"]["kind"] == EXACT
+    assert v.verdict.comparison["max_rel_diff"] == 0
+    assert 0 < len(v.original.losses) <= STEPS
+    assert v.rewritten.losses == v.original.losses
+    assert v.original.device == v.rewritten.device == "cpu"
+    assert v.rewritten.precision == "32-true"
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_fixture_at_bf16_mixed(name, fixture_script):
+    v = verify(fixture_script(name), Options.create(precision="bf16-mixed"), **RUN)
+    _show(name, "bf16-mixed", v)
+    if name in REFUSE_BF16:
+        # the rewrite left the precision out (and said why): the run is fp32, and parity is
+        # not reported for a precision that did not run
+        assert v.verdict.verdict == "error", v.verdict.reason
+        assert v.verdict.exit_code == 2
+        assert "bf16-mixed was asked for" in v.verdict.reason
+        assert "did not run" in v.verdict.reason
+        assert v.rewritten.ok and v.rewritten.precision != "bf16-mixed"
+        return
+    assert v.verdict.verdict == "pass", v.verdict.reason
+    assert v.verdict.exit_code == 0
+    assert v.verdict.comparison["tolerance"]["kind"] == APPROXIMATE
+    assert v.rewritten.precision == "bf16-mixed"
+    assert len(v.rewritten.losses) == len(v.original.losses) > 0
+    assert _finite(v.rewritten.losses)
+    assert v.verdict.comparison["mean_rel_diff"] <= 2e-2
+
+
+@pytest.mark.parametrize("name", TWO_PROCESSES)
+def test_fixture_on_two_cpu_processes(name, fixture_script):
+    v = verify(fixture_script(name), Options.create(precision="32-true"), run_devices=2, **RUN)
+    _show(name, "2 processes", v)
+    assert v.verdict.verdict == "pass", v.verdict.reason
+    assert v.verdict.comparison["tolerance"]["kind"] == CHANGES_TRAINING
+    assert "changes training" in v.verdict.reason
+    assert v.original.world_size == 1
+    assert v.rewritten.world_size == 2
+    assert v.rewritten.device == "cpu"
+    assert v.rewritten.losses and _finite(v.rewritten.losses)
+
+
+def test_16_mixed_on_cpu_is_an_error_not_a_pass(fixture_script):
+    v = verify(fixture_script("module_loop"), Options.create(precision="16-mixed"), **RUN)
+    assert v.verdict.verdict == "error", v.verdict.reason
+    assert v.verdict.exit_code == 2
+    assert v.rewritten.ok
+    assert v.rewritten.precision == "bf16-mixed"
+    assert "16-mixed was asked for" in v.verdict.reason
+    assert "Fabric turns 16-mixed into bf16-mixed on CPU" in v.verdict.reason
+
+
+# ---- error paths, with small scripts -------------------------------------------------------------
+
+TINY = """\
+import argparse
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=20)
+args = parser.parse_args()
+model = torch.nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+x, y = torch.randn(64, 8), torch.randn(64, 1)
+for step in range(args.steps):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    {extra}
+"""
+
+
+def _script(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def _tiny(folder: Path, name: str = "tiny.py", extra: str = "pass") -> Path:
+    return _script(folder, name, TINY.format(extra=extra))
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+OPTIONS = Options.create(precision="32-true")
+SMALL = dict(threads=1, run_on="cpu")
+
+
+def test_the_original_fails(work):
+    original = _script(work, "train.py", """\
+        import torch
+
+        with open("missing-data.csv") as handle:
+            rows = handle.readlines()
+        """)
+    v = verify(original, OPTIONS, against=_tiny(work), steps=5, **SMALL)
+    assert v.verdict.verdict == "error"
+    assert v.verdict.exit_code == 2
+    assert v.verdict.reason.startswith("the original script itself failed")
+    assert "FileNotFoundError" in v.verdict.reason
+    assert "missing-data.csv" in v.verdict.reason
+    assert "rewrite broke" not in v.verdict.reason
+
+
+def test_the_rewrite_crashes_where_the_original_runs(work):
+    broken = _tiny(work, "broken.py", extra='if step == 2: raise RuntimeError("planted crash in the rewrite")')
+    v = verify(_tiny(work), OPTIONS, against=broken, steps=5, **SMALL)
+    assert v.original.ok and len(v.original.losses) == 5
+    assert v.verdict.verdict == "fail"
+    assert v.verdict.exit_code == 1
+    assert "the rewrite broke the script" in v.verdict.reason
+    # the traceback's tail: the frame and the error
+    assert "Traceback (most recent call last)" in v.verdict.reason
+    line = broken.read_text().splitlines().index('    if step == 2: raise RuntimeError("planted crash in the rewrite")') + 1
+    assert f"line {line}" in v.verdict.reason
+    assert v.verdict.reason.rstrip().endswith("RuntimeError: planted crash in the rewrite")
+
+
+def test_a_script_that_never_calls_backward_or_steps(work):
+    inference = _script(work, "predict.py", """\
+        import torch
+
+        model = torch.nn.Linear(4, 1)
+        with torch.no_grad():
+            for _ in range(5):
+                print(model(torch.randn(2, 4)).sum().item())
+        """)
+    v = verify(inference, OPTIONS, against=inference, steps=5, **SMALL)
+    assert v.verdict.verdict == "error"
+    assert v.verdict.exit_code == 2
+    assert "made no optimizer step with a backward" in v.verdict.reason
+    assert "loss.backward()" in v.verdict.reason
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: a script whose optimizer steps but that never calls backward (gradients from "
+    "torch.autograd.grad) records steps with loss None: compare() then crashes with "
+    "'ValueError: max() arg is an empty sequence' (compare.py, EXACT branch) instead of a "
+    "clear error; through the CLI that is a traceback and exit status 1 ('mismatch')"))
+def test_a_script_that_steps_without_backward_gets_a_clear_error(work):
+    no_backward = _script(work, "grad.py", """\
+        import torch
+
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(32, 4), torch.randn(32, 1)
+        for _ in range(20):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            grads = torch.autograd.grad(loss, list(model.parameters()))
+            for p, g in zip(model.parameters(), grads):
+                p.grad = g
+            optimizer.step()
+            optimizer.zero_grad()
+        """)
+    v = verify(no_backward, OPTIONS, against=no_backward, steps=5, **SMALL)
+    assert v.verdict.verdict == "error"
+    assert "backward" in v.verdict.reason
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")  # exited, waiting to be reaped
+
+
+def test_a_timeout_kills_the_whole_process_group(work):
+    # the script starts a child that ignores SIGTERM, then both sleep far past the timeout
+    hanging = _script(work, "hang.py", """\
+        import os
+        import subprocess
+        import sys
+        import time
+
+        child = subprocess.Popen([sys.executable, "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"])
+        with open("pids.txt", "w") as handle:
+            handle.write(f"{os.getpid()} {os.getpgid(0)} {child.pid}")
+        time.sleep(300)
+        """)
+    start = time.monotonic()
+    v = verify(hanging, OPTIONS, against=_tiny(work), steps=3, timeout=3, **SMALL)
+    took = time.monotonic() - start
+    assert v.verdict.verdict != "pass"
+    assert v.verdict.verdict == "error" and v.verdict.exit_code == 2
+    assert v.original.timed_out
+    assert "timed out" in v.verdict.reason
+    assert took < 60, f"verify took {took:.0f} s"
+    pid, pgid, child = map(int, (work / "pids.txt").read_text().split())
+    assert pgid == pid  # the script led its own group
+    assert _gone(pid) and _gone(child)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
+
+
+def test_stops_after_n_steps(work):
+    tiny = _tiny(work)  # 20 steps unless stopped
+    v = verify(tiny, OPTIONS, against=_tiny(work, "copy.py"), steps=3, **SMALL)
+    assert v.verdict.verdict == "pass", v.verdict.reason
+    for run in (v.original, v.rewritten):
+        assert len(run.losses) == 3 and _finite(run.losses)
+        assert len(run.step_times_s) == 3
+        assert run.stopped_after_max_steps and run.exit_code == 0
+    assert v.verdict.comparison["max_rel_diff"] == 0
+
+
+def test_script_arguments_reach_both_runs(work):
+    # --steps 2 stops the scripts before the verifier's 5
+    v = verify(_tiny(work), OPTIONS, against=_tiny(work, "copy.py"), script_args=["--steps", "2"],
+               steps=5, **SMALL)
+    assert v.verdict.verdict == "pass", v.verdict.reason
+    assert len(v.original.losses) == len(v.rewritten.losses) == 2
+
+
+FULL_BATCH_FP32 = """\
+import torch
+
+model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(64, 16), torch.randn(64, 1)
+for step in range(20):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+FULL_BATCH_AMP16 = """\
+import torch
+
+model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(64, 16), torch.randn(64, 1)
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 24)  # too large: fp16 gradients overflow
+for step in range(20):
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+    before = scaler.get_scale()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)  # skipped while the scaled gradients hold an inf
+    scaler.update()
+    if scaler.get_scale() < before:
+        with open("skipped.txt", "a") as handle:
+            handle.write(f"{step}\\n")
+    optimizer.zero_grad()
+"""
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG: a step that GradScaler skips (inf gradients: common in the first steps of fp16 "
+    "training on a GPU) fires no optimizer hook, so the harness adds that batch's loss to the "
+    "next step's: the first recorded loss is (skipped steps + 1) times the real one. One "
+    "skipped step alone adds 1/N to the mean relative difference over N steps (0.02 at 50 "
+    "steps: the whole default mean tolerance)"))
+def test_a_step_skipped_by_grad_scaler_is_not_added_to_the_next(work):
+    v = verify(_script(work, "fp32.py", FULL_BATCH_FP32), Options.create(precision="16-mixed"),
+               against=_script(work, "amp16.py", FULL_BATCH_AMP16), steps=12, **SMALL)
+    assert v.rewritten.ok and v.rewritten.precision == "16-mixed"
+    assert (work / "skipped.txt").read_text().split()  # the premise: GradScaler skipped steps
+    # same data and weights before the first step: the same loss, up to fp16 rounding
+    assert v.rewritten.losses[0] == pytest.approx(v.original.losses[0], rel=2e-2)
+
+
+# ---- the CLI: JSON, plot, exit codes ------------------------------------------------------------
+
+def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, "-m", "accelerate_rewrite", "verify", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+SPEC_RUN_KEYS = {"losses", "step_times_s", "median_step_time_s", "peak_memory_bytes", "device", "precision"}
+SPEC_COMPARISON_KEYS = {"max_rel_diff", "mean_rel_diff", "speedup", "memory_ratio", "tolerance"}
+
+
+def test_cli_json_and_plot(tmp_path):
+    import json
+
+    (tmp_path / "fixtures" / "module_loop").mkdir(parents=True)
+    shutil.copy(FIXTURES / "module_loop" / "input.py", tmp_path / "fixtures" / "module_loop" / "input.py")
+    done = _cli(tmp_path, "fixtures/module_loop/input.py", "--precision", "32-true", "--steps", "5",
+                "--json", "out.json", "--plot", "out.png", "-q", "--threads", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASS" in done.stdout
+    data = json.loads((tmp_path / "out.json").read_text())
+    # the spec's five keys; "notes" (what the verifier did to run things) is the verifier's own
+    assert set(data) == {"verdict", "reason", "original", "rewritten", "comparison", "notes"}
+    assert data["verdict"] == "pass" and isinstance(data["reason"], str) and data["reason"]
+    for label in ("original", "rewritten"):
+        run = data[label]
+        assert SPEC_RUN_KEYS <= set(run), label
+        assert len(run["losses"]) == 5 and all(isinstance(x, float) and math.isfinite(x) for x in run["losses"])
+        assert len(run["step_times_s"]) == 5 and all(t >= 0 for t in run["step_times_s"])
+        assert isinstance(run["median_step_time_s"], float) and run["median_step_time_s"] > 0
+        assert isinstance(run["peak_memory_bytes"], int) and run["peak_memory_bytes"] > 0
+        assert run["device"] == "cpu"
+        assert run["precision"] == "32-true"
+    assert data["original"]["losses"] == data["rewritten"]["losses"]
+    comparison = data["comparison"]
+    assert SPEC_COMPARISON_KEYS <= set(comparison)
+    assert comparison["max_rel_diff"] == 0 and comparison["mean_rel_diff"] == 0
+    assert comparison["speedup"] > 0 and comparison["memory_ratio"] > 0
+    assert comparison["tolerance"]["kind"] == EXACT
+    assert (tmp_path / "out.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the rewritten file beside the original is gone again
+    assert sorted(p.name for p in (tmp_path / "fixtures" / "module_loop").iterdir()) == ["input.py"]
+
+
+@pytest.mark.parametrize("case, code, word", [
+    ("pass", 0, "PASS"),
+    ("fail", 1, "FAIL"),
+    ("error", 2, "ERROR"),
+])
+def test_cli_exit_codes(case, code, word, tmp_path):
+    tiny = _tiny(tmp_path)
+    if case == "pass":
+        script, against = tiny, _tiny(tmp_path, "copy.py")
+    elif case == "fail":
+        script, against = tiny, _tiny(tmp_path, "broken.py", extra="if step == 1: raise KeyError('planted')")
+    else:
+        script, against = _script(tmp_path, "bad.py", "import torch\nraise SystemExit(3)\n"), tiny
+    done = _cli(tmp_path, script.name, "--against", against.name, "--steps", "3", "--run-on", "cpu",
+                "--threads", "1", "-q")
+    assert done.returncode == code, done.stdout + done.stderr
+    assert done.stdout.startswith(word), done.stdout
+    if case == "fail":
+        assert "the rewrite broke the script" in done.stdout and "KeyError" in done.stdout
+    if case == "error":
+        assert "the original script itself failed" in done.stdout
+
+
+# ---- checkpoints (was tests/test_training_parity.py) ----------------------------------------------
+
+def _ran(record):
+    assert record.ok and record.exit_code == 0, f"{record.label}: {record.error}\n{record.output_tail}"
+    return record
+
+
+def test_fabric_checkpoint_keeps_the_file_format_and_resumes(tmp_path_factory):
+    """AR109 claims fabric.save writes the same keys as the script's torch.save did, and the
+    script's own loading code (now fabric.load) still resumes from it."""
+    import torch
+
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    source = _source("checkpointing")
+    original_dir = tmp_path_factory.mktemp("ckpt-original")
+    first = _ran(run_script(FIXTURES / "checkpointing" / "input.py", ["--epochs", "1"], label="original",
+                            cwd=original_dir, env=env, threads=1))
+    rewritten_dir = tmp_path_factory.mktemp("ckpt-rewritten")
+    script = rewritten_dir / "train.py"
+    script.write_text(rewrite(source, Options.create(precision="32-true")).output)
+    again = _ran(run_script(script, ["--epochs", "1"], label="rewritten", cwd=rewritten_dir, env=env, threads=1))
+    assert again.losses == first.losses
+
+    def load(path):
+        return torch.load(path, map_location="cpu", weights_only=False)
+
+    for name in ("checkpoint.pt", "final.pt"):
+        before, after = load(original_dir / name), load(rewritten_dir / name)
+        assert sorted(before) == sorted(after)
+        if name == "checkpoint.pt":
+            assert list(before["model"]) == list(after["model"])
+            assert before["optimizer"].keys() == after["optimizer"].keys()
+            assert before["epoch"] == after["epoch"]
+    resumed = _ran(run_script(script, ["--epochs", "2", "--resume"], label="resumed", cwd=rewritten_dir,
+                              env=env, threads=1))
+    assert len(resumed.losses) > 0
+    # it resumed at the second epoch: one epoch of steps, not two
+    assert len(resumed.losses) == len(first.losses)
