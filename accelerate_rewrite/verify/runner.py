@@ -22,7 +22,6 @@ from typing import Optional, Sequence
 from accelerate_rewrite.verify.harness import CONFIG_ENV
 
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent
 TAIL_LINES = 15
 
 
@@ -149,7 +148,7 @@ def run_script(
         run_env = dict(os.environ if env is None else env)
         run_env[CONFIG_ENV] = json.dumps(config)
         run_env["PYTHONPATH"] = os.pathsep.join(
-            [str(BOOT_DIR), str(PACKAGE_ROOT), *filter(None, [run_env.get("PYTHONPATH")])]
+            [str(BOOT_DIR), *filter(None, [run_env.get("PYTHONPATH")])]
         )
         run_env.setdefault("PYTHONHASHSEED", "0")
         log = out_dir / "output.log"

@@ -1,9 +1,31 @@
 """Put first on PYTHONPATH by the verifier: starts the recording harness in every Python
-process of a verified run (the script, and the processes Fabric launches for DDP)."""
+process of a verified run (the script, and the processes Fabric launches for DDP).
 
+The harness is loaded from its file (it needs only the standard library until torch is
+imported), so the run's Python does not need accelerate_rewrite installed. A sitecustomize of
+the environment's own, which this one shadows, is run afterwards.
+"""
+
+import importlib.machinery
+import importlib.util
 import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
 
 if os.environ.get("ACCELERATE_REWRITE_VERIFY"):
-    from accelerate_rewrite.verify import harness
+    _load("accelerate_rewrite_verify_harness", os.path.join(os.path.dirname(_HERE), "harness.py")).boot()
 
-    harness.boot()
+_others = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+_spec = importlib.machinery.PathFinder.find_spec("sitecustomize", _others)
+if _spec is not None and _spec.origin and os.path.dirname(os.path.abspath(_spec.origin)) != _HERE:
+    _load("_accelerate_rewrite_next_sitecustomize", _spec.origin)
