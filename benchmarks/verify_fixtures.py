@@ -64,7 +64,9 @@ def main() -> int:
     print(f"Machine: {machine()}. Steps: {args.steps}. Run on: {args.run_on or 'as the scripts choose'}.\n")
     print("| fixture | precision | verdict | loss max rel | loss mean rel | grad-norm mean rel | speedup | memory ratio |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    os.chdir(ROOT)
+    import tempfile
+
+    os.chdir(tempfile.mkdtemp(prefix="verify-fixtures-"))  # the fixtures write checkpoints into the cwd
     for name in names:
         for precision in precisions:
             v = verify(ROOT / "fixtures" / name / "input.py", Options.create(precision=precision),

@@ -90,6 +90,10 @@ def compare(
         return verdict(ERROR, "the original script made no optimizer step with a backward "
                               "before it ended: nothing to compare (does it call loss.backward() "
                               "and optimizer.step()?)")
+    if all(x is None for x in original.losses):
+        return verdict(ERROR, "the original script steps its optimizer without calling backward "
+                              "(gradients from torch.autograd.grad?): the verifier records losses "
+                              "at backward, so there is nothing to compare")
     if not rewritten.ok:
         return verdict(FAIL, f"the rewrite broke the script: it failed where the original ran: "
                              f"{rewritten.error}")

@@ -17,6 +17,7 @@ torch, random and numpy, and hooks the places every variant of a training loop p
   for a step with a closure (LBFGS), the loss at the start of the step. Also the wall time since
   the previous step (CUDA-synchronised), per optimizer in the order they first step; and,
   just before the step, the norm of the gradient it applies.
+- ``GradScaler.step``: a step it skips (inf gradients) still counts as a step, with its loss.
 - ``torch.autocast`` and ``GradScaler``: which precision really ran (autocast("cuda") on a
   machine without CUDA disables itself; Fabric turns 16-mixed into bf16 on CPU).
 
@@ -85,6 +86,7 @@ class Recorder:
         self.last_time: Optional[float] = None
         self.backward_calls = 0
         self.grad_norm: Optional[float] = None
+        self._stepped = False
         self.autocast: list[list] = []  # [device_type, dtype, enabled]
         self.grad_scaler: list[list] = []  # [device, enabled]
         self.device: Optional[str] = None
@@ -175,6 +177,17 @@ class Recorder:
             if entry not in recorder.grad_scaler:
                 recorder.grad_scaler.append(entry)
 
+        original_step = cls.step
+
+        def step(self_, optimizer, *args, **kwargs):
+            # a step the scaler skips (inf/NaN gradients) calls no optimizer hook: record it
+            # here, so that its loss is not added to the next step's and the steps stay aligned
+            recorder._stepped = False
+            result = original_step(self_, optimizer, *args, **kwargs)
+            if not recorder._stepped:
+                recorder._end_step(optimizer, closure=None, skipped=True)
+            return result
+
         def scale(self_, outputs):
             result = original_scale(self_, outputs)
             if isinstance(outputs, torch.Tensor) and outputs.numel() == 1 and result is not outputs:
@@ -183,6 +196,7 @@ class Recorder:
 
         cls.__init__ = __init__
         cls.scale = scale
+        cls.step = step
 
     # ---- recording ---------------------------------------------------------------------------
     def _now(self) -> float:
@@ -217,18 +231,24 @@ class Recorder:
             self.grad_norm = None
 
     def _on_step(self, optimizer, args, kwargs) -> None:
+        self._stepped = True
+        # torch passes the step's own arguments with the optimizer first: (optimizer, closure)
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")
+        self._end_step(optimizer, closure)
+
+    def _end_step(self, optimizer, closure, skipped: bool = False) -> None:
         index = self.optimizers.setdefault(id(optimizer), len(self.optimizers))
         if index == len(self.steps):
             self.steps.append([])
-        # torch passes the step's own arguments with the optimizer first: (optimizer, closure)
-        closure = args[1] if len(args) > 1 else kwargs.get("closure")
         if closure is not None and self.pending:
             loss: Optional[float] = self.pending[0]  # LBFGS: the loss at the start of the step
         else:
             loss = sum(self.pending) if self.pending else None
         self.pending.clear()
         now = self._now()
-        entry: dict = {"loss": loss, "grad_norm": self.grad_norm}
+        entry: dict = {"loss": loss, "grad_norm": None if skipped else self.grad_norm}
+        if skipped:
+            entry["skipped"] = True
         if index == 0:
             entry["time_s"] = now - (self.last_time if self.last_time is not None else now)
             self.last_time = now

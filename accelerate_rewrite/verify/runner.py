@@ -35,6 +35,7 @@ class RunRecord:
     error: Optional[str] = None  # why it did not finish: a traceback's tail, a timeout
     losses: list[Optional[float]] = field(default_factory=list)  # per step of the first optimizer
     grad_norms: list[Optional[float]] = field(default_factory=list)  # the gradient each step applied
+    skipped_steps: list[int] = field(default_factory=list)  # steps a GradScaler skipped (1-based)
     other_losses: list[list[Optional[float]]] = field(default_factory=list)  # further optimizers
     step_times_s: list[float] = field(default_factory=list)
     peak_memory_bytes: int = 0
@@ -86,6 +87,7 @@ class RunRecord:
         return {
             "losses": self.losses,
             "grad_norms": self.grad_norms,
+            "skipped_steps": self.skipped_steps,
             "other_optimizers_losses": self.other_losses,
             "step_times_s": self.step_times_s,
             "median_step_time_s": median(self.step_times_s) if self.step_times_s else None,
@@ -208,6 +210,7 @@ def _merge(record: RunRecord, out_dir: Path) -> None:
     steps = min(len(r["steps"]) for r in ranks)
     record.losses = [_mean([r["steps"][i]["loss"] for r in ranks]) for i in range(steps)]
     record.grad_norms = [_mean([r["steps"][i].get("grad_norm") for r in ranks]) for i in range(steps)]
+    record.skipped_steps = [i + 1 for i in range(steps) if main["steps"][i].get("skipped")]
     record.step_times_s = [max(r["steps"][i]["time_s"] for r in ranks) for i in range(steps)]
     record.other_losses = main["other_optimizers"]
     record.peak_memory_bytes = max(r["peak_memory_bytes"] for r in ranks)
