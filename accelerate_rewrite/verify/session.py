@@ -142,6 +142,9 @@ def verify(
         rewritten = run_script(Path(against), script_args, label="rewritten", env=rewritten_env, **common)
     else:
         with _rewritten_file(script, rewritten_source) as rewritten_path:
+            if rewritten_path.parent != script.parent:  # the script's folder was read-only
+                rewritten_env["PYTHONPATH"] = os.pathsep.join(
+                    filter(None, [str(script.resolve().parent), rewritten_env.get("PYTHONPATH")]))
             rewritten = run_script(rewritten_path, script_args, label="rewritten", env=rewritten_env, **common)
         if rewritten.error:
             rewritten.error = rewritten.error.replace(str(rewritten_path), f"{script} (rewritten)")
