@@ -2,9 +2,10 @@
 flagged, and correct rewrites must pass.
 
 ``tests/verify_cases/base.py`` is the original (a small MLP, AdamW with two parameter groups,
-fp32 on CPU); next to it are three correct rewrites (``good_*.py``) and six with a planted bug
-(``bad_*.py``). Each is verified with ``verify(base.py, options, against=case)``; base.py runs
-once. The last test prints the summary line for the closing note.
+fp32 on CPU); next to it are three correct rewrites (``good_*.py``). Each planted bug is one edit
+of a correct rewrite, made here (``BAD``), so that the bug reads at a glance. Each case is
+verified with ``verify(base.py, options, against=case)``; base.py runs once. The last test
+prints the summary line for the closing note.
 """
 
 from __future__ import annotations
@@ -33,14 +34,32 @@ GOOD = {
     "good_accumulate": "32-true",
     "good_amp16": "16-mixed",  # native torch fp16 autocast + GradScaler: it really runs on CPU
 }
+#: planted bug -> (the correct rewrite it is planted in, the text replaced, its replacement)
 BAD = {
-    "bad_amp_no_update": "16-mixed",  # scaler.update() removed
-    "bad_accumulate_not_divided": "32-true",  # the loss not divided under accumulation
-    "bad_no_step": "32-true",  # optimizer.step() removed
-    "bad_lr": "32-true",  # the learning rate changed
-    "bad_lost_group": "32-true",  # a parameter group lost from the optimizer
-    "bad_setup_twice": "32-true",  # the model set up twice
+    "bad_amp_no_update": ("good_amp16", "            scaler.update()\n", ""),
+    "bad_accumulate_not_divided": ("good_accumulate", "(loss / ACCUMULATE).backward()", "loss.backward()"),
+    "bad_no_step": ("good_fabric", "            optimizer.step()\n", ""),
+    "bad_lr": ("good_fabric", "lr=3e-3,", "lr=3.3e-3,"),
+    "bad_lost_group": ("good_fabric", ', {"params": model.head.parameters(), "lr": 1e-2}]', "]"),
+    "bad_setup_twice": ("good_fabric", "    model, optimizer = fabric.setup(model, optimizer)\n",
+                        "    model = fabric.setup_module(model)\n"
+                        "    model, optimizer = fabric.setup(model, optimizer)\n"),
 }
+
+
+def _case_file(case: str, folder: Path) -> Path:
+    if case in GOOD:
+        return CASES / f"{case}.py"
+    good, old, new = BAD[case]
+    source = (CASES / f"{good}.py").read_text()
+    assert source.count(old) == 1, f"{case}: the edit must hit exactly one place in {good}.py"
+    path = folder / f"{case}.py"
+    path.write_text(source.replace(old, new))
+    return path
+
+
+def _precision(case: str) -> str:
+    return GOOD[case] if case in GOOD else GOOD[BAD[case][0]]
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +71,11 @@ def verified(tmp_path_factory):
 
     def get(case: str) -> Verification:
         if case not in done:
-            precision = GOOD.get(case) or BAD[case]
+            precision = _precision(case)
             with pytest.MonkeyPatch.context() as mp:
                 mp.chdir(folder)
                 mp.setattr(session, "run_script", originals.run_script)
-                v = verify(BASE, Options.create(precision=precision), against=CASES / f"{case}.py",
+                v = verify(BASE, Options.create(precision=precision), against=_case_file(case, folder),
                            steps=12, threads=1, run_on="cpu")
             c = v.verdict.comparison
             print(f"\n{case} [{precision}]: {v.verdict.verdict} ({c['tolerance']['kind']}, max rel "
@@ -69,7 +88,7 @@ def verified(tmp_path_factory):
 
 
 def test_the_cases_are_there():
-    assert sorted(p.stem for p in CASES.glob("*.py")) == sorted(["base", *GOOD, *BAD])
+    assert sorted(p.stem for p in CASES.glob("*.py")) == sorted(["base", *GOOD])
 
 
 @pytest.mark.parametrize("case", list(GOOD))
