@@ -50,7 +50,7 @@ def _source(name: str) -> str:
 #: fixtures that the rewrite (default options) changes: the others have nothing to compare
 RUNNABLE = [name for name in fixture_names() if rewrite(_source(name), Options()).changed]
 #: fixtures whose rewrite refuses bf16-mixed (the script's own autocast; LBFGS) and says why
-REFUSE_BF16 = {"already_autocast", "lbfgs"}
+REFUSE_BF16 = {"already_autocast", "cuda_amp", "lbfgs"}  # their own autocast; LBFGS
 #: the 2-process runs are the slow ones (~10 s each on 2 cores): four fixtures of different
 #: styles (top-level loop; functions + argparse; a trainer class; two optimizers)
 TWO_PROCESSES = ["module_loop", "train_function", "trainer_class", "gan"]

@@ -151,6 +151,9 @@ class ScriptFacts:
         self.device_moves: list[DeviceMove] = []
         self.calls: list[CallSite] = []  # every call with a resolved qualified name
         self.prints: list[cst.Call] = []
+        self.decorators: list[cst.Decorator] = []
+        #: every outermost Name / Attribute with a qualified name (``torch.cuda.amp.autocast``)
+        self.qualified_refs: list[tuple[cst.CSTNode, str]] = []
         self.frameworks: list[tuple[str, cst.CSTNode]] = []
         self.functions: dict[str, Function] = {}  # module-level functions and classes by name
         self.module_classes: set[str] = set()  # classes in the file deriving from nn.Module
@@ -297,6 +300,9 @@ class ScriptFacts:
     @property
     def device_defs(self) -> list[Binding]:
         return self.bindings_of(DEVICE)
+
+    def references_to(self, qualnames: tuple[str, ...]) -> list[tuple[cst.CSTNode, str]]:
+        return [(node, q) for node, q in self.qualified_refs if q in qualnames]
 
     def calls_to(self, *qualnames: str) -> list[CallSite]:
         return [c for c in self.calls if c.qualname in qualnames]
@@ -530,9 +536,15 @@ class _Collector(cst.CSTVisitor):
             return  # only the whole of ``L.fabric.Fabric`` counts, not ``L.fabric``
         for q in self.f.qualnames(node):
             self._framework(q, node)
+            self.f.qualified_refs.append((node, q))
 
     # -- functions referenced other than by a call --
     def visit_Name(self, node: cst.Name) -> None:
+        parent = self.f.parent(node)
+        if not (isinstance(parent, cst.Attribute) and parent.value is node):
+            for q in self.f.qualnames(node):
+                if "." in q:  # an imported name, e.g. ``autocast`` from torch.cuda.amp
+                    self.f.qualified_refs.append((node, q))
         fn = self.f.functions.get(node.value)
         if fn is None or fn.node.name is node:
             return
@@ -613,6 +625,9 @@ class _Collector(cst.CSTVisitor):
             if key is not None and key not in keys:
                 keys.append(key)
         return keys
+
+    def visit_Decorator(self, node: cst.Decorator) -> None:
+        self.f.decorators.append(node)
 
     # -- calls --
     def visit_Call(self, node: cst.Call) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from accelerate_rewrite.codemod.rule import Rule
+from accelerate_rewrite.rules.amp_api import AmpApiMigration
 from accelerate_rewrite.rules.fabric_backward import FabricBackward
 from accelerate_rewrite.rules.fabric_checkpoint import FabricCheckpoint
 from accelerate_rewrite.rules.fabric_clip_gradients import FabricClipGradients
@@ -23,6 +24,7 @@ ALL_RULES: tuple[Rule, ...] = (
     FabricClipGradients(),
     FabricPrint(),
     FabricCheckpoint(),
+    AmpApiMigration(),
 )
 BY_CODE = {rule.code: rule for rule in ALL_RULES}
 
