@@ -10,6 +10,8 @@ bottom-up, so that an edit on an outer node sees the result of the edits inside 
   go with it.
 - ``insert_before(stmt, *new)`` / ``insert_after(stmt, *new)``: new statements around ``stmt``.
   When ``stmt`` is removed, the first statement put in its place takes over its leading lines.
+- ``move_before(stmt, target)``: take ``stmt`` (with the edits inside it applied) out of its
+  place and put it right before ``target``, a statement that encloses it (out of a loop).
 - ``add_import(module, name)`` / ``remove_import_if_unused(module, name)``: through LibCST's
   AddImportsVisitor / RemoveImportsVisitor.
 """
@@ -34,13 +36,15 @@ class EditSet:
     removals: set[int] = field(default_factory=set)
     before: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
     after: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
+    moves: dict[int, list[int]] = field(default_factory=dict)  # id(target) -> ids of moved statements
     imports: list[tuple[str, Optional[str], Optional[str]]] = field(default_factory=list)
     unused_imports: list[tuple[str, Optional[str]]] = field(default_factory=list)
     # id() keys are only meaningful while the nodes are alive: keep them referenced.
     _keep: list[cst.CSTNode] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.replacements or self.removals or self.before or self.after or self.imports)
+        return bool(self.replacements or self.removals or self.before or self.after or self.imports
+                    or self.moves)
 
     def _key(self, node: cst.CSTNode) -> int:
         self._keep.append(node)
@@ -59,6 +63,10 @@ class EditSet:
     def insert_after(self, stmt: cst.BaseStatement, *new: cst.BaseStatement) -> None:
         self.after.setdefault(self._key(stmt), []).extend(new)
 
+    def move_before(self, stmt: cst.BaseStatement, target: cst.BaseStatement) -> None:
+        self.remove(stmt)
+        self.moves.setdefault(self._key(target), []).append(self._key(stmt))
+
     def add_import(self, module: str, obj: Optional[str] = None, asname: Optional[str] = None) -> None:
         self.imports.append((module, obj, asname))
 
@@ -76,6 +84,8 @@ def _merge(edit_sets: Sequence[EditSet]) -> EditSet:
             merged.before.setdefault(key, []).extend(stmts)
         for key, stmts in edits.after.items():
             merged.after.setdefault(key, []).extend(stmts)
+        for key, moved in edits.moves.items():
+            merged.moves.setdefault(key, []).extend(moved)
         merged.imports.extend(edits.imports)
         merged.unused_imports.extend(edits.unused_imports)
     return merged
@@ -89,6 +99,8 @@ class _Apply(cst.CSTTransformer):
     def __init__(self, edits: EditSet) -> None:
         super().__init__()
         self.edits = edits
+        self.moving = {key for moved in edits.moves.values() for key in moved}
+        self.moved: dict[int, cst.BaseStatement] = {}  # id(original) -> updated, on its way
 
     def on_leave(self, original_node, updated_node):  # type: ignore[override]
         for fn in self.edits.replacements.get(id(original_node), ()):
@@ -103,8 +115,12 @@ class _Apply(cst.CSTTransformer):
         is_module = isinstance(updated, cst.Module)
         for index, (orig_stmt, stmt) in enumerate(zip(original.body, updated.body)):
             key = id(orig_stmt)
-            before = list(self.edits.before.get(key, ()))
+            before = [self.moved.pop(k).with_changes(leading_lines=[])
+                      for k in self.edits.moves.get(key, ()) if k in self.moved]
+            before += self.edits.before.get(key, ())
             after = list(self.edits.after.get(key, ()))
+            if key in self.moving:
+                self.moved[key] = stmt
             if key in self.edits.removals or _emptied_if(orig_stmt, stmt):
                 placed = before + after
                 if placed:

@@ -37,6 +37,12 @@ SCHEDULER = "scheduler"
 LOADER = "loader"
 DEVICE = "device"
 MODULE = "module"  # any nn.Module that is not trained by an optimizer (a loss, a metric, ...)
+SCALER = "scaler"  # a GradScaler
+GRAD_SCALERS = (
+    "torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.cuda.amp.GradScaler",
+    "torch.cuda.amp.grad_scaler.GradScaler", "torch.cpu.amp.GradScaler",
+    "torch.cpu.amp.grad_scaler.GradScaler",
+)
 
 _NOT_MODULES = (
     "torch.nn.functional",
@@ -152,6 +158,7 @@ class ScriptFacts:
         self.calls: list[CallSite] = []  # every call with a resolved qualified name
         self.prints: list[cst.Call] = []
         self.decorators: list[cst.Decorator] = []
+        self.attribute_calls: list[cst.Call] = []  # ``x.method(...)``, in order
         #: every outermost Name / Attribute with a qualified name (``torch.cuda.amp.autocast``)
         self.qualified_refs: list[tuple[cst.CSTNode, str]] = []
         self.frameworks: list[tuple[str, cst.CSTNode]] = []
@@ -303,6 +310,14 @@ class ScriptFacts:
 
     def references_to(self, qualnames: tuple[str, ...]) -> list[tuple[cst.CSTNode, str]]:
         return [(node, q) for node, q in self.qualified_refs if q in qualnames]
+
+    def method_calls(self, kind: str, method: str) -> list[cst.Call]:
+        """``scaler.step(...)`` for kind SCALER and method "step": calls of a method on an
+        object of that kind."""
+        return [
+            call for call in self.attribute_calls
+            if call.func.attr.value == method and kind in self.kinds_of(call.func.value)
+        ]
 
     def calls_to(self, *qualnames: str) -> list[CallSite]:
         return [c for c in self.calls if c.qualname in qualnames]
@@ -596,6 +611,8 @@ class _Collector(cst.CSTVisitor):
                 and qual.rsplit(".", 1)[-1][:1].isupper():
             models = self._param_models(core)
             f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, qual, models=models))
+        elif qual in GRAD_SCALERS:
+            f.bindings.append(Binding(key, SCALER, stmt, value, core, qual))
         elif qual in ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"):
             f.bindings.append(Binding(key, LOADER, stmt, value, core, qual))
         elif self._is_module_ctor(core, qual):
@@ -640,6 +657,7 @@ class _Collector(cst.CSTVisitor):
         func = node.func
         if not isinstance(func, cst.Attribute):
             return
+        f.attribute_calls.append(node)
         attr = func.attr.value
         if attr == "backward" and qual not in ("torch.autograd.backward",):
             f.backward_sites.append(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from accelerate_rewrite.codemod.rule import Rule
 from accelerate_rewrite.rules.amp_api import AmpApiMigration
+from accelerate_rewrite.rules.amp_scaler_once import ScalerOnce
+from accelerate_rewrite.rules.amp_unscale_before_clip import UnscaleBeforeClip
 from accelerate_rewrite.rules.fabric_backward import FabricBackward
 from accelerate_rewrite.rules.fabric_checkpoint import FabricCheckpoint
 from accelerate_rewrite.rules.fabric_clip_gradients import FabricClipGradients
@@ -25,6 +27,8 @@ ALL_RULES: tuple[Rule, ...] = (
     FabricPrint(),
     FabricCheckpoint(),
     AmpApiMigration(),
+    UnscaleBeforeClip(),
+    ScalerOnce(),
 )
 BY_CODE = {rule.code: rule for rule in ALL_RULES}
 

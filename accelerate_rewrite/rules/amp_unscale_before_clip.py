@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from accelerate_rewrite.codemod.facts import SCALER
+from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
+from accelerate_rewrite.rules._fabric import code, short, stmt
+
+CLIPS = (
+    "torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_norm_",
+    "torch.nn.utils.clip_grad_value_", "torch.nn.utils.clip_grad.clip_grad_value_",
+)
+
+
+class UnscaleBeforeClip(Rule):
+    """Clip the true gradients: `scaler.unscale_(optimizer)` before clipping under a GradScaler.
+
+    What it does: where a script with a GradScaler clips (`clip_grad_norm_` /
+    `clip_grad_value_`) between `scaler.scale(loss).backward()` and `scaler.step(optimizer)`
+    without unscaling first, it inserts `scaler.unscale_(optimizer)` right before the clip (the
+    optimizer is the one that `scaler.step` steps next).
+
+    Why: after `scaler.scale(loss).backward()` the gradients are multiplied by the scale
+    (65,536 at the start): clipping them to `max_norm=1.0` clips the scaled numbers, so almost
+    every step is cut to nearly nothing. PyTorch's AMP recipe unscales first; `scaler.step` then
+    knows and does not unscale twice.
+
+    Kind: safe (a fix: with the scaler disabled nothing changes; with it enabled the clip limits
+    the gradients the script meant to limit).
+
+    Leaves alone (and says why): a clip with no `scaler.step(...)` after it in the same block,
+    and a clip that an `unscale_` already precedes.
+    """
+
+    code = "AR202"
+    name = "amp-unscale-before-clip"
+    kind = Kind.SAFE
+    examples = (Example.from_files("AR202"),)
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        f = ctx.facts
+        steps = f.method_calls(SCALER, "step")
+        if not steps:
+            return
+        unscales = f.method_calls(SCALER, "unscale_")
+        for site in f.calls_to(*CLIPS):
+            clip_stmt = f.statement(site.call)
+            block = f.block(clip_stmt)
+            body = list(block.body)
+            index = body.index(clip_stmt)
+            later = [c for c in steps if f.statement(c) in body[index + 1:]]
+            if not later or not later[0].args:
+                ctx.skip(site.call, "clipping under a GradScaler with no scaler.step(...) after it in "
+                                    "the same block: unscale_ it by hand before clipping")
+                continue
+            step = later[0]
+            scaler, optimizer = code(step.func.value), code(step.args[0].value)
+            earlier = [u for u in unscales if f.line(u) < f.line(site.call)
+                       and f.function(u) is f.function(site.call)
+                       and u.args and code(u.args[0].value) == optimizer
+                       and f.line(u) > max((f.line(b.call) for b in f.backward_sites
+                                            if f.line(b.call) < f.line(site.call)), default=0)]
+            if earlier:
+                continue
+            ctx.edits.insert_before(clip_stmt, stmt(f"{scaler}.unscale_({optimizer})\n"))
+            ctx.change(site.call, f"`{scaler}.unscale_({optimizer})` before `{short(site.call.func)}`: "
+                                  "it clipped the scaled gradients")
