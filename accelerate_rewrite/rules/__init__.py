@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from accelerate_rewrite.codemod.rule import Rule
 from accelerate_rewrite.rules.amp_api import AmpApiMigration
+from accelerate_rewrite.rules.amp_bce_loss import AmpBceLoss
 from accelerate_rewrite.rules.amp_scaler_once import ScalerOnce
 from accelerate_rewrite.rules.amp_unscale_before_clip import UnscaleBeforeClip
 from accelerate_rewrite.rules.fabric_backward import FabricBackward
@@ -29,6 +30,7 @@ ALL_RULES: tuple[Rule, ...] = (
     AmpApiMigration(),
     UnscaleBeforeClip(),
     ScalerOnce(),
+    AmpBceLoss(),
 )
 BY_CODE = {rule.code: rule for rule in ALL_RULES}
 
