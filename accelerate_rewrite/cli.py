@@ -19,6 +19,7 @@ import click
 
 from accelerate_rewrite.options import (
     ACCELERATORS,
+    MATMUL_PRECISIONS,
     PRECISION_ALIASES,
     PRECISIONS,
     STRATEGIES,
@@ -117,17 +118,23 @@ def fabric_options(command):
             "--accelerator", metavar="NAME", shell_complete=_choices(ACCELERATORS),
             help="Fabric accelerator: " + ", ".join(ACCELERATORS) + ".",
         ),
+        click.option(
+            "--matmul-precision", metavar="high|medium", shell_complete=_choices(MATMUL_PRECISIONS),
+            help="For scripts that stay in fp32: add torch.set_float32_matmul_precision(...) "
+                 "(TF32 matmuls on Ampere and later GPUs).",
+        ),
     ]):
         command = decorator(command)
     return command
 
 
-def _options(precision, devices, strategy, num_nodes, accelerator):
+def _options(precision, devices, strategy, num_nodes, accelerator, matmul_precision):
     from accelerate_rewrite.options import Options
 
     try:
         return Options.create(precision=precision, devices=devices, strategy=strategy,
-                              num_nodes=num_nodes, accelerator=accelerator)
+                              num_nodes=num_nodes, accelerator=accelerator,
+                              matmul_precision=matmul_precision)
     except OptionError as exc:
         _fail(str(exc))
 
@@ -159,6 +166,7 @@ def rewrite_command(
     strategy: Optional[str],
     num_nodes: Optional[str],
     accelerator: Optional[str],
+    matmul_precision: Optional[str],
     write: bool,
     output: Optional[str],
     check: bool,
@@ -172,7 +180,7 @@ def rewrite_command(
     """
     from accelerate_rewrite.runner import Mode, Settings, run
 
-    options = _options(precision, devices, strategy, num_nodes, accelerator)
+    options = _options(precision, devices, strategy, num_nodes, accelerator, matmul_precision)
 
     if check and (write or output is not None):
         _fail("--check writes nothing: it can't be combined with --write or -o/--output")
@@ -309,7 +317,8 @@ def explain_command(code: str) -> None:
               help="Plot both loss curves and the per-step relative difference (needs matplotlib).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display and no table: the verdict only.")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
-def verify_command(script, precision, devices, strategy, num_nodes, accelerator, against, steps,
+def verify_command(script, precision, devices, strategy, num_nodes, accelerator, matmul_precision,
+                   against, steps,
                    run_on, run_devices, timeout, rtol, mean_rtol, last_rtol, warmup_steps, threads,
                    python, json_path, plot_path, quiet, script_args) -> None:
     """Rewrite SCRIPT with the given options (or take --against FILE), run both with the same
@@ -327,7 +336,7 @@ def verify_command(script, precision, devices, strategy, num_nodes, accelerator,
     from accelerate_rewrite.verify.compare import Tolerance
     from accelerate_rewrite.verify.session import VerifyError, verify
 
-    options = _options(precision, devices, strategy, num_nodes, accelerator)
+    options = _options(precision, devices, strategy, num_nodes, accelerator, matmul_precision)
     if plot_path is not None:
         try:
             import matplotlib  # noqa: F401

@@ -53,6 +53,9 @@ FUNCTION_LAUNCH_STRATEGIES = frozenset({"ddp_spawn", "ddp_fork", "ddp_notebook",
 
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps", "tpu")
 
+#: ``torch.set_float32_matmul_precision`` values
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+
 #: Fabric's own defaults: arguments equal to these are not written into ``Fabric(...)``.
 FABRIC_DEFAULTS = {
     "accelerator": "auto",
@@ -118,6 +121,15 @@ def normalize_devices(value: Union[str, int]) -> Devices:
     )
 
 
+def normalize_matmul_precision(value: str) -> str:
+    value = str(value).strip()
+    if value not in MATMUL_PRECISIONS:
+        raise OptionError(
+            f"invalid matmul-precision {value!r}; valid values: {', '.join(MATMUL_PRECISIONS)}"
+        )
+    return value
+
+
 def normalize_num_nodes(value: Union[str, int]) -> int:
     try:
         count = int(str(value).strip())
@@ -137,6 +149,7 @@ class Options:
     strategy: Optional[str] = None
     num_nodes: Optional[int] = None
     accelerator: Optional[str] = None
+    matmul_precision: Optional[str] = None  # torch.set_float32_matmul_precision, for fp32 scripts
 
     @classmethod
     def create(
@@ -147,6 +160,7 @@ class Options:
         strategy: Optional[str] = None,
         num_nodes: Optional[Union[str, int]] = None,
         accelerator: Optional[str] = None,
+        matmul_precision: Optional[str] = None,
     ) -> "Options":
         """Validate and normalise raw values (from the command line or a test)."""
         return cls(
@@ -155,6 +169,8 @@ class Options:
             strategy=None if strategy is None else normalize_strategy(strategy),
             num_nodes=None if num_nodes is None else normalize_num_nodes(num_nodes),
             accelerator=None if accelerator is None else normalize_accelerator(accelerator),
+            matmul_precision=None if matmul_precision is None
+            else normalize_matmul_precision(matmul_precision),
         )
 
     def fabric_kwargs(self) -> dict[str, object]:

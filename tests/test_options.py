@@ -31,6 +31,7 @@ def test_precision_aliases_normalise():
         ("devices", "0", "auto"),
         ("num_nodes", "0", ">= 1"),
         ("accelerator", "npu", "cuda"),
+        ("matmul_precision", "low", "high"),
     ],
 )
 def test_wrong_values_get_one_line_listing_the_valid_ones(field, value, listed):

@@ -16,6 +16,7 @@ from accelerate_rewrite.rules.fabric_device import FabricDevice
 from accelerate_rewrite.rules.fabric_launch import FabricLaunch
 from accelerate_rewrite.rules.fabric_print import FabricPrint
 from accelerate_rewrite.rules.fabric_setup import FabricSetup
+from accelerate_rewrite.rules.float32_matmul_precision import Float32MatmulPrecision
 
 ALL_RULES: tuple[Rule, ...] = (
     FabricLaunch(),
@@ -30,6 +31,7 @@ ALL_RULES: tuple[Rule, ...] = (
     AmpApiMigration(),
     UnscaleBeforeClip(),
     ScalerOnce(),
+    Float32MatmulPrecision(),
     AmpBceLoss(),
 )
 BY_CODE = {rule.code: rule for rule in ALL_RULES}
