@@ -478,3 +478,15 @@ def test_fabric_checkpoint_keeps_the_file_format_and_resumes(tmp_path_factory):
     assert len(resumed.losses) > 0
     # it resumed at the second epoch: one epoch of steps, not two
     assert len(resumed.losses) == len(first.losses)
+
+
+def test_compare_fails_a_rewrite_whose_steps_lost_their_backward():
+    from accelerate_rewrite.verify.compare import Tolerance, compare
+    from accelerate_rewrite.verify.runner import RunRecord
+
+    original = RunRecord("original", exit_code=0, losses=[1.0, 0.9], grad_norms=[1.0, 1.0],
+                         step_times_s=[0.1, 0.1])
+    rewritten = RunRecord("rewritten", exit_code=0, losses=[None, None], grad_norms=[1.0, 1.0],
+                          step_times_s=[0.1, 0.1])
+    v = compare(original, rewritten, Tolerance())
+    assert v.verdict == "fail" and "no backward" in v.reason

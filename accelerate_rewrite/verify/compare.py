@@ -121,6 +121,10 @@ def compare(
         mean_grad_norm_rel_diff=sum(grad_diffs) / len(grad_diffs) if grad_diffs else None,
         warmup_steps=warmup,
     )
+    missing = [i for i in range(n) if original.losses[i] is not None and rewritten.losses[i] is None]
+    if missing:
+        return verdict(FAIL, f"the rewritten script's step {missing[0] + 1} came with no backward call "
+                             "(the original's did)")
     for run in (original, rewritten):
         bad = [i for i, x in enumerate(run.losses) if x is not None and not math.isfinite(x)]
         if bad:
