@@ -17,6 +17,7 @@ from accelerate_rewrite.rules.fabric_launch import FabricLaunch
 from accelerate_rewrite.rules.fabric_print import FabricPrint
 from accelerate_rewrite.rules.fabric_setup import FabricSetup
 from accelerate_rewrite.rules.float32_matmul_precision import Float32MatmulPrecision
+from accelerate_rewrite.rules.half_adam_eps import HalfAdamEps
 
 ALL_RULES: tuple[Rule, ...] = (
     FabricLaunch(),
@@ -33,6 +34,7 @@ ALL_RULES: tuple[Rule, ...] = (
     ScalerOnce(),
     Float32MatmulPrecision(),
     AmpBceLoss(),
+    HalfAdamEps(),
 )
 BY_CODE = {rule.code: rule for rule in ALL_RULES}
 

@@ -128,7 +128,9 @@ def compare(
     for run in (original, rewritten):
         bad = [i for i, x in enumerate(run.losses) if x is not None and not math.isfinite(x)]
         if bad:
-            return verdict(FAIL, f"the {run.label} run's loss is {run.losses[bad[0]]} at step {bad[0] + 1}")
+            itself = " (the original itself diverges)" if run is original else ""
+            return verdict(FAIL, f"the {run.label} run's loss is {run.losses[bad[0]]} at step "
+                                 f"{bad[0] + 1}{itself}")
     if tolerance.kind == CHANGES_TRAINING:
         processes = (f"; the rewritten run used {rewritten.world_size} processes, each with its "
                      f"share of the data ({len(rewritten.losses)} steps against {len(original.losses)})"
