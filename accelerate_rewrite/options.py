@@ -82,20 +82,19 @@ def normalize_precision(value: str) -> str:
     raise OptionError(f"invalid precision {value!r}; valid values: {valid}")
 
 
-def normalize_strategy(value: str) -> str:
+def _one_of(name: str, value: str, valid: tuple[str, ...]) -> str:
     value = str(value).strip()
-    if value not in STRATEGIES:
-        raise OptionError(f"invalid strategy {value!r}; valid values: {', '.join(STRATEGIES)}")
+    if value not in valid:
+        raise OptionError(f"invalid {name} {value!r}; valid values: {', '.join(valid)}")
     return value
+
+
+def normalize_strategy(value: str) -> str:
+    return _one_of("strategy", value, STRATEGIES)
 
 
 def normalize_accelerator(value: str) -> str:
-    value = str(value).strip()
-    if value not in ACCELERATORS:
-        raise OptionError(
-            f"invalid accelerator {value!r}; valid values: {', '.join(ACCELERATORS)}"
-        )
-    return value
+    return _one_of("accelerator", value, ACCELERATORS)
 
 
 def normalize_devices(value: Union[str, int]) -> Devices:
@@ -122,12 +121,7 @@ def normalize_devices(value: Union[str, int]) -> Devices:
 
 
 def normalize_matmul_precision(value: str) -> str:
-    value = str(value).strip()
-    if value not in MATMUL_PRECISIONS:
-        raise OptionError(
-            f"invalid matmul-precision {value!r}; valid values: {', '.join(MATMUL_PRECISIONS)}"
-        )
-    return value
+    return _one_of("matmul-precision", value, MATMUL_PRECISIONS)
 
 
 def normalize_num_nodes(value: Union[str, int]) -> int:
