@@ -75,6 +75,8 @@ HAND_DDP = {
 }
 DATA_PARALLEL = ("torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                  "torch.nn.parallel.data_parallel.DataParallel")
+CLIP_NORM = ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_norm_")
+CLIP_VALUE = ("torch.nn.utils.clip_grad_value_", "torch.nn.utils.clip_grad.clip_grad_value_")
 AUTOCAST = (
     "torch.autocast",
     "torch.amp.autocast",
@@ -370,12 +372,12 @@ class ScriptFacts:
         for target, value in self._aliases:
             union(target, self.key_of(value))
         for fn in self.functions.values():
-            owner = fn.node if isinstance(fn.node, cst.FunctionDef) else _init_of(fn.node)
+            owner = fn.node if isinstance(fn.node, cst.FunctionDef) else init_of(fn.node)
             if owner is None:
                 continue
             for call in fn.calls:
                 for index, arg in enumerate(call.args):
-                    param = _param_for(fn.params, fn.node, arg, index)
+                    param = param_for(fn.params, fn.node, arg, index)
                     if param is not None:
                         union((owner, param.name.value), self.key_of(arg.value))
 
@@ -406,6 +408,11 @@ class ScriptFacts:
         return self.calls_to(*DATA_PARALLEL)
 
 
+def code(node: cst.CSTNode) -> str:
+    """The source text of a node."""
+    return cst.Module([]).code_for_node(node)
+
+
 def root_of(expr: cst.BaseExpression) -> cst.BaseExpression:
     """``model.fc.weight`` -> ``model``; ``self.model.fc`` -> ``self.model``."""
     while isinstance(expr, cst.Attribute):
@@ -428,9 +435,9 @@ def unwrap_moves(expr: cst.BaseExpression) -> cst.BaseExpression:
     return expr
 
 
-def _positional_params(node: Union[cst.FunctionDef, cst.ClassDef]) -> list[cst.Param]:
+def positional_params(node: Union[cst.FunctionDef, cst.ClassDef]) -> list[cst.Param]:
     if isinstance(node, cst.ClassDef):
-        init = _init_of(node)
+        init = init_of(node)
         if init is None:
             return []
         return list(init.params.posonly_params) + list(init.params.params)[1:]
@@ -438,11 +445,11 @@ def _positional_params(node: Union[cst.FunctionDef, cst.ClassDef]) -> list[cst.P
     return params
 
 
-def _param_for(params: list[cst.Param], node, arg: cst.Arg, index: int) -> Optional[cst.Param]:
+def param_for(params: list[cst.Param], node, arg: cst.Arg, index: int) -> Optional[cst.Param]:
     if arg.star:
         return None
     if arg.keyword is not None:
-        func = node if isinstance(node, cst.FunctionDef) else _init_of(node)
+        func = node if isinstance(node, cst.FunctionDef) else init_of(node)
         if func is None:
             return None
         for p in [*func.params.params, *func.params.kwonly_params, *func.params.posonly_params]:
@@ -452,7 +459,7 @@ def _param_for(params: list[cst.Param], node, arg: cst.Arg, index: int) -> Optio
     return params[index] if index < len(params) else None
 
 
-def _init_of(cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
+def init_of(cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
     if isinstance(cls.body, cst.IndentedBlock):
         for stmt in cls.body.body:
             if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__":
@@ -497,7 +504,7 @@ class _Collector(cst.CSTVisitor):
         f = self.f
         for stmt in f.module.body:
             if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-                params = _positional_params(stmt)
+                params = positional_params(stmt)
                 f.functions[stmt.name.value] = Function(stmt, stmt.name.value, params)
         self._find_module_classes()
         f.module.visit(self)
@@ -513,7 +520,7 @@ class _Collector(cst.CSTVisitor):
                 if isinstance(stmt, cst.ClassDef) and stmt.name.value not in f.module_classes:
                     for base in stmt.bases:
                         names = f.qualnames(base.value)
-                        text = cst.Module([]).code_for_node(base.value)
+                        text = code(base.value)
                         if (
                             any(n in ("torch.nn.Module", "torch.nn.modules.module.Module") for n in names)
                             or text in f.module_classes
@@ -527,7 +534,7 @@ class _Collector(cst.CSTVisitor):
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         if node.module is None or node.relative:
             return
-        module = cst.Module([]).code_for_node(node.module)
+        module = code(node.module)
         if isinstance(node.names, cst.ImportStar):
             self._framework(module, node)
             return
@@ -683,4 +690,4 @@ def _only_sync_args(args: Iterable[cst.Arg]) -> bool:
 
 
 def _callee_text(call: cst.Call) -> str:
-    return cst.Module([]).code_for_node(call.func)
+    return code(call.func)

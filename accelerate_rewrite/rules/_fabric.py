@@ -24,7 +24,11 @@ from accelerate_rewrite.codemod.facts import (
     Key,
     Optimizer,
     ScriptFacts,
+    code,
+    init_of,
     is_literal_device,
+    param_for,
+    positional_params,
     root_of,
 )
 from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, Options
@@ -42,10 +46,6 @@ def core_except(code_: str) -> tuple[str, ...]:
 
 
 Scope = Union[cst.Module, cst.FunctionDef, cst.Lambda]
-
-
-def code(node: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(node)
 
 
 def short(node: cst.CSTNode, limit: int = 48) -> str:
@@ -243,7 +243,7 @@ class _Planner:
                 continue
             owner = key[0]
             if isinstance(owner, cst.ClassDef) and id(owner) in p.threaded_attrs:
-                stuck.add(id(_init(owner)))
+                stuck.add(id(init_of(owner)))
             elif id(owner) in p.threaded_params:
                 stuck.add(id(owner))
         return stuck
@@ -333,7 +333,7 @@ class _Planner:
             changed = False
             for fn in f.functions.values():
                 target = fn.node
-                func = target if isinstance(target, cst.FunctionDef) else _init(target)
+                func = target if isinstance(target, cst.FunctionDef) else init_of(target)
                 if func is None or id(func) in p.threaded_params or fn.other_uses or not fn.calls \
                         or id(func) in self.excluded:
                     continue
@@ -393,7 +393,7 @@ class _Planner:
 
     def _device_attr(self, cls: cst.ClassDef, param: cst.Param) -> Optional[str]:
         f = self.f
-        init = _init(cls)
+        init = init_of(cls)
         for node in m.findall(init, m.Assign(targets=[m.AssignTarget(m.Attribute(m.Name("self")))],
                                              value=m.Name(param.name.value))):
             return code(node.targets[0].target)
@@ -602,7 +602,7 @@ class _Planner:
             call = f.parent(parent)
             target = _called_function(f, call)
             if target is not None:
-                func = target if isinstance(target, cst.FunctionDef) else _init(target)
+                func = target if isinstance(target, cst.FunctionDef) else init_of(target)
                 param = p.threaded_params.get(id(func)) if func is not None else None
                 if param is not None and _arg_param(f, target, call, parent) is param:
                     p.thread_args.append((parent, ref))
@@ -703,13 +703,6 @@ def _placements(facts: ScriptFacts, s: cst.BaseStatement) -> list[tuple[cst.CSTN
     return out
 
 
-def _init(cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
-    for s in cls.body.body:
-        if isinstance(s, cst.FunctionDef) and s.name.value == "__init__":
-            return s
-    return None
-
-
 def _called_function(facts: ScriptFacts, call: cst.CSTNode):
     if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Name):
         return None
@@ -720,6 +713,4 @@ def _called_function(facts: ScriptFacts, call: cst.CSTNode):
 
 
 def _arg_param(facts: ScriptFacts, target, call: cst.Call, arg: cst.Arg) -> Optional[cst.Param]:
-    from accelerate_rewrite.codemod.facts import _param_for, _positional_params
-
-    return _param_for(_positional_params(target), target, arg, list(call.args).index(arg))
+    return param_for(positional_params(target), target, arg, list(call.args).index(arg))

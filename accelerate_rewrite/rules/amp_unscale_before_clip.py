@@ -2,14 +2,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.facts import SCALER
+from accelerate_rewrite.codemod.facts import CLIP_NORM, CLIP_VALUE, SCALER
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.rules._fabric import code, short, stmt
 
-CLIPS = (
-    "torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_norm_",
-    "torch.nn.utils.clip_grad_value_", "torch.nn.utils.clip_grad.clip_grad_value_",
-)
 
 
 class UnscaleBeforeClip(Rule):
@@ -43,7 +39,7 @@ class UnscaleBeforeClip(Rule):
         if not steps:
             return
         unscales = f.method_calls(SCALER, "unscale_")
-        for site in f.calls_to(*CLIPS):
+        for site in f.calls_to(*CLIP_NORM, *CLIP_VALUE):
             clip_stmt = f.statement(site.call)
             block = f.block(clip_stmt)
             body = list(block.body)

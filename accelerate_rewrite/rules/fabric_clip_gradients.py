@@ -2,12 +2,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.facts import root_of
+from accelerate_rewrite.codemod.facts import CLIP_NORM, CLIP_VALUE, root_of
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.rules._fabric import core_except, code, expr, plan
 
-_NORM = ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_norm_")
-_VALUE = ("torch.nn.utils.clip_grad_value_", "torch.nn.utils.clip_grad.clip_grad_value_")
 
 
 class FabricClipGradients(Rule):
@@ -39,7 +37,7 @@ class FabricClipGradients(Rule):
         p = plan(f, ctx.options)
         if p.refusal is not None:
             return
-        for site in f.calls_to(*_NORM, *_VALUE):
+        for site in f.calls_to(*CLIP_NORM, *CLIP_VALUE):
             call = site.call
             positional = [a for a in call.args if a.keyword is None]
             keywords = {a.keyword.value: a for a in call.args if a.keyword is not None}
@@ -57,7 +55,7 @@ class FabricClipGradients(Rule):
             if optimizer is None:
                 ctx.skip(call, f"`{code(call.func)}(...)` left as is: the optimizer is not in reach here")
                 continue
-            is_norm = site.qualname in _NORM
+            is_norm = site.qualname in CLIP_NORM
             limit_name = "max_norm" if is_norm else "clip_value"
             limit = positional[1].value if len(positional) > 1 else keywords[limit_name].value
             parts = [model, optimizer, f"{'max_norm' if is_norm else 'clip_val'}={code(limit)}"]
