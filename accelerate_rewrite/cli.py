@@ -19,6 +19,7 @@ import click
 
 from accelerate_rewrite.options import (
     ACCELERATORS,
+    BACKENDS,
     MATMUL_PRECISIONS,
     PRECISION_ALIASES,
     PRECISIONS,
@@ -85,7 +86,8 @@ class DefaultGroup(click.Group):
 )
 @click.version_option(package_name="accelerate-rewrite", prog_name="accelerate-rewrite")
 def cli() -> None:
-    """Rewrite plain PyTorch training scripts into Lightning Fabric scripts.
+    """Rewrite plain PyTorch training scripts into faster ones: Lightning Fabric, or native
+    mixed precision with --backend torch.
 
     PATH is a file or a folder (searched for *.py, leaving out hidden folders, .venv,
     __pycache__, node_modules, build and dist). By default the diff of each file that would
@@ -102,8 +104,13 @@ def fabric_options(command):
     for decorator in reversed([
         click.option(
             "--precision", metavar="VALUE", shell_complete=_choices([*PRECISIONS, *PRECISION_ALIASES]),
-            help="Fabric precision: " + ", ".join(PRECISIONS)
+            help="Precision (Fabric's names): " + ", ".join(PRECISIONS)
             + " (or the aliases " + ", ".join(PRECISION_ALIASES) + ").",
+        ),
+        click.option(
+            "--backend", metavar="fabric|torch", shell_complete=_choices(BACKENDS),
+            help="How to speed the script up: fabric (Lightning Fabric, the default) or torch "
+                 "(plain PyTorch: torch.autocast, torch.amp.GradScaler; one process).",
         ),
         click.option(
             "--devices", metavar="N|auto|0,1",
@@ -128,12 +135,12 @@ def fabric_options(command):
     return command
 
 
-def _options(precision, devices, strategy, num_nodes, accelerator, matmul_precision):
+def _options(precision, backend, devices, strategy, num_nodes, accelerator, matmul_precision):
     from accelerate_rewrite.options import Options
 
     try:
-        return Options.create(precision=precision, devices=devices, strategy=strategy,
-                              num_nodes=num_nodes, accelerator=accelerator,
+        return Options.create(precision=precision, backend=backend, devices=devices,
+                              strategy=strategy, num_nodes=num_nodes, accelerator=accelerator,
                               matmul_precision=matmul_precision)
     except OptionError as exc:
         _fail(str(exc))
@@ -162,6 +169,7 @@ def _options(precision, devices, strategy, num_nodes, accelerator, matmul_precis
 def rewrite_command(
     paths: tuple[str, ...],
     precision: Optional[str],
+    backend: Optional[str],
     devices: Optional[str],
     strategy: Optional[str],
     num_nodes: Optional[str],
@@ -173,14 +181,15 @@ def rewrite_command(
     show_diff: bool,
     quiet: bool,
 ) -> None:
-    """Rewrite PATH... (files or folders) into Lightning Fabric scripts.
+    """Rewrite PATH... (files or folders) into Lightning Fabric scripts (or, with --backend
+    torch, plain PyTorch with native mixed precision).
 
     Without --write, -o or --check nothing is written: the diff goes to stdout (plain text
     that `git apply -p0` takes when piped), the summary to stderr.
     """
     from accelerate_rewrite.runner import Mode, Settings, run
 
-    options = _options(precision, devices, strategy, num_nodes, accelerator, matmul_precision)
+    options = _options(precision, backend, devices, strategy, num_nodes, accelerator, matmul_precision)
 
     if check and (write or output is not None):
         _fail("--check writes nothing: it can't be combined with --write or -o/--output")
@@ -317,7 +326,7 @@ def explain_command(code: str) -> None:
               help="Plot both loss curves and the per-step relative difference (needs matplotlib).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display and no table: the verdict only.")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
-def verify_command(script, precision, devices, strategy, num_nodes, accelerator, matmul_precision,
+def verify_command(script, precision, backend, devices, strategy, num_nodes, accelerator, matmul_precision,
                    against, steps,
                    run_on, run_devices, timeout, rtol, mean_rtol, last_rtol, warmup_steps, threads,
                    python, json_path, plot_path, quiet, script_args) -> None:
@@ -336,7 +345,7 @@ def verify_command(script, precision, devices, strategy, num_nodes, accelerator,
     from accelerate_rewrite.verify.compare import Tolerance
     from accelerate_rewrite.verify.session import VerifyError, verify
 
-    options = _options(precision, devices, strategy, num_nodes, accelerator, matmul_precision)
+    options = _options(precision, backend, devices, strategy, num_nodes, accelerator, matmul_precision)
     if plot_path is not None:
         try:
             import matplotlib  # noqa: F401

@@ -53,6 +53,12 @@ FUNCTION_LAUNCH_STRATEGIES = frozenset({"ddp_spawn", "ddp_fork", "ddp_notebook",
 
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps", "tpu")
 
+#: How the rewrite speeds a script up: with Lightning Fabric, or with plain PyTorch (torch.autocast,
+#: torch.amp.GradScaler, a cast of the model) and no new dependency.
+BACKENDS = ("fabric", "torch")
+#: Options that only Fabric can carry out (processes, strategies, accelerators).
+FABRIC_ONLY = ("devices", "strategy", "num_nodes", "accelerator")
+
 #: ``torch.set_float32_matmul_precision`` values
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 
@@ -124,6 +130,10 @@ def normalize_matmul_precision(value: str) -> str:
     return _one_of("matmul-precision", value, MATMUL_PRECISIONS)
 
 
+def normalize_backend(value: str) -> str:
+    return _one_of("backend", value, BACKENDS)
+
+
 def normalize_num_nodes(value: Union[str, int]) -> int:
     try:
         count = int(str(value).strip())
@@ -144,6 +154,7 @@ class Options:
     num_nodes: Optional[int] = None
     accelerator: Optional[str] = None
     matmul_precision: Optional[str] = None  # torch.set_float32_matmul_precision, for fp32 scripts
+    backend: str = "fabric"
 
     @classmethod
     def create(
@@ -155,9 +166,20 @@ class Options:
         num_nodes: Optional[Union[str, int]] = None,
         accelerator: Optional[str] = None,
         matmul_precision: Optional[str] = None,
+        backend: Optional[str] = None,
     ) -> "Options":
         """Validate and normalise raw values (from the command line or a test)."""
+        backend = "fabric" if backend is None else normalize_backend(backend)
+        if backend == "torch":
+            given = [name for name, value in (("devices", devices), ("strategy", strategy),
+                                              ("num_nodes", num_nodes), ("accelerator", accelerator))
+                     if value is not None]
+            if given:
+                flag = "--" + given[0].replace("_", "-")
+                raise OptionError(f"{flag} needs --backend fabric: the torch backend keeps the "
+                                  "script's own single process and device")
         return cls(
+            backend=backend,
             precision=None if precision is None else normalize_precision(precision),
             devices=None if devices is None else normalize_devices(devices),
             strategy=None if strategy is None else normalize_strategy(strategy),
@@ -175,6 +197,11 @@ class Options:
             if value is not None and value != FABRIC_DEFAULTS[name]:
                 out[name] = value
         return out
+
+    @property
+    def fabric(self) -> bool:
+        """The Fabric conversion is the backend (the default)."""
+        return self.backend == "fabric"
 
     @property
     def single_device(self) -> bool:

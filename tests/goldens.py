@@ -21,6 +21,9 @@ OPTION_SETS: dict[str, dict] = {
     "default": {},
     "bf16-mixed-devices-4": {"precision": "bf16-mixed", "devices": 4},
     "fsdp": {"strategy": "fsdp"},
+    "torch-bf16-mixed": {"backend": "torch", "precision": "bf16-mixed"},
+    "torch-16-mixed": {"backend": "torch", "precision": "16-mixed"},
+    "torch-16-true": {"backend": "torch", "precision": "16-true"},
 }
 
 

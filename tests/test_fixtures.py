@@ -17,6 +17,17 @@ LEFT_ALONE = {
     "already_fabric": "already uses Lightning Fabric",
     "hand_ddp": "hand-made distributed training",
     "nothing_to_do": "no training found",
+    "apex_o1": "uses NVIDIA apex.amp",
+    "apex_o2_two_losses": "uses NVIDIA apex.amp",
+}
+#: fixtures the native (--backend torch) mixed precision leaves alone, and the reason it gives
+NATIVE_LEFT_ALONE = {
+    "already_autocast": "runs its own GradScaler: nothing is wrapped twice",
+    "already_fabric": "already uses Lightning Fabric",
+    "cuda_amp": "runs its own GradScaler",
+    "gan_bce": "CUDA refuses for BCELoss",
+    "lbfgs": "can't step an LBFGS closure",
+    "nothing_to_do": "no training found",
 }
 
 
@@ -63,3 +74,34 @@ def test_converted_fixtures_use_fabric_everywhere(name):
     assert not backward_calls, [ast.unparse(c) for c in backward_calls]
     assert "fabric.launch()" in result.output
     assert "fabric.setup(" in result.output
+
+
+@pytest.mark.parametrize("name", sorted(NATIVE_LEFT_ALONE))
+def test_native_left_alone_with_a_reason(name):
+    result = run(name, "torch-16-mixed")
+    assert not any(n.rule in ("AR207", "AR208", "AR211") for n in result.changes)
+    reasons = [n.message for n in result.skips if n.rule == "AR207"]
+    assert reasons and NATIVE_LEFT_ALONE[name] in reasons[0]
+
+
+@pytest.mark.parametrize("name", sorted(set(fixture_names()) - set(NATIVE_LEFT_ALONE)))
+def test_native_16_mixed_scales_every_backward_and_step(name):
+    """--backend torch --precision 16-mixed: every backward is scaler.scale(...).backward(), every
+    optimizer step is scaler.step(...) followed in its block by scaler.update(), autocast is
+    there, and neither Fabric nor apex is."""
+    result = run(name, "torch-16-mixed")
+    assert result.changed and not result.dropped
+    tree = ast.parse(result.output)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    for call in calls:
+        if call.func.attr == "backward":
+            assert ast.unparse(call.func.value).startswith(("scaler.scale(", "self.scaler.scale(")), \
+                ast.unparse(call)
+        if call.func.attr == "step" and not ast.unparse(call.func.value).endswith("scaler"):
+            assert "sched" in ast.unparse(call.func.value), ast.unparse(call)
+    assert "torch.autocast(device_type=" in result.output
+    assert "scaler.update()" in result.output
+    assert "fabric" not in result.output.lower()
+    names = {ast.unparse(n) for n in ast.walk(tree) if isinstance(n, (ast.Name, ast.Attribute))}
+    assert not {n for n in names if n == "amp" or n.startswith(("amp.", "apex"))}
+    assert '"cuda"' not in result.output.split("GradScaler(", 1)[1].split(")", 1)[0]

@@ -79,6 +79,8 @@ def fixture_script(fixture_dirs, tmp_path_factory, originals, monkeypatch):
         if name not in fixture_dirs:
             folder = tmp_path_factory.mktemp(name)
             shutil.copy(FIXTURES / name / "input.py", folder / "input.py")
+            if name.startswith("apex"):  # apex.amp is gone and never ran on CPU: a stand-in
+                shutil.copytree(ROOT / "tests" / "stubs" / "apex", folder / "apex")
             fixture_dirs[name] = folder
         monkeypatch.chdir(fixture_dirs[name])
         monkeypatch.setattr(session, "run_script", originals.run_script)
@@ -144,6 +146,73 @@ def test_fixture_at_bf16_mixed(name, fixture_script):
     assert len(v.rewritten.losses) == len(v.original.losses) > 0
     assert _finite(v.rewritten.losses)
     assert v.verdict.comparison["mean_rel_diff"] <= 2e-2
+
+
+#: fixtures whose native (--backend torch) rewrite refuses mixed precision, and says why
+REFUSE_NATIVE = {"already_autocast", "cuda_amp", "lbfgs"}
+NATIVE = [name for name in RUNNABLE if name not in REFUSE_NATIVE]
+
+
+#: 16-mixed (autocast, GradScaler, its threading) on every such fixture; bf16-mixed (autocast
+#: alone) on four of different styles, to keep the suite short
+NATIVE_CASES = [(name, "16-mixed") for name in NATIVE] + [
+    (name, "bf16-mixed") for name in TWO_PROCESSES]
+
+
+@pytest.mark.parametrize("name,precision", NATIVE_CASES)
+def test_fixture_with_native_mixed_precision(name, precision, fixture_script):
+    """--backend torch: autocast (and, at 16-mixed, a GradScaler on CPU: fp16 really runs) within
+    the mixed-precision tolerance of the original."""
+    options = Options.create(backend="torch", precision=precision)
+    v = verify(fixture_script(name), options, **RUN)
+    _show(name, f"torch {precision}", v)
+    assert v.verdict.verdict == "pass", v.verdict.reason
+    assert v.verdict.comparison["tolerance"]["kind"] == APPROXIMATE
+    assert v.rewritten.precision == precision
+    assert len(v.rewritten.losses) == len(v.original.losses) > 0
+    assert _finite(v.rewritten.losses)
+    assert v.verdict.comparison["mean_rel_diff"] <= 2e-2
+
+
+@pytest.mark.parametrize("name", ["apex_o1", "apex_o2_two_losses"])
+def test_apex_migration(name, fixture_script):
+    """AR211 on the apex fixtures (apex.amp replaced by a CPU stand-in that does what amp does
+    without a GPU: fp32, no scaling): at --precision 32-true the migration keeps the math
+    exactly; with the opt_level's own precision (16-mixed) it is within the mixed-precision
+    tolerance, fp16 autocast and GradScaler really running on CPU."""
+    script = fixture_script(name)
+    exact = verify(script, Options.create(backend="torch", precision="32-true"), **RUN)
+    _show(name, "apex -> 32-true", exact)
+    assert exact.verdict.verdict == "pass", exact.verdict.reason
+    # AR211 is of the approximate kind (its usual target is 16-mixed), so the verifier applies
+    # that tolerance; at 32-true the losses are in fact identical, bit for bit
+    assert exact.rewritten.losses == exact.original.losses
+    assert exact.rewritten.grad_norms == exact.original.grad_norms
+    mixed = verify(script, Options.create(backend="torch"), **RUN)
+    _show(name, "apex -> its opt_level", mixed)
+    assert mixed.verdict.verdict == "pass", mixed.verdict.reason
+    assert mixed.rewritten.precision == "16-mixed"
+    assert _finite(mixed.rewritten.losses)
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
+def test_native_true_half(precision, fixture_script):
+    """AR210: the model in half, inputs cast by the pre-hook (the script's fp32 batches do not
+    fail), the loss in fp32; pure half is approximate, so only the run and its precision are
+    checked here, and that the losses stay finite (16-true: Adam's eps fixed by AR206)."""
+    v = verify(fixture_script("module_loop"), Options.create(backend="torch", precision=precision), **RUN)
+    _show("module_loop", f"torch {precision}", v)
+    assert v.rewritten.ok, v.verdict.reason
+    assert v.rewritten.precision == precision
+    assert len(v.rewritten.losses) == len(v.original.losses) and _finite(v.rewritten.losses)
+    assert v.rewritten.losses[0] == pytest.approx(v.original.losses[0], rel=5e-2)
+
+
+@pytest.mark.parametrize("name", sorted(REFUSE_NATIVE))
+def test_native_mixed_precision_refusals_say_why(name):
+    result = rewrite(_source(name), Options.create(backend="torch", precision="16-mixed"))
+    assert not any(n.rule in ("AR207", "AR208") for n in result.changes)
+    assert any(n.rule == "AR207" and n.skipped for n in result.notes)
 
 
 @pytest.mark.parametrize("name", TWO_PROCESSES)
@@ -493,6 +562,27 @@ def test_compare_fails_a_rewrite_whose_steps_lost_their_backward():
                           step_times_s=[0.1, 0.1])
     v = compare(original, rewritten, Tolerance())
     assert v.verdict == "fail" and "no backward" in v.reason
+
+
+@pytest.mark.parametrize("options", [{"precision": "bf16-mixed"},
+                                     {"backend": "torch", "precision": "16-mixed"}],
+                         ids=["fabric-bf16-mixed", "torch-16-mixed"])
+def test_pure_half_becomes_mixed_precision(options, tmp_path):
+    """AR209: with a mixed precision the .half() casts go; the NaN of pure fp16 Adam goes too."""
+    script = tmp_path / "train.py"
+    shutil.copy(FIXTURES / "pure_half" / "input.py", script)
+    before = run_script(script, label="original", threads=1)
+    assert before.ok and any(x is not None and math.isnan(x) for x in before.losses)
+    result = rewrite(_source("pure_half"), Options.create(**options))
+    assert ".half()" not in result.output.split('"""', 2)[2]  # the code, not the docstring
+    assert any(n.rule == "AR209" for n in result.changes)
+    rewritten = tmp_path / "rewritten.py"
+    rewritten.write_text(result.output)
+    after = run_script(rewritten, label="rewritten", threads=1)
+    assert after.ok and after.precision == options["precision"]
+    assert len(after.losses) == len(before.losses)
+    assert all(math.isfinite(x) for x in after.losses)
+    assert after.losses[0] == pytest.approx(before.losses[0], rel=2e-2)
 
 
 def test_pure_half_adam_nans_before_and_trains_after_at_16_true(tmp_path):

@@ -12,6 +12,9 @@ bottom-up, so that an edit on an outer node sees the result of the edits inside 
   When ``stmt`` is removed, the first statement put in its place takes over its leading lines.
 - ``move_before(stmt, target)``: take ``stmt`` (with the edits inside it applied) out of its
   place and put it right before ``target``, a statement that encloses it (out of a loop).
+- ``wrap(stmts, make)``: consecutive statements of one block (with the edits inside them
+  applied) become the body of the compound statement ``make(body)`` builds, e.g. a
+  ``with torch.autocast(...):``; the comments above the first one go above the new statement.
 - ``add_import(module, name)`` / ``remove_import_if_unused(module, name)``: through LibCST's
   AddImportsVisitor / RemoveImportsVisitor.
 """
@@ -26,6 +29,7 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
 Replacement = Callable[[cst.CSTNode], cst.CSTNode]
+Wrapper = Callable[[list[cst.BaseStatement]], cst.BaseCompoundStatement]
 
 
 @dataclass
@@ -39,12 +43,13 @@ class EditSet:
     moves: dict[int, list[int]] = field(default_factory=dict)  # id(target) -> ids of moved statements
     imports: list[tuple[str, Optional[str], Optional[str]]] = field(default_factory=list)
     unused_imports: list[tuple[str, Optional[str]]] = field(default_factory=list)
+    wraps: list[tuple[list[int], Wrapper]] = field(default_factory=list)  # ids of statements, maker
     # id() keys are only meaningful while the nodes are alive: keep them referenced.
     _keep: list[cst.CSTNode] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.replacements or self.removals or self.before or self.after or self.imports
-                    or self.moves)
+                    or self.moves or self.wraps)
 
     def _key(self, node: cst.CSTNode) -> int:
         self._keep.append(node)
@@ -67,6 +72,9 @@ class EditSet:
         self.remove(stmt)
         self.moves.setdefault(self._key(target), []).append(self._key(stmt))
 
+    def wrap(self, stmts: Sequence[cst.BaseStatement], make: Wrapper) -> None:
+        self.wraps.append(([self._key(s) for s in stmts], make))
+
     def add_import(self, module: str, obj: Optional[str] = None, asname: Optional[str] = None) -> None:
         self.imports.append((module, obj, asname))
 
@@ -88,6 +96,7 @@ def _merge(edit_sets: Sequence[EditSet]) -> EditSet:
             merged.moves.setdefault(key, []).extend(moved)
         merged.imports.extend(edits.imports)
         merged.unused_imports.extend(edits.unused_imports)
+        merged.wraps.extend(edits.wraps)
     return merged
 
 
@@ -101,6 +110,7 @@ class _Apply(cst.CSTTransformer):
         self.edits = edits
         self.moving = {key for moved in edits.moves.values() for key in moved}
         self.moved: dict[int, cst.BaseStatement] = {}  # id(original) -> updated, on its way
+        self.wrap_of = {key: (keys, make) for keys, make in edits.wraps for key in keys}
 
     def on_leave(self, original_node, updated_node):  # type: ignore[override]
         for fn in self.edits.replacements.get(id(original_node), ()):
@@ -113,6 +123,7 @@ class _Apply(cst.CSTTransformer):
         body: list[cst.BaseStatement] = []
         carried: list[cst.EmptyLine] = []  # leading lines of a removed statement, still owed
         is_module = isinstance(updated, cst.Module)
+        spans: dict[int, tuple[int, int]] = {}  # id(original statement) -> what it became in body
         for index, (orig_stmt, stmt) in enumerate(zip(original.body, updated.body)):
             key = id(orig_stmt)
             before = [self.moved.pop(k).with_changes(leading_lines=[])
@@ -130,6 +141,7 @@ class _Apply(cst.CSTTransformer):
                     carried = []
                 else:
                     carried = carried + _detached_lines(stmt.leading_lines)
+                spans[key] = (len(body), len(body) + len(placed))
                 body.extend(placed)
                 continue
             own = list(stmt.leading_lines)
@@ -140,10 +152,26 @@ class _Apply(cst.CSTTransformer):
                 own = _drop_leading_blanks(own)  # the block now starts here: no blank line on top
             if own != list(stmt.leading_lines):
                 stmt = stmt.with_changes(leading_lines=own)
+            start = len(body)
             body.extend(before)
             body.append(stmt)
             body.extend(after)
-        return updated.with_changes(body=body)
+            spans[key] = (start, len(body))
+        return updated.with_changes(body=self._wrap(original, body, spans))
+
+    def _wrap(self, original, body: list[cst.BaseStatement], spans: dict[int, tuple[int, int]]):
+        groups = {id(keys): (keys, make) for s in original.body
+                  for keys, make in [self.wrap_of.get(id(s), (None, None))] if keys}
+        # last group first, so that the spans of the earlier ones stay valid
+        for keys, make in sorted(groups.values(), key=lambda g: -spans[g[0][0]][0]):
+            start, end = spans[keys[0]][0], spans[keys[-1]][1]
+            inner = body[start:end]
+            if not inner:
+                continue
+            lines = inner[0].leading_lines
+            inner[0] = inner[0].with_changes(leading_lines=[])
+            body[start:end] = [make(inner).with_changes(leading_lines=lines)]
+        return body
 
 
 def _emptied_if(original: cst.BaseStatement, updated: cst.BaseStatement) -> bool:

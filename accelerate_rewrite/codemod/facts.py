@@ -77,6 +77,13 @@ DATA_PARALLEL = ("torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                  "torch.nn.parallel.data_parallel.DataParallel")
 CLIP_NORM = ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_norm_")
 CLIP_VALUE = ("torch.nn.utils.clip_grad_value_", "torch.nn.utils.clip_grad.clip_grad_value_")
+APEX_INITIALIZE = ("apex.amp.initialize", "apex.amp.frontend.initialize")
+APEX_SCALE_LOSS = ("apex.amp.scale_loss", "apex.amp.handle.scale_loss")
+APEX_MASTER_PARAMS = ("apex.amp.master_params",)
+APEX_STATE_DICT = ("apex.amp.state_dict", "apex.amp.frontend.state_dict")
+APEX_LOAD_STATE_DICT = ("apex.amp.load_state_dict", "apex.amp.frontend.load_state_dict")
+BCE_MODULES = ("torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss")
+BCE_FUNCTIONS = ("torch.nn.functional.binary_cross_entropy",)
 AUTOCAST = (
     "torch.autocast",
     "torch.amp.autocast",
@@ -246,23 +253,25 @@ class ScriptFacts:
     def key_of(self, expr: cst.BaseExpression) -> Optional[Key]:
         """The key an expression names: a Name (resolved through scopes) or ``self.attr``."""
         if isinstance(expr, cst.Name):
-            scope = self.scope(expr)
-            if scope is None:
-                return None
-            assignments = scope[expr.value]
-            if not assignments:
-                return None
-            scope = next(iter(assignments)).scope
-            owner = self.module if isinstance(scope, GlobalScope) else getattr(scope, "node", None)
-            if owner is None:
-                return None
-            return (owner, expr.value)
+            return self.key_for_name(expr, expr.value)
         if m.matches(expr, m.Attribute(value=m.Name("self"), attr=m.Name())):
             func = self.function(expr)
             cls = self.enclosing_class(func) if func is not None else None
             if cls is not None:
                 return (cls, f"self.{expr.attr.value}")
         return None
+
+    def key_for_name(self, node: cst.CSTNode, name: str) -> Optional[Key]:
+        """The key that ``name`` would name if it were read where ``node`` stands."""
+        scope = self.scope(node)
+        if scope is None:
+            return None
+        assignments = scope[name]
+        if not assignments:
+            return None
+        scope = next(iter(assignments)).scope
+        owner = self.module if isinstance(scope, GlobalScope) else getattr(scope, "node", None)
+        return None if owner is None else (owner, name)
 
     def kinds_of(self, expr: cst.BaseExpression) -> set[str]:
         key = self.key_of(expr)
@@ -320,6 +329,12 @@ class ScriptFacts:
             call for call in self.attribute_calls
             if call.func.attr.value == method and kind in self.kinds_of(call.func.value)
         ]
+
+    def calls_named(self, *qualnames: str) -> list[cst.Call]:
+        """Calls any of whose qualified names is one of these (a name bound twice, e.g. by an
+        import and a fallback, has several)."""
+        wanted = set(qualnames)
+        return [c.call for c in self.calls if self.qualnames(c.call) & wanted]
 
     def calls_to(self, *qualnames: str) -> list[CallSite]:
         return [c for c in self.calls if c.qualname in qualnames]
@@ -406,6 +421,19 @@ class ScriptFacts:
 
     def data_parallel(self) -> list[CallSite]:
         return self.calls_to(*DATA_PARALLEL)
+
+
+def bce_calls(f: ScriptFacts) -> Iterator[cst.Call]:
+    """``F.binary_cross_entropy(...)`` calls and calls of ``nn.BCELoss()`` objects: CUDA autocast
+    refuses them."""
+    for site in f.calls_to(*BCE_FUNCTIONS):
+        yield site.call
+    for binding in f.bindings:
+        if binding.qualname in BCE_MODULES:
+            for node in f.references(binding.key):
+                parent = f.parent(node)
+                if isinstance(parent, cst.Call) and parent.func is node:
+                    yield parent
 
 
 def code(node: cst.CSTNode) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from accelerate_rewrite.codemod.rule import Rule
 from accelerate_rewrite.rules.amp_api import AmpApiMigration
+from accelerate_rewrite.rules.apex_amp import ApexAmpMigration
 from accelerate_rewrite.rules.amp_bce_loss import AmpBceLoss
 from accelerate_rewrite.rules.amp_scaler_once import ScalerOnce
 from accelerate_rewrite.rules.amp_unscale_before_clip import UnscaleBeforeClip
@@ -18,6 +19,11 @@ from accelerate_rewrite.rules.fabric_print import FabricPrint
 from accelerate_rewrite.rules.fabric_setup import FabricSetup
 from accelerate_rewrite.rules.float32_matmul_precision import Float32MatmulPrecision
 from accelerate_rewrite.rules.half_adam_eps import HalfAdamEps
+from accelerate_rewrite.rules.half_batchnorm import HalfBatchNorm
+from accelerate_rewrite.rules.half_to_mixed import HalfToMixed
+from accelerate_rewrite.rules.native_autocast import NativeAutocast
+from accelerate_rewrite.rules.native_grad_scaler import NativeGradScaler
+from accelerate_rewrite.rules.native_half_weights import NativeHalfWeights
 
 ALL_RULES: tuple[Rule, ...] = (
     FabricLaunch(),
@@ -35,6 +41,12 @@ ALL_RULES: tuple[Rule, ...] = (
     Float32MatmulPrecision(),
     AmpBceLoss(),
     HalfAdamEps(),
+    NativeAutocast(),
+    NativeGradScaler(),
+    HalfToMixed(),
+    NativeHalfWeights(),
+    ApexAmpMigration(),
+    HalfBatchNorm(),
 )
 BY_CODE = {rule.code: rule for rule in ALL_RULES}
 

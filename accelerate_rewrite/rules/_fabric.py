@@ -16,6 +16,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import (
+    APEX_INITIALIZE,
+    APEX_SCALE_LOSS,
     DEVICE,
     LOADER,
     MODEL,
@@ -31,6 +33,8 @@ from accelerate_rewrite.codemod.facts import (
     positional_params,
     root_of,
 )
+from accelerate_rewrite.codemod.rule import Rule
+from accelerate_rewrite.rules._half import half_casts, strip_half
 from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, Options
 
 NAME = "fabric"
@@ -39,6 +43,13 @@ NAME = "fabric"
 #: gradients, ...): each relies on all the others, so if one is dropped for a file, all are.
 #: Printing (AR108) and checkpoints (AR109) rely on them but are optional themselves.
 FABRIC_CORE = ("AR101", "AR102", "AR103", "AR104", "AR105", "AR106", "AR107")
+
+
+class FabricRule(Rule):
+    """A rule of the Fabric conversion: it runs with ``--backend fabric`` (the default) only."""
+
+    def applies(self, options: Options) -> bool:
+        return options.fabric
 
 
 def core_except(code_: str) -> tuple[str, ...]:
@@ -179,6 +190,10 @@ class _Planner:
             return self.refuse(node, f"already uses {label}; left alone")
         if not f.backward_sites and not f.optimizers:
             return self.refuse(None, "no training found (no optimizer, no backward call); nothing to do")
+        apex = f.calls_named(*APEX_INITIALIZE, *APEX_SCALE_LOSS)
+        if apex:
+            return self.refuse(apex[0], "uses NVIDIA apex.amp: migrate it to torch.amp first "
+                                        "(--backend torch, AR211), then convert to Fabric")
         ddp = f.hand_ddp()
         if ddp:
             return self.refuse(
@@ -555,6 +570,8 @@ class _Planner:
         ``x, y = x.to(device), y.to(device)``, ``if use_cuda: model = model.cuda()``."""
         f, p = self.f, self.p
         removed = {id(d.move.call) for d in p.moves if d.action == "remove"}
+        if self.o.precision in ("16-mixed", "bf16-mixed"):  # AR209 removes pure half's casts
+            removed |= {id(c) for c in half_casts(f).training if strip_half(c) is c.func.value}
         statements = {id(f.statement(d.move.call)): f.statement(d.move.call)
                       for d in p.moves if d.action == "remove"}
         for s in statements.values():

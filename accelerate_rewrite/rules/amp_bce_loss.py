@@ -1,16 +1,10 @@
 from __future__ import annotations
 
-from typing import Iterator
-
 import libcst as cst
 
-from accelerate_rewrite.codemod.facts import AUTOCAST, ScriptFacts
+from accelerate_rewrite.codemod.facts import AUTOCAST, ScriptFacts, bce_calls
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.rules._fabric import short
-
-BCE_MODULES = ("torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss")
-BCE_FUNCTIONS = ("torch.nn.functional.binary_cross_entropy",)
-
 
 class AmpBceLoss(Rule):
     """Diagnose `BCELoss` / `binary_cross_entropy` computed under autocast.
@@ -37,24 +31,13 @@ class AmpBceLoss(Rule):
     def rewrite(self, ctx: RuleContext) -> None:
         f = ctx.facts
         mixed = (ctx.options.precision or "").endswith("-mixed")
-        for call in _bce_calls(f):
+        for call in bce_calls(f):
             where = _under_autocast(f, call, in_forward=mixed)
             if where:
                 ctx.skip(call, f"`{short(call)}` runs {where}: CUDA autocast refuses BCELoss "
                                "(\"unsafe to autocast\"); use BCEWithLogitsLoss / "
                                "binary_cross_entropy_with_logits on the logits (drop the sigmoid "
                                "before it). Not rewritten: it changes the model's last step")
-
-
-def _bce_calls(f: ScriptFacts) -> Iterator[cst.Call]:
-    for site in f.calls_to(*BCE_FUNCTIONS):
-        yield site.call
-    for binding in f.bindings:
-        if binding.qualname in BCE_MODULES:
-            for node in f.references(binding.key):
-                parent = f.parent(node)
-                if isinstance(parent, cst.Call) and parent.func is node:
-                    yield parent
 
 
 def _under_autocast(f: ScriptFacts, call: cst.Call, *, in_forward: bool) -> str:

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import core_except, expr, plan, short
+from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
+from accelerate_rewrite.rules._fabric import FabricRule, core_except, expr, plan, short
 
 
-class FabricBackward(Rule):
+class FabricBackward(FabricRule):
     """Every backward goes through Fabric: `loss.backward()` becomes `fabric.backward(loss)`.
 
     What it does: rewrites each backward site, whatever its shape: `loss.backward()`,

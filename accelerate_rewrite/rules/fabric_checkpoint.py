@@ -4,13 +4,13 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import OPTIMIZER, root_of
-from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import FABRIC_CORE, code, expr, plan
+from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
+from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, code, expr, plan
 
 _RANK_WORDS = ("rank", "is_main", "main_process", "is_master", "global_zero")
 
 
-class FabricCheckpoint(Rule):
+class FabricCheckpoint(FabricRule):
     """Save and load through Fabric: `torch.save` / `torch.load` of training state become
     `fabric.save` / `fabric.load`.
 

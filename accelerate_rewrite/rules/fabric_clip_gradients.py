@@ -3,12 +3,12 @@ from __future__ import annotations
 import libcst as cst
 
 from accelerate_rewrite.codemod.facts import CLIP_NORM, CLIP_VALUE, root_of
-from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import core_except, code, expr, plan
+from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
+from accelerate_rewrite.rules._fabric import FabricRule, core_except, code, expr, plan
 
 
 
-class FabricClipGradients(Rule):
+class FabricClipGradients(FabricRule):
     """Clip through Fabric: `clip_grad_norm_(model.parameters(), x)` becomes
     `fabric.clip_gradients(model, optimizer, max_norm=x, error_if_nonfinite=False)`.
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import core_except, code, plan
+from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
+from accelerate_rewrite.rules._fabric import FabricRule, core_except, code, plan
 
 
-class FabricDataParallel(Rule):
+class FabricDataParallel(FabricRule):
     """Remove `nn.DataParallel`: Fabric's strategy takes its place.
 
     What it does: drops `model = nn.DataParallel(model)` (and the `if torch.cuda.device_count()

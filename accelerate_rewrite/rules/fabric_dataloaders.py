@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import core_except, plan, stmt
+from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
+from accelerate_rewrite.rules._fabric import FabricRule, core_except, plan, stmt
 
 
-class FabricDataloaders(Rule):
+class FabricDataloaders(FabricRule):
     """Set the DataLoaders up: `train_loader, val_loader = fabric.setup_dataloaders(...)`.
 
     What it does: after the statement that builds the last DataLoader of a group, one

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import core_except, NAME, code, expr, plan, short
+from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
+from accelerate_rewrite.rules._fabric import FabricRule, core_except, NAME, code, expr, plan, short
 
 
-class FabricDevice(Rule):
+class FabricDevice(FabricRule):
     """Let Fabric place things: no more `.to(device)` on models and batches.
 
     What it does: removes `.to(device)` / `.cuda()` / `.to(0)` on models that Fabric sets up

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import core_except, NAME, plan, stmt
+from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
+from accelerate_rewrite.rules._fabric import FabricRule, core_except, NAME, plan, stmt
 
 
-class FabricLaunch(Rule):
+class FabricLaunch(FabricRule):
     """Create `Fabric(...)` with the options given, and launch it.
 
     What it does: imports `Fabric` from `lightning.fabric`, creates `fabric = Fabric(...)` with

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import FABRIC_CORE, expr, plan
+from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
+from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, expr, plan
 
 
-class FabricPrint(Rule):
+class FabricPrint(FabricRule):
     """Print once, not once per process: `print(...)` becomes `fabric.print(...)`.
 
     What it does: in the code that runs after Fabric is created (the training path, and the

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import core_except, plan, stmt
+from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
+from accelerate_rewrite.rules._fabric import FabricRule, core_except, plan, stmt
 
 
-class FabricSetup(Rule):
+class FabricSetup(FabricRule):
     """Set each model up with its optimizers: `model, optimizer = fabric.setup(model, optimizer)`.
 
     What it does: after the statement that builds a model's optimizer(s), adds one

@@ -4,19 +4,15 @@ import ast
 from typing import Optional
 
 import libcst as cst
-import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import MODEL, ScriptFacts, unwrap_moves
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.rules._fabric import code
+from accelerate_rewrite.rules._fabric import code, plan
+from accelerate_rewrite.rules._native import casts_to_true_half
+from accelerate_rewrite.rules._half import half_casts
 
 ADAM_FAMILY = ("torch.optim.Adam", "torch.optim.AdamW", "torch.optim.Adamax", "torch.optim.NAdam",
                "torch.optim.RAdam", "torch.optim.adam.Adam", "torch.optim.adamw.AdamW")
 SAFE_EPS, SAFE_EPS_TEXT = 1e-4, "1e-4"  # measured: fixes the NaN; fp16's smallest normal is 6.1e-5
-HALF = m.Call(func=m.Attribute(attr=m.Name("half"))) | m.Call(
-    func=m.Attribute(attr=m.Name("to")),
-    args=[m.ZeroOrMore(), m.Arg(value=m.Attribute(attr=m.Name("float16") | m.Name("half"))), m.ZeroOrMore()],
-)
 
 
 class HalfAdamEps(Rule):
@@ -44,8 +40,14 @@ class HalfAdamEps(Rule):
 
     def rewrite(self, ctx: RuleContext) -> None:
         f = ctx.facts
-        fix = ctx.options.precision == "16-true"
-        half_site = None if fix else _pure_half_site(f)
+        if ctx.options.precision in ("16-mixed", "bf16-mixed"):
+            return  # AR209 turns pure half into the mixed precision asked for
+        half_site = half_casts(f).model_cast
+        # fix eps where the weights really end up in fp16: the script's own .half(), Fabric's
+        # 16-true, or AR210's cast
+        fix = ctx.options.precision == "16-true" and (
+            half_site is not None or (plan(f, ctx.options).refusal is None if ctx.options.fabric
+                                      else casts_to_true_half(f, ctx.options)))
         if not fix and half_site is None:
             return
         for opt in f.optimizers:
@@ -83,22 +85,6 @@ def _add_eps(call: cst.Call) -> cst.Call:
     trailing = last.comma if isinstance(last.comma, cst.Comma) else cst.MaybeSentinel.DEFAULT
     return call.with_changes(args=[*call.args[:-1], last.with_changes(comma=cst.Comma(
         whitespace_after=cst.SimpleWhitespace(" "))), eps.with_changes(comma=trailing)])
-
-
-def _pure_half_site(f: ScriptFacts) -> Optional[cst.CSTNode]:
-    """A `.half()` / `.to(torch.float16)` on a model an optimizer trains, in a script that trains."""
-    if not f.backward_sites:
-        return None
-    for call in f.attribute_calls:
-        if m.matches(call, HALF):
-            statement = f.statement(call)
-            if m.matches(statement, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget()])])):
-                key = f.key_of(statement.body[0].targets[0].target)  # model = Net().half()
-            else:
-                key = f.key_of(unwrap_moves(call))  # model.half()
-            if key is not None and MODEL in f.kinds.get(key, set()):
-                return call
-    return None
 
 
 def _number(node: cst.BaseExpression) -> Optional[float]:

@@ -1,0 +1,82 @@
+"""Pure half training (``model.half()``, ``.to(torch.float16)``): where its casts are, shared by
+AR206 (Adam's eps under fp16) and AR209 (pure half becomes mixed precision)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from accelerate_rewrite.codemod.facts import MODEL, ScriptFacts, unwrap_moves
+
+_FP16 = m.Attribute(attr=m.Name("float16") | m.Name("half"))
+HALF = m.Call(func=m.Attribute(attr=m.Name("half"))) | m.Call(
+    func=m.Attribute(attr=m.Name("to")),
+    args=[m.ZeroOrMore(), m.Arg(value=_FP16), m.ZeroOrMore()],
+)
+
+_LOW = m.Attribute(attr=m.Name("float16") | m.Name("half") | m.Name("bfloat16"))
+#: a cast to fp16 or bf16: what a script (or AR210) does to train in true half precision
+LOW_CAST = m.Call(func=m.Attribute(attr=m.Name("half") | m.Name("bfloat16"))) | m.Call(
+    func=m.Attribute(attr=m.Name("to")),
+    args=[m.ZeroOrMore(), m.Arg(value=_LOW), m.ZeroOrMore()],
+)
+
+
+def low_precision_model_cast(f: ScriptFacts) -> Optional[cst.Call]:
+    """The first fp16/bf16 cast of a trained model, if the script has one."""
+    return next((c for c in f.attribute_calls if m.matches(c, LOW_CAST) and _casts_model(f, c)), None)
+
+
+@dataclass
+class HalfCasts:
+    """The fp16 casts that make a script train in pure half: the trained model's, and those of
+    the tensors inside its training loops. Casts elsewhere (a smaller checkpoint, inference)
+    are not among them."""
+
+    model_cast: Optional[cst.Call] = None  # the first cast of a trained model: the script trains in fp16
+    training: list[cst.Call] = field(default_factory=list)  # every cast to strip for mixed precision
+
+
+def half_casts(f: ScriptFacts) -> HalfCasts:
+    return f.memo("half-casts", lambda: _find(f))
+
+
+def _casts_model(f: ScriptFacts, call: cst.Call) -> bool:
+    statement = f.statement(call)
+    if m.matches(statement, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget()])])):
+        key = f.key_of(statement.body[0].targets[0].target)  # model = Net().half()
+    else:
+        key = f.key_of(unwrap_moves(call))  # model.half()
+    return key is not None and MODEL in f.kinds.get(key, set())
+
+
+def _find(f: ScriptFacts) -> HalfCasts:
+    out = HalfCasts()
+    if not f.backward_sites:
+        return out
+    loops = {id(a) for s in f.backward_sites for a in f.ancestors(s.call) if isinstance(a, (cst.For, cst.While))}
+    for call in f.attribute_calls:
+        if not m.matches(call, HALF):
+            continue
+        if _casts_model(f, call):
+            out.model_cast = out.model_cast or call
+            out.training.append(call)
+        elif any(id(a) in loops for a in f.ancestors(call)):
+            out.training.append(call)
+    if out.model_cast is None:
+        out.training = []
+    return out
+
+
+def strip_half(call: cst.Call) -> cst.BaseExpression:
+    """``x.half()`` -> ``x``; ``x.to(torch.float16)`` -> ``x``; ``x.to(d, torch.float16)`` -> ``x.to(d)``."""
+    if call.func.attr.value == "half":  # type: ignore[union-attr]
+        return call.func.value  # type: ignore[union-attr]
+    rest = [a for a in call.args if not m.matches(a.value, _FP16)]
+    if not rest:
+        return call.func.value  # type: ignore[union-attr]
+    rest[-1] = rest[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return call.with_changes(args=rest)

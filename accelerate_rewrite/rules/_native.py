@@ -1,0 +1,536 @@
+"""The native mixed-precision plan (``--backend torch``): what AR207 and AR208 share, made once.
+
+Which statements of each training step are the forward pass and the loss (they go under
+``torch.autocast``; the backward and the optimizer step stay outside), which evaluation loops
+get autocast too, the expression that names the script's own device type at each place, and,
+for 16-mixed, where the one ``torch.amp.GradScaler`` of the run is created and how every
+backward, clip and optimizer step reaches it. Either every training step can be converted, or
+the plan is a refusal with the reason: a scaled backward next to an unscaled step would apply
+gradients 65,536 times too large.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from accelerate_rewrite.codemod.facts import (
+    APEX_INITIALIZE,
+    APEX_LOAD_STATE_DICT,
+    APEX_MASTER_PARAMS,
+    APEX_SCALE_LOSS,
+    APEX_STATE_DICT,
+    CLIP_NORM,
+    CLIP_VALUE,
+    DEVICE,
+    MODEL,
+    OPTIMIZER,
+    ScriptFacts,
+    bce_calls,
+    code,
+)
+from accelerate_rewrite.options import Options
+from accelerate_rewrite.rules._fabric import common_after, short
+
+#: the mixed precisions the native path expresses, and the autocast dtype of each
+AUTOCAST_DTYPES = {"bf16-mixed": "torch.bfloat16", "16-mixed": "torch.float16"}
+#: the true half precisions: the model's weights cast to that dtype (AR210)
+TRUE_HALF = {"16-true": "torch.float16", "bf16-true": "torch.bfloat16"}
+SCALER = "scaler"
+#: apex.amp's optimization levels and the precision each one becomes
+APEX_LEVELS = {"O0": "32-true", "O1": "16-mixed", "O2": "16-mixed", "O3": "16-true"}
+_DEVICE_CALLS = ("torch.device", "torch.accelerator.current_accelerator")
+
+Refusal = tuple[Optional[cst.CSTNode], str]
+#: autocast, the scaler and the apex migration stand or fall together: a scaled backward with
+#: an unscaled step, or apex's scale_loss next to a GradScaler, would train wrong
+NATIVE_CORE = ("AR207", "AR208", "AR211")
+
+
+def core_except(code_: str) -> tuple[str, ...]:
+    return tuple(c for c in NATIVE_CORE if c != code_)
+
+
+@dataclass
+class Region:
+    """Consecutive statements of one block that run under ``torch.autocast``."""
+
+    stmts: list[cst.BaseStatement]
+    device_type: str  # an expression: ``device.type``, ``torch.device(device).type``, ``"cuda"``
+    training: bool
+
+
+@dataclass
+class Site:
+    """A backward: ``loss.backward()``, or apex's ``with amp.scale_loss(loss, opt) as s:
+    s.backward()`` (then ``stmt`` is the ``with`` and ``apex`` is true)."""
+
+    call: cst.Call  # the ``.backward(...)`` call
+    loss: cst.BaseExpression
+    stmt: cst.BaseStatement  # the statement in the training block
+    apex: bool = False
+
+
+@dataclass
+class NativePlan:
+    refusal: Optional[Refusal] = None
+    precision: Optional[str] = None  # --precision, or what apex's opt_level maps to
+    regions: list[Region] = field(default_factory=list)
+    # 16-mixed: the GradScaler
+    scaler_after: Optional[cst.BaseStatement] = None  # created right after this statement
+    scaler_target: str = SCALER  # "scaler" or "self.scaler"
+    scaler_device_type: str = ""
+    threads: list[cst.FunctionDef] = field(default_factory=list)  # get a `scaler` parameter
+    thread_calls: list[cst.Call] = field(default_factory=list)  # pass `scaler=scaler`
+    backwards: list[tuple[Site, Optional[str]]] = field(default_factory=list)  # site, scaler ref
+    steps: list[tuple[cst.Call, str]] = field(default_factory=list)
+    updates: list[tuple[cst.BaseStatement, str]] = field(default_factory=list)  # update() after
+    unscales: list[tuple[cst.BaseStatement, str, str]] = field(default_factory=list)  # clip, ref, opt
+    # apex.amp
+    apex_level: Optional[str] = None
+    apex_inits: list[cst.BaseStatement] = field(default_factory=list)  # statements to remove
+    apex_master_params: list[cst.Call] = field(default_factory=list)
+    apex_states: list[tuple[cst.Call, Optional[str]]] = field(default_factory=list)  # state_dict(), ref
+    apex_loads: list[tuple[cst.Call, Optional[str]]] = field(default_factory=list)
+
+    @property
+    def sites(self) -> list[Site]:
+        return [site for site, _ in self.backwards]
+
+
+def native_plan(facts: ScriptFacts, options: Options) -> NativePlan:
+    return facts.memo(("native-plan", options), lambda: _Planner(facts, options).run())
+
+
+def casts_to_true_half(facts: ScriptFacts, options: Options) -> bool:
+    """Whether AR210 casts the script's models to 16-true / bf16-true."""
+    from accelerate_rewrite.rules._half import low_precision_model_cast
+
+    p = native_plan(facts, options)
+    return (not options.fabric and p.precision in TRUE_HALF and p.refusal is None and bool(facts.models)
+            and low_precision_model_cast(facts) is None)
+
+
+class _Planner:
+    def __init__(self, facts: ScriptFacts, options: Options) -> None:
+        self.f = facts
+        self.o = options
+        self.p = NativePlan()
+        self.steps = [c for c in facts.method_calls(OPTIMIZER, "step")]
+        self.backward_calls = {id(s.call) for s in facts.backward_sites}
+        # statements that hold a backward or an optimizer step: a forward pass does not cross them
+        self.boundaries: set[int] = set()
+        for call in [*(s.call for s in facts.backward_sites), *self.steps]:
+            self.boundaries.update(id(a) for a in facts.ancestors(call))
+        # functions of the file that run a model (``loss = compute_loss(batch)``) or train
+        self.model_funcs = {name for name, fn in facts.functions.items() if self._calls_model(fn.node)}
+        self.training_funcs = {
+            name for name, fn in facts.functions.items()
+            if any(facts.function(s.call) is fn.node or fn.node in facts.ancestors(s.call)
+                   for s in facts.backward_sites)
+        }
+
+    def refuse(self, node: Optional[cst.CSTNode], why: str) -> NativePlan:
+        self.p = NativePlan(refusal=(node, why), precision=self.p.precision)
+        return self.p
+
+    def run(self) -> NativePlan:
+        f, o = self.f, self.o
+        self.p.precision = o.precision
+        if not self._apex():
+            return self.p
+        precision = self.p.precision
+        if precision in (None, "32-true") and not self.p.apex_inits:
+            return self.p
+        if f.frameworks:
+            label, node = f.frameworks[0]
+            return self.refuse(node, f"already uses {label}; left alone")
+        own = f.uses_autocast()
+        if own:
+            return self.refuse(own[0].call, f"the script runs its own "
+                               f"{own[0].qualname.rsplit('.', 1)[-1]}: nothing is wrapped twice")
+        if not f.backward_sites:
+            return self.refuse(None, "no training found (no backward call); nothing to do")
+        lbfgs = [opt for opt in f.optimizers if opt.qualname.endswith("LBFGS")]
+        if lbfgs:
+            why = ("a GradScaler can't step an LBFGS closure" if precision == "16-mixed" else
+                   "LBFGS's line search goes astray in low precision (measured on fixtures/lbfgs "
+                   "with bf16-mixed: loss 98.9 instead of 18.7 at step 13)")
+            return self.refuse(lbfgs[0].stmt, f"{why}; LBFGS stays at 32-true")
+        sites = self._sites()
+        if sites is None:
+            return self.p
+        if precision not in AUTOCAST_DTYPES:
+            self.p.backwards = [(site, None) for site in sites]
+            return self.p  # no autocast, no scaler: only apex goes
+        for site in sites:
+            stmts = self._training_region(site)
+            if isinstance(stmts, str):
+                return self.refuse(site.call, f"`{short(site.call)}`: {stmts}, so no step was "
+                                              "put under autocast")
+            if stmts and not self._add_region(stmts, training=True):
+                return self.p
+        self._eval_regions()
+        if not self._no_bce_under_autocast():
+            return self.p
+        if self.p.refusal is None and precision == "16-mixed":
+            self._scaler(sites)
+        else:
+            self.p.backwards = [(site, None) for site in sites]
+        self._apex_state()
+        return self.p
+
+    # -- apex.amp --
+    def _apex(self) -> bool:
+        """apex's initialize calls: the precision they mean, the statements that go."""
+        f, p = self.f, self.p
+        levels: dict[str, cst.Call] = {}
+        for call in f.calls_named(*APEX_INITIALIZE):
+            level_arg = next((a for a in call.args if a.keyword and a.keyword.value == "opt_level"), None)
+            level = "O1" if level_arg is None else getattr(level_arg.value, "evaluated_value", None)
+            if level not in APEX_LEVELS:
+                if p.precision is None:
+                    self.refuse(call, f"apex's opt_level {code(level_arg.value)} is not a literal "
+                                      "O0-O3: give --precision (O0 is 32-true, O1 and O2 16-mixed, "
+                                      "O3 16-true)")
+                    return False
+            else:
+                levels[level] = call
+            statement = f.statement(call)
+            assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+            given = [a.value for a in call.args if a.keyword is None]
+            if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or assign.value is not call \
+                    or _flat(assign.targets[0].target) != [n for g in given for n in _flat(g)]:
+                self.refuse(call, f"`{short(call)}` must hand back the objects it takes, as "
+                                  "`model, optimizer = amp.initialize(model, optimizer, ...)`")
+                return False
+            p.apex_inits.append(statement)
+        if len(levels) > 1:
+            self.refuse(list(levels.values())[1], f"apex is initialised at {' and '.join(levels)}: "
+                                                  "give --precision")
+            return False
+        if levels:
+            p.apex_level = next(iter(levels))
+            p.precision = p.precision or APEX_LEVELS[p.apex_level]
+            if p.precision not in (*AUTOCAST_DTYPES, *TRUE_HALF, "32-true"):
+                self.refuse(levels[p.apex_level], f"--precision {p.precision} has no plain-PyTorch "
+                                                  "form here")
+                return False
+        return True
+
+    def _sites(self) -> Optional[list[Site]]:
+        f = self.f
+        scale_withs = {}  # id(With) -> (With, the scale_loss call, the name it binds)
+        for call in f.calls_named(*APEX_SCALE_LOSS):
+            item = f.parent(f.parent(call))
+            if isinstance(item, cst.With) and item.items[0].item is call and item.items[0].asname \
+                    and isinstance(item.items[0].asname.name, cst.Name) and call.args:
+                scale_withs[id(item)] = (item, call, item.items[0].asname.name.value)
+            else:
+                self.refuse(call, f"`{short(call)}` outside `with ... as scaled_loss:`: convert by hand")
+                return None
+        sites = []
+        for site in f.backward_sites:
+            loss = site.loss
+            with_ = next((scale_withs[id(a)] for a in f.ancestors(site.call) if id(a) in scale_withs), None)
+            if with_ is None or not m.matches(loss, m.Name(with_[2])):
+                sites.append(Site(site.call, loss, site.stmt))
+                continue
+            node, call, _ = with_
+            if len(node.body.body) != 1 or len(node.items) != 1:
+                self.refuse(node, "an apex `scale_loss` block that does more than one backward: "
+                                  "convert by hand")
+                return None
+            sites.append(Site(site.call, call.args[0].value, node, apex=True))
+        return sites
+
+    def _apex_state(self) -> None:
+        f, p = self.f, self.p
+        if p.refusal is not None:
+            return
+        p.apex_master_params = f.calls_named(*APEX_MASTER_PARAMS)
+        scaler = p.precision == "16-mixed"
+        for call in f.calls_named(*APEX_STATE_DICT):
+            p.apex_states.append((call, self._scaler_ref(call) if scaler else None))
+        for call in f.calls_named(*APEX_LOAD_STATE_DICT):
+            if not scaler and not m.matches(f.statement(call), m.SimpleStatementLine(body=[m.Expr(value=m.Call())])):
+                self.refuse(call, f"`{short(call)}` is used as a value: convert by hand")
+                return
+            p.apex_loads.append((call, self._scaler_ref(call) if scaler else None))
+
+    # -- what runs a model --
+    def _is_model(self, node: cst.CSTNode) -> bool:
+        return isinstance(node, (cst.Name, cst.Attribute)) and MODEL in self.f.kinds_of(node)
+
+    def _calls_model(self, node: cst.CSTNode) -> bool:
+        for call in m.findall(node, m.Call()):
+            if self._is_model(call.func) or any(self._is_model(a.value) for a in call.args):
+                return True
+            if isinstance(call.func, cst.Name) and call.func.value in getattr(self, "model_funcs", ()):
+                return True
+        return False
+
+    def _training_region(self, site: Site):
+        """The statements before the backward, in its block, from the first that runs a model;
+        a str says why there are none."""
+        f = self.f
+        if self._calls_model(site.stmt):
+            return "the forward pass and the backward are one statement (split them)"
+        body = list(f.block(site.stmt).body)
+        index = body.index(site.stmt)
+        start = index
+        while start > 0 and id(body[start - 1]) not in self.boundaries:
+            start -= 1
+        candidates = body[start:index]
+        first = next((i for i, s in enumerate(candidates) if self._calls_model(s)), None)
+        if first is None:
+            if start > 0 and self._backward_not_step(body[start - 1]):
+                return []  # a second loss of the same forward pass (apex's num_losses, retain_graph)
+            return "no forward pass of a model found before it in the same block"
+        return self._uses_of_forward(candidates[first:])
+
+    def _no_bce_under_autocast(self) -> bool:
+        f = self.f
+        wrapped = {id(s) for r in self.p.regions for s in r.stmts}
+        for call in bce_calls(f):
+            func = f.function(call)
+            cls = f.enclosing_class(func) if func is not None else None
+            in_forward = func is not None and func.name.value == "forward" and cls is not None \
+                and cls.name.value in f.module_classes
+            if in_forward or any(id(a) in wrapped for a in f.ancestors(call)):
+                self.refuse(call, f"`{short(call)}` would run under autocast, which CUDA refuses for "
+                                  "BCELoss (\"unsafe to autocast\"): use BCEWithLogitsLoss / "
+                                  "binary_cross_entropy_with_logits on the logits (drop the sigmoid) "
+                                  "and rerun, or use --backend fabric (it autocasts only the "
+                                  "model's forward)")
+                return False
+        return True
+
+    def _backward_not_step(self, statement: cst.BaseStatement) -> bool:
+        calls = {id(c) for c in m.findall(statement, m.Call())}
+        return bool(calls & self.backward_calls) and not any(id(c) in calls for c in self.steps)
+
+    def _eval_regions(self) -> None:
+        """Loops that run a model and do not train: from the first statement of the body that
+        runs a model to the end of the body, under autocast (and still under no_grad)."""
+        f = self.f
+        wrapped = {id(s) for r in self.p.regions for s in r.stmts}
+        for loop in m.findall(f.module, m.For() | m.While()):
+            if not isinstance(loop.body, cst.IndentedBlock) or self._trains(loop):
+                continue
+            if any(id(a) in wrapped for a in f.ancestors(loop)):
+                continue
+            body = list(loop.body.body)
+            first = next((i for i, s in enumerate(body) if self._calls_model(s)), None)
+            if first is None:
+                continue
+            stmts = self._uses_of_forward(body[first:])
+            if any(id(a) in wrapped for s in stmts for a in m.findall(s, m.For() | m.While())):
+                continue
+            if not self._add_region(stmts, training=False):
+                return
+            wrapped.update(id(s) for s in stmts)
+            wrapped.update(id(a) for s in stmts for a in m.findall(s, m.For() | m.While()))
+
+    def _uses_of_forward(self, stmts: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """``stmts[0]`` runs a model: it and the statements after it up to the last one that runs
+        a model or reads what such a statement (or one of these) assigned."""
+        assigned: set[str] = set()
+        end = 0
+        for i, s in enumerate(stmts):
+            reads = {n.value for n in m.findall(s, m.Name())}
+            if i == 0 or self._calls_model(s) or reads & assigned:
+                end = i
+                for target in m.findall(s, m.AssignTarget() | m.AugAssign() | m.AnnAssign()):
+                    assigned |= {n.value for n in m.findall(target.target, m.Name())}
+        return stmts[: end + 1]
+
+    def _trains(self, node: cst.CSTNode) -> bool:
+        f = self.f
+        if any(id(c) in self.backward_calls for c in m.findall(node, m.Call())):
+            return True
+        for call in m.findall(node, m.Call()):
+            if isinstance(call.func, cst.Name) and call.func.value in self.training_funcs:
+                return True
+        return any(OPTIMIZER in f.kinds_of(n) for n in m.findall(node, m.Name() | m.Attribute()))
+
+    def _add_region(self, stmts: list[cst.BaseStatement], training: bool) -> bool:
+        device_type = self.device_type(stmts[0])
+        if device_type is None:
+            self.refuse(stmts[0], "can't tell which device the script runs on here (no device "
+                                  "variable in reach): autocast needs the device type")
+            return False
+        self.p.regions.append(Region(stmts, device_type, training))
+        return True
+
+    # -- the script's own device --
+    def device_type(self, node: cst.CSTNode) -> Optional[str]:
+        """An expression for the type of the script's device where ``node`` stands."""
+        f = self.f
+        func = f.function(node)
+        cls = f.enclosing_class(func) if func is not None else None
+        visible = []
+        for key, kinds in f.kinds.items():
+            if DEVICE not in kinds:
+                continue
+            owner, path = key
+            if path.startswith("self."):
+                if owner is cls:
+                    visible.append((key, path))
+            elif f.key_for_name(node, path) == key:
+                visible.append((key, path))
+        if visible:
+            visible.sort(key=lambda kp: (kp[1].rsplit(".", 1)[-1] != "device", kp[1]))
+            key, name = visible[0]
+            values = [b.value for b in f.device_defs if f.same_object(b.key, key)]
+            if values and all(isinstance(v, cst.Call) and f.qualname(v) in _DEVICE_CALLS for v in values):
+                return f"{name}.type"
+            return f"torch.device({name}).type"
+        for mv in f.device_moves:  # ``rank, device = setup()``: the name the script moves to
+            arg = mv.device_arg.value if mv.device_arg is not None else None
+            if isinstance(arg, cst.Name) and f.key_of(arg) is not None \
+                    and f.key_for_name(node, arg.value) == f.key_of(arg):
+                return f"torch.device({arg.value}).type"
+        if any(mv.device_arg is None or "cuda" in code(mv.device_arg.value) for mv in f.device_moves):
+            return '"cuda"'  # ``.cuda()`` / ``.to("cuda")``: the script needs CUDA anyway
+        if not f.device_moves and not f.device_defs:
+            return '"cpu"'  # a script that never leaves the CPU
+        return None
+
+    # -- 16-mixed: one GradScaler --
+    def _scaler(self, sites: list[Site]) -> None:
+        f, p = self.f, self.p
+        if not self.steps:
+            self.refuse(sites[0].call, "no `optimizer.step()` found for a GradScaler to step")
+            return
+        for call in self.steps:
+            if call.args:
+                self.refuse(call, f"`{short(call)}` takes arguments (a closure): a GradScaler "
+                                  "can't step it")
+                return
+        if not self._scaler_home():
+            return
+        for site in sites:
+            ref = self._scaler_ref(site.call)
+            if ref is None:
+                return
+            p.backwards.append((site, ref))
+        last_in_block: dict[int, cst.BaseStatement] = {}
+        for call in self.steps:
+            ref = self._scaler_ref(call)
+            if ref is None:
+                return
+            p.steps.append((call, ref))
+            s = f.statement(call)
+            block = f.block(s)
+            previous = last_in_block.get(id(block))
+            if previous is None or f.line(s) > f.line(previous):
+                last_in_block[id(block)] = s
+        # one update per iteration, after the last optimizer stepped in that block (a GAN's two)
+        p.updates = [(s, self._scaler_ref(s)) for s in last_in_block.values()]
+        self._unscales()
+
+    def _scaler_home(self) -> bool:
+        """Where the scaler is created: after the optimizers are built (or, in a class whose
+        methods step ``self.optimizer``, after ``self.optimizer = ...``)."""
+        f, p = self.f, self.p
+        receivers = [call.func.value for call in self.steps]
+        on_self = [r for r in receivers if m.matches(r, m.Attribute(value=m.Name("self")))]
+        attrs = {code(r) for r in on_self}
+        if attrs:
+            if len(on_self) != len(receivers):
+                self.refuse(self.steps[0], "optimizers stepped both as `self.` attributes and as "
+                                           "plain names: can't place one GradScaler for both")
+                return False
+            cls = f.enclosing_class(f.function(self.steps[0]))
+            assigns = [a for a in m.findall(cls, m.Assign()) if len(a.targets) == 1
+                       and code(a.targets[0].target) in attrs] if cls is not None else []
+            if cls is None or not assigns:
+                self.refuse(self.steps[0], "could not find where the optimizer attribute is set")
+                return False
+            after = common_after(f, [f.statement(a) for a in assigns])
+            if after is None or any(isinstance(a, (cst.For, cst.While)) for a in f.ancestors(after)
+                                    if f.function(a) is f.function(after)):
+                self.refuse(assigns[0], "the optimizer attribute is set in more than one place: "
+                                        "can't place one GradScaler for it")
+                return False
+            p.scaler_after, p.scaler_target = after, f"self.{SCALER}"
+            self.home_class = cls
+        else:
+            keys = [f.key_of(r) for r in receivers]
+            built = [o for o in f.optimizers if any(f.same_object(o.key, k) for k in keys)]
+            if not built:
+                self.refuse(self.steps[0], "could not find where the optimizer is built")
+                return False
+            after = common_after(f, [o.stmt for o in built])
+            if after is None:
+                self.refuse(built[-1].stmt, "the optimizers are built in different functions: "
+                                            "can't place one GradScaler for them")
+                return False
+            p.scaler_after = after
+            self.home_class = None
+        self.home = f.function(p.scaler_after) or f.module
+        device_type = self.device_type(p.scaler_after)
+        if device_type is None:
+            self.refuse(p.scaler_after, "can't tell which device the script runs on where the "
+                                        "GradScaler goes")
+            return False
+        taken = [n for n in m.findall(f.module, m.Name(SCALER)) if f.key_of(n) is not None]
+        if taken:
+            self.refuse(taken[0], f"the name `{SCALER}` is already used in this script")
+            return False
+        p.scaler_device_type = device_type
+        return True
+
+    def _scaler_ref(self, node: cst.CSTNode) -> Optional[str]:
+        """How the scaler is named where ``node`` stands; threads it into a function if needed."""
+        f, p = self.f, self.p
+        func = f.function(node)
+        if self.home_class is not None:
+            if func is not None and f.enclosing_class(func) is self.home_class:
+                return p.scaler_target
+        elif func is self.home or (func is None and self.home is f.module):
+            if f.line(node) > f.line(p.scaler_after):
+                return SCALER
+        elif self.home is f.module:
+            return SCALER  # a global, created before the training code runs
+        elif func is not None and func.name.value in f.functions \
+                and f.functions[func.name.value].node is func:
+            fn = f.functions[func.name.value]
+            if fn.calls and not fn.other_uses and all(
+                f.function(c) is self.home and f.line(c) > f.line(p.scaler_after) for c in fn.calls
+            ):
+                if func not in p.threads:
+                    p.threads.append(func)
+                    p.thread_calls.extend(fn.calls)
+                return SCALER
+        self.refuse(node, f"`{short(node)}` can't reach the GradScaler, which is created after "
+                          f"line {f.line(p.scaler_after)} (it would have to be passed through more "
+                          "than one function)")
+        return None
+
+    def _unscales(self) -> None:
+        """A clip between the backward and the step clips unscaled gradients: unscale_ first."""
+        f, p = self.f, self.p
+        for site in f.calls_to(*CLIP_NORM, *CLIP_VALUE):
+            clip = f.statement(site.call)
+            body = list(f.block(clip).body)
+            later = [c for c in self.steps if f.statement(c) in body[body.index(clip) + 1:]]
+            if not later:
+                self.refuse(site.call, f"`{short(site.call)}` has no optimizer step after it in "
+                                       "the same block: can't tell which optimizer to unscale")
+                return
+            ref = self._scaler_ref(clip)
+            if ref is None:
+                return
+            p.unscales.append((clip, ref, code(later[0].func.value)))
+
+
+def _flat(node: cst.BaseExpression) -> list[str]:
+    """``model, [opt_a, opt_b]`` -> ["model", "opt_a", "opt_b"]."""
+    if isinstance(node, (cst.Tuple, cst.List)):
+        return [n for e in node.elements for n in _flat(e.value)]
+    return [code(node)]

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
+from accelerate_rewrite.options import Options
+from accelerate_rewrite.rules._fabric import short
+from accelerate_rewrite.rules._half import half_casts, strip_half
+
+MIXED = ("16-mixed", "bf16-mixed")
+
+
+class HalfToMixed(Rule):
+    """Pure half training becomes mixed precision: with `--precision 16-mixed` or `bf16-mixed`,
+    the script's own `.half()` casts of the trained model and of its batches go.
+
+    What it does: in a script that trains a model cast with `.half()` / `.to(torch.float16)`,
+    removes that cast and the fp16 casts of tensors inside its training loops
+    (`inputs.to(device).half()` becomes `inputs.to(device)`), so that the mixed precision asked
+    for (Fabric's, or AR207/AR208's autocast and GradScaler) runs on fp32 weights. A statement
+    left doing nothing (`model.half()`) goes.
+
+    Why: pure fp16 weights lose small updates (an fp16 weight of 1.0 can't take a step smaller
+    than 0.0005), Adam's default eps=1e-8 is 0 in fp16 (NaN from the second step), and a
+    GradScaler refuses fp16 gradients ("Attempting to unscale FP16 gradients"). Mixed
+    precision keeps fp32 weights and runs the heavy ops in half.
+
+    Kind: approximate (the weights become fp32: training is more precise than before; the
+    original, with Adam, produced NaN).
+
+    Leaves alone: `.half()` outside the training loops on something other than the trained
+    model (a smaller checkpoint, inference). To keep pure half, use `--precision 16-true`
+    (AR206 then fixes Adam's eps).
+    """
+
+    code = "AR209"
+    name = "half-to-mixed"
+    kind = Kind.APPROXIMATE
+    examples = (Example.from_files("AR209", options={"precision": "bf16-mixed"}),)
+
+    def applies(self, options: Options) -> bool:
+        return options.precision in MIXED
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        f = ctx.facts
+        casts = half_casts(f)
+        for call in casts.training:
+            statement = f.statement(call)
+            if m.matches(statement, m.SimpleStatementLine(body=[m.Expr(value=m.Call())])) \
+                    and statement.body[0].value is call and isinstance(strip_half(call), (cst.Name, cst.Attribute)):
+                ctx.edits.remove(statement)  # ``model.half()``
+            else:
+                ctx.edits.replace(call, strip_half)
+            what = "the model's" if call is casts.model_cast else "a batch's"
+            ctx.change(call, f"{what} fp16 cast `{short(call)}` removed: {ctx.options.precision} keeps "
+                             "fp32 weights and computes in half where it is safe")
