@@ -54,6 +54,8 @@ RUNNABLE = [name for name in fixture_names()
             if name not in DIVERGING and rewrite(_source(name), Options()).changed]
 #: fixtures whose rewrite refuses bf16-mixed (the script's own autocast; LBFGS) and says why
 REFUSE_BF16 = {"already_autocast", "cuda_amp", "lbfgs"}  # their own autocast; LBFGS
+#: fixtures whose rewrite fixes the script's own GradScaler code (AR202, AR203)
+SCALER_FIXES = {"cuda_amp"}
 #: the 2-process runs are the slow ones (~10 s each on 2 cores): four fixtures of different
 #: styles (top-level loop; functions + argparse; a trainer class; two optimizers)
 TWO_PROCESSES = ["module_loop", "train_function", "trainer_class", "gan"]
@@ -118,8 +120,9 @@ def test_fixture_at_32_true_is_exact(name, fixture_script):
     _show(name, "32-true", v)
     assert v.verdict.verdict == "pass", v.verdict.reason
     assert v.verdict.exit_code == 0
-    assert v.verdict.comparison["tolerance"]["kind"] == EXACT
-    assert v.verdict.comparison["max_rel_diff"] == 0
+    # the GradScaler fixes (AR202, AR203) change training where the scaler runs (CUDA): the
+    # verifier shows such a rewrite side by side; here, on CPU, the scaler is off
+    assert v.verdict.comparison["tolerance"]["kind"] == (CHANGES_TRAINING if name in SCALER_FIXES else EXACT)
     assert 0 < len(v.original.losses) <= STEPS
     assert v.rewritten.losses == v.original.losses
     assert v.original.device == v.rewritten.device == "cpu"
@@ -149,7 +152,7 @@ def test_fixture_at_bf16_mixed(name, fixture_script):
 
 
 #: fixtures whose native (--backend torch) rewrite refuses mixed precision, and says why
-REFUSE_NATIVE = {"already_autocast", "cuda_amp", "lbfgs"}
+REFUSE_NATIVE = {"already_autocast", "cuda_amp", "gan_bce", "lbfgs"}
 NATIVE = [name for name in RUNNABLE if name not in REFUSE_NATIVE]
 
 

@@ -18,7 +18,8 @@ class ScalerOnce(Rule):
     overflow and grows back slowly); a new one every epoch throws that away and overflows again
     at the start of each epoch, skipping those steps.
 
-    Kind: safe (a fix: with the scaler disabled nothing changes).
+    Kind: changes-training (a fix: with the scaler disabled nothing changes; with it enabled
+    the steps a fresh scaler skipped at each epoch's start are taken).
 
     Leaves alone (and says why): a scaler whose arguments use names the loop sets (the loop
     variable, ...), or that is not a plain `name = GradScaler(...)` statement.
@@ -26,7 +27,7 @@ class ScalerOnce(Rule):
 
     code = "AR203"
     name = "amp-scaler-once"
-    kind = Kind.SAFE
+    kind = Kind.CHANGES_TRAINING
     examples = (Example.from_files("AR203"),)
 
     def rewrite(self, ctx: RuleContext) -> None:

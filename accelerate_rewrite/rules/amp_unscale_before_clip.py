@@ -21,8 +21,10 @@ class UnscaleBeforeClip(Rule):
     every step is cut to nearly nothing. PyTorch's AMP recipe unscales first; `scaler.step` then
     knows and does not unscale twice.
 
-    Kind: safe (a fix: with the scaler disabled nothing changes; with it enabled the clip limits
-    the gradients the script meant to limit).
+    Kind: changes-training (a fix: with the scaler disabled nothing changes; with it enabled
+    the clip limits the gradients the script meant to limit, so training differs from the
+    broken original: on an H100, fixtures/cuda_amp's applied gradient norms grew about 37,000
+    times, from the clipped scaled values to the real ones).
 
     Leaves alone (and says why): a clip with no `scaler.step(...)` after it in the same block,
     and a clip that an `unscale_` already precedes.
@@ -30,7 +32,7 @@ class UnscaleBeforeClip(Rule):
 
     code = "AR202"
     name = "amp-unscale-before-clip"
-    kind = Kind.SAFE
+    kind = Kind.CHANGES_TRAINING
     examples = (Example.from_files("AR202"),)
 
     def rewrite(self, ctx: RuleContext) -> None:

@@ -10,27 +10,36 @@ from accelerate_rewrite.rules._fabric import code, plan
 from accelerate_rewrite.rules._native import casts_to_true_half
 from accelerate_rewrite.rules._half import half_casts
 
-ADAM_FAMILY = ("torch.optim.Adam", "torch.optim.AdamW", "torch.optim.Adamax", "torch.optim.NAdam",
-               "torch.optim.RAdam", "torch.optim.adam.Adam", "torch.optim.adamw.AdamW")
+#: optimizers that divide by ``sqrt(state) + eps``: (default eps, eps's position among the arguments)
+EPS_OPTIMIZERS = {
+    **{f"torch.optim.{name}": (1e-8, 3) for name in ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop")},
+    "torch.optim.adam.Adam": (1e-8, 3), "torch.optim.adamw.AdamW": (1e-8, 3),
+    "torch.optim.Adadelta": (1e-6, 3), "torch.optim.Adagrad": (1e-10, 5),
+}
 SAFE_EPS, SAFE_EPS_TEXT = 1e-4, "1e-4"  # measured: fixes the NaN; fp16's smallest normal is 6.1e-5
 
 
 class HalfAdamEps(Rule):
-    """Pure fp16 weights with Adam: an `eps` that fp16 can hold (`eps=1e-4`), not the default 1e-8.
+    """Pure fp16 weights with Adam (or RMSprop, Adagrad, Adadelta): an `eps` that fp16 can hold
+    (`eps=1e-4`), not the default 1e-8.
 
-    What it does: with `--precision 16-true` (pure half: Fabric casts the model to fp16), every
-    Adam-family optimizer (Adam, AdamW, Adamax, NAdam, RAdam) whose `eps` is the default or
-    smaller than 1e-4 gets `eps=1e-4`, and the summary says so. Without that option, a script
+    What it does: with `--precision 16-true` (pure half: Fabric, or AR210 with `--backend
+    torch`, casts the model to fp16), every optimizer that divides by `sqrt(state) + eps`
+    (Adam, AdamW, Adamax, NAdam, RAdam, RMSprop, Adagrad, Adadelta) whose `eps` (a keyword or
+    in its place among the arguments) is the default or smaller than 1e-4 gets `eps=1e-4`, and
+    the summary says so. Without that option, a script
     that already trains a `.half()` model with such an optimizer is reported (with the line):
     it NaNs; rerun with `--precision 16-true` (keeps pure half, fixes eps) or a mixed precision.
 
     Why: fp16 rounds 1e-8 to 0, so Adam divides by `sqrt(v) + 0`: the loss is NaN from the
     second step (measured on fixtures/pure_half: 0.6987, then nan). eps=1e-4 trains (finite).
-    bf16 holds 1e-8, so bf16-true needs no fix.
+    RMSprop did the same on an H100 (fixtures/checkpointing at 16-true: NaN at step 2). bf16
+    holds 1e-8, so bf16-true needs no fix.
 
     Kind: approximate (Adam's eps changes; the training it replaces produced NaN).
 
-    Leaves alone (and says why): an `eps` given as an expression it can't evaluate.
+    Leaves alone (and says why): an `eps` given as an expression it can't evaluate, and
+    optimizers built from `*args` / `**kwargs`.
     """
 
     code = "AR206"
@@ -51,10 +60,17 @@ class HalfAdamEps(Rule):
         if not fix and half_site is None:
             return
         for opt in f.optimizers:
-            if opt.qualname not in ADAM_FAMILY or opt.call is None:
+            if opt.qualname not in EPS_OPTIMIZERS or opt.call is None:
                 continue
-            eps_arg = next((a for a in opt.call.args if a.keyword is not None and a.keyword.value == "eps"), None)
-            value = _number(eps_arg.value) if eps_arg is not None else 1e-8
+            default, position = EPS_OPTIMIZERS[opt.qualname]
+            positional = [a for a in opt.call.args if a.keyword is None and not a.star]
+            eps_arg = next((a for a in opt.call.args if a.keyword is not None and a.keyword.value == "eps"),
+                           positional[position] if len(positional) > position else None)
+            if eps_arg is None and any(a.star for a in opt.call.args):
+                ctx.skip(opt.call, "an optimizer built from *args/**kwargs: make sure its eps is >= 1e-4 "
+                                   "under fp16")
+                continue
+            value = _number(eps_arg.value) if eps_arg is not None else default
             if value is not None and value >= SAFE_EPS:
                 continue
             name = opt.qualname.rsplit(".", 1)[-1]
@@ -73,7 +89,7 @@ class HalfAdamEps(Rule):
             else:
                 ctx.edits.replace(opt.call, _add_eps)
             ctx.change(opt.call, f"warning: {name} eps {value:g} -> {SAFE_EPS_TEXT}: under 16-true, fp16 "
-                                 "rounds 1e-8 to 0 and the loss turns NaN from the second step")
+                                 f"rounds {value:g} to 0 (or to a subnormal) and the loss turns NaN")
 
 
 def _add_eps(call: cst.Call) -> cst.Call:

@@ -14,7 +14,8 @@ class NativeHalfWeights(Rule):
     What it does: right after each trained model is built, `model.to(torch.float16)` (or
     `torch.bfloat16`), a forward pre-hook that casts the model's floating-point inputs to that
     dtype (integer inputs such as token ids are left alone), and a forward hook that hands
-    floating-point outputs back as fp32, so that the loss is computed in fp32. No GradScaler:
+    floating-point outputs (a tensor, or a tuple of them) back as fp32, so that the loss is
+    computed in fp32. No GradScaler:
     there are no fp32 weights to unscale into. With 16-true, AR206 gives Adam an `eps` that fp16
     can hold.
 
@@ -27,7 +28,9 @@ class NativeHalfWeights(Rule):
     by 2e-2 to 5e-2 at worst; fp16 with Adam needs the eps fix).
 
     Leaves alone (and says why): a model the script already casts to half itself (pure half
-    is what it asked for), everything native mixed precision leaves alone (AR207).
+    is what it asked for), a model built outside the script's own code (a factory function, a
+    parameter), everything native mixed precision leaves alone (AR207). Outputs in a dict
+    (Hugging Face's ModelOutput) stay in half.
     """
 
     code = "AR210"
@@ -62,8 +65,9 @@ class NativeHalfWeights(Rule):
                 stmt(f"{name}.to({dtype})\n"),
                 stmt(f"{name}.register_forward_pre_hook(lambda module, args: tuple(a.to({dtype}) if "
                      "torch.is_tensor(a) and a.is_floating_point() else a for a in args))\n"),
-                stmt(f"{name}.register_forward_hook(lambda module, args, out: out.float() if "
-                     "torch.is_tensor(out) and out.is_floating_point() else out)\n"),
+                stmt(f"{name}.register_forward_hook(lambda module, args, out: tuple(o.float() if "
+                     "torch.is_tensor(o) and o.is_floating_point() else o for o in out) if type(out) is "
+                     "tuple else out.float() if torch.is_tensor(out) and out.is_floating_point() else out)\n"),
             )
             ctx.change(model.stmt, f"`{name}` in {dtype} ({p.precision}): float inputs cast to it, "
                                    "float outputs back to fp32; no fp32 master weights")
