@@ -94,6 +94,29 @@ def plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
+def numerics(result: "Result", options: Options) -> str:
+    """What the applied rules do to the numbers, by their kinds, in one line (Fabric's own
+    rules keep the math, but the precision they set on Fabric does not)."""
+    from accelerate_rewrite.codemod.rule import Kind
+    from accelerate_rewrite.rules import BY_CODE
+
+    by_kind: dict[Kind, list[str]] = {}
+    for note in result.changes:
+        codes = by_kind.setdefault(BY_CODE[note.rule].kind, [])
+        if note.rule not in codes:
+            codes.append(note.rule)
+    if options.mixed_or_low_precision and any(n.rule == "AR101" for n in result.changes):
+        by_kind.setdefault(Kind.APPROXIMATE, []).insert(0, f"Fabric at {options.precision}")
+    parts = []
+    if Kind.CHANGES_TRAINING in by_kind:
+        parts.append(f"changes training on purpose ({', '.join(by_kind[Kind.CHANGES_TRAINING])}): "
+                     "the rewritten script is not expected to match the original step for step")
+    if Kind.APPROXIMATE in by_kind:
+        parts.append(f"approximate ({', '.join(by_kind[Kind.APPROXIMATE])}): the numbers change "
+                     "within the precision's tolerance; `accelerate-rewrite verify` measures it")
+    return "; ".join(parts) or "unchanged: the rewrite keeps the math"
+
+
 def final_line(tally: Tally, mode: Mode) -> str:
     """ruff-style: "2 files would be rewritten, 1 left unchanged, 1 error"."""
     parts: list[str] = []
@@ -152,6 +175,8 @@ class Reporter:
         p(f"[bold]{shown}[/]: {escape(status)}")
         for note in result.changes:
             p(f"  [cyan]{note.rule}[/] line {note.line}: {escape(one_line(note.message))}")
+        if result.changes:
+            p(f"  numerics: {escape(numerics(result, self.settings.options))}")
         if result.skips:
             p("  [yellow]left alone[/]:")
             for note in result.skips:

@@ -17,8 +17,6 @@ LEFT_ALONE = {
     "already_fabric": "already uses Lightning Fabric",
     "hand_ddp": "hand-made distributed training",
     "nothing_to_do": "no training found",
-    "apex_o1": "uses NVIDIA apex.amp",
-    "apex_o2_two_losses": "uses NVIDIA apex.amp",
 }
 #: fixtures the native (--backend torch) mixed precision leaves alone, and the reason it gives
 NATIVE_LEFT_ALONE = {

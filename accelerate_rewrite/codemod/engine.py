@@ -40,14 +40,14 @@ class Result:
         return [n for n in self.notes if n.skipped]
 
 
-def _dependents(dropped: str, rules: Sequence[Rule]) -> set[str]:
+def _dependents(dropped: str, rules: Sequence[Rule], options: Options) -> set[str]:
     """``dropped`` and every rule that relies on it, directly or not."""
     out = {dropped}
     grew = True
     while grew:
         grew = False
         for rule in rules:
-            if rule.code not in out and out.intersection(rule.requires):
+            if rule.code not in out and out.intersection(rule.requirements(options)):
                 out.add(rule.code)
                 grew = True
     return out
@@ -94,8 +94,8 @@ def rewrite(
         contexts[rule.code] = ctx
     active = [r for r in rules if r.code in contexts]
     # a rule whose prerequisite did not run can't run either
-    orphans = {r.code for r in active if any(req not in contexts for req in r.requires)}
-    gone = set().union(*(_dependents(code, active) for code in orphans)) if orphans else set()
+    orphans = {r.code for r in active if any(req not in contexts for req in r.requirements(options))}
+    gone = set().union(*(_dependents(code, active, options) for code in orphans)) if orphans else set()
     for code in sorted(gone):
         result.dropped.append(f"{code}: not applied: a rule it relies on did not run")
     active = [r for r in active if r.code not in gone]
@@ -118,7 +118,7 @@ def rewrite(
                 break
         if culprit is None:  # only the whole set fails: drop the last rule
             culprit = active[-1]
-        gone = _dependents(culprit.code, active)
+        gone = _dependents(culprit.code, active, options)
         others = sorted(gone - {culprit.code})
         result.dropped.append(
             f"{culprit.code} {culprit.name}: dropped for this file: " + "; ".join(problems)

@@ -91,6 +91,10 @@ class Rule:
     def documentation(cls) -> str:
         return inspect.getdoc(cls) or ""
 
+    def requirements(self, options: Options) -> tuple[str, ...]:
+        """The rules this one relies on with these options (by default, ``requires``)."""
+        return self.requires
+
     def applies(self, options: Options) -> bool:
         """Whether the rule runs at all with these options."""
         return True

@@ -16,8 +16,6 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import (
-    APEX_INITIALIZE,
-    APEX_SCALE_LOSS,
     DEVICE,
     LOADER,
     MODEL,
@@ -34,15 +32,17 @@ from accelerate_rewrite.codemod.facts import (
     root_of,
 )
 from accelerate_rewrite.codemod.rule import Rule
+from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.rules._half import half_casts, strip_half
 from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, Options
 
 NAME = "fabric"
 #: The rules without which a Fabric conversion is wrong (a model not set up misses the precision,
 #: a plain backward is refused under mixed precision, unconverted clipping clips scaled
-#: gradients, ...): each relies on all the others, so if one is dropped for a file, all are.
+#: gradients, apex's scale_loss left around fabric.backward, ...): each relies on all the
+#: others, so if one is dropped for a file, all are.
 #: Printing (AR108) and checkpoints (AR109) rely on them but are optional themselves.
-FABRIC_CORE = ("AR101", "AR102", "AR103", "AR104", "AR105", "AR106", "AR107")
+FABRIC_CORE = ("AR101", "AR102", "AR103", "AR104", "AR105", "AR106", "AR107", "AR211")
 
 
 class FabricRule(Rule):
@@ -98,6 +98,7 @@ class FabricPlan:
     anchor: Optional[cst.BaseStatement] = None  # Fabric(...) goes right before it
     replaces_anchor: bool = False  # the anchor is a device definition that goes away
     omit_precision: Optional[tuple[cst.CSTNode, str]] = None
+    precision: Optional[str] = None  # --precision, or what the script's apex opt_level maps to
     refs: dict[int, str] = field(default_factory=dict)  # id(scope node) -> "fabric" | "self.fabric"
     blocked: set[int] = field(default_factory=set)  # ids of functions that may run before Fabric exists
     threaded_params: dict[int, cst.Param] = field(default_factory=dict)  # id(FunctionDef) -> param
@@ -190,10 +191,13 @@ class _Planner:
             return self.refuse(node, f"already uses {label}; left alone")
         if not f.backward_sites and not f.optimizers:
             return self.refuse(None, "no training found (no optimizer, no backward call); nothing to do")
-        apex = f.calls_named(*APEX_INITIALIZE, *APEX_SCALE_LOSS)
-        if apex:
-            return self.refuse(apex[0], "uses NVIDIA apex.amp: migrate it to torch.amp first "
-                                        "(--backend torch, AR211), then convert to Fabric")
+        apex = apex_use(f)
+        if apex.problem is not None:
+            return self.refuse(apex.problem[0], f"NVIDIA apex.amp: {apex.problem[1]}")
+        if apex.unknown_level is not None and self.o.precision is None:
+            return self.refuse(apex.unknown_level, "apex's opt_level is not a literal O0-O3: give "
+                                                   "--precision (O0 is 32-true, O1 and O2 "
+                                                   "16-mixed, O3 16-true)")
         ddp = f.hand_ddp()
         if ddp:
             return self.refuse(
@@ -316,24 +320,25 @@ class _Planner:
 
     def _precision(self) -> None:
         f, p, o = self.f, self.p, self.o
-        if o.precision is None or not o.mixed_or_low_precision:
+        p.precision = o.precision or apex_use(f).precision
+        if p.precision in (None, "32-true", "64-true"):
             return
         own = f.uses_autocast()
         if own:
             p.omit_precision = (
                 own[0].call,
-                f"precision {o.precision} not set on Fabric: the script runs its own "
+                f"precision {p.precision} not set on Fabric: the script runs its own "
                 f"{own[0].qualname.rsplit('.', 1)[-1]}, and Fabric's on top would apply it twice; "
                 "leave the script's mixed precision as it is, or remove it and rerun",
             )
             return
         lbfgs = [opt for opt in f.optimizers if opt.qualname.endswith("LBFGS")]
         if lbfgs:
-            why = ("its GradScaler can't step an LBFGS closure" if o.precision == "16-mixed" else
+            why = ("its GradScaler can't step an LBFGS closure" if p.precision == "16-mixed" else
                    "LBFGS's line search and curvature pairs go astray in low precision "
                    "(measured on fixtures/lbfgs with bf16-mixed: loss 98.9 instead of 18.7 at "
                    "step 13)")
-            p.omit_precision = (lbfgs[0].stmt, f"precision {o.precision} not set: {why}; "
+            p.omit_precision = (lbfgs[0].stmt, f"precision {p.precision} not set: {why}; "
                                                "LBFGS stays at 32-true")
 
     # -- where `fabric` can be reached --

@@ -18,11 +18,6 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import (
-    APEX_INITIALIZE,
-    APEX_LOAD_STATE_DICT,
-    APEX_MASTER_PARAMS,
-    APEX_SCALE_LOSS,
-    APEX_STATE_DICT,
     CLIP_NORM,
     CLIP_VALUE,
     DEVICE,
@@ -33,6 +28,7 @@ from accelerate_rewrite.codemod.facts import (
     code,
 )
 from accelerate_rewrite.options import Options
+from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.rules._fabric import common_after, short
 
 #: the mixed precisions the native path expresses, and the autocast dtype of each
@@ -40,8 +36,6 @@ AUTOCAST_DTYPES = {"bf16-mixed": "torch.bfloat16", "16-mixed": "torch.float16"}
 #: the true half precisions: the model's weights cast to that dtype (AR210)
 TRUE_HALF = {"16-true": "torch.float16", "bf16-true": "torch.bfloat16"}
 SCALER = "scaler"
-#: apex.amp's optimization levels and the precision each one becomes
-APEX_LEVELS = {"O0": "32-true", "O1": "16-mixed", "O2": "16-mixed", "O3": "16-true"}
 _DEVICE_CALLS = ("torch.device", "torch.accelerator.current_accelerator")
 
 Refusal = tuple[Optional[cst.CSTNode], str]
@@ -161,8 +155,6 @@ class _Planner:
                    "with bf16-mixed: loss 98.9 instead of 18.7 at step 13)")
             return self.refuse(lbfgs[0].stmt, f"{why}; LBFGS stays at 32-true")
         sites = self._sites()
-        if sites is None:
-            return self.p
         if precision not in AUTOCAST_DTYPES:
             self.p.backwards = [(site, None) for site in sites]
             return self.p  # no autocast, no scaler: only apex goes
@@ -186,80 +178,36 @@ class _Planner:
     # -- apex.amp --
     def _apex(self) -> bool:
         """apex's initialize calls: the precision they mean, the statements that go."""
-        f, p = self.f, self.p
-        levels: dict[str, cst.Call] = {}
-        for call in f.calls_named(*APEX_INITIALIZE):
-            level_arg = next((a for a in call.args if a.keyword and a.keyword.value == "opt_level"), None)
-            level = "O1" if level_arg is None else getattr(level_arg.value, "evaluated_value", None)
-            if level not in APEX_LEVELS:
-                if p.precision is None:
-                    self.refuse(call, f"apex's opt_level {code(level_arg.value)} is not a literal "
-                                      "O0-O3: give --precision (O0 is 32-true, O1 and O2 16-mixed, "
-                                      "O3 16-true)")
-                    return False
-            else:
-                levels[level] = call
-            statement = f.statement(call)
-            assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
-            given = [a.value for a in call.args if a.keyword is None]
-            if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or assign.value is not call \
-                    or _flat(assign.targets[0].target) != [n for g in given for n in _flat(g)]:
-                self.refuse(call, f"`{short(call)}` must hand back the objects it takes, as "
-                                  "`model, optimizer = amp.initialize(model, optimizer, ...)`")
-                return False
-            p.apex_inits.append(statement)
-        if len(levels) > 1:
-            self.refuse(list(levels.values())[1], f"apex is initialised at {' and '.join(levels)}: "
-                                                  "give --precision")
+        p, a = self.p, apex_use(self.f)
+        if a.problem is not None:
+            self.refuse(*a.problem)
             return False
-        if levels:
-            p.apex_level = next(iter(levels))
-            p.precision = p.precision or APEX_LEVELS[p.apex_level]
-            if p.precision not in (*AUTOCAST_DTYPES, *TRUE_HALF, "32-true"):
-                self.refuse(levels[p.apex_level], f"--precision {p.precision} has no plain-PyTorch "
-                                                  "form here")
-                return False
+        if a.unknown_level is not None and p.precision is None:
+            self.refuse(a.unknown_level, "apex's opt_level is not a literal O0-O3: give --precision "
+                                         "(O0 is 32-true, O1 and O2 16-mixed, O3 16-true)")
+            return False
+        p.apex_level, p.apex_inits = a.level, list(a.inits)
+        p.precision = p.precision or a.precision
+        if a.present and p.precision not in (*AUTOCAST_DTYPES, *TRUE_HALF, "32-true", None):
+            self.refuse(a.inits[0] if a.inits else None, f"--precision {p.precision} has no "
+                                                         "plain-PyTorch form here")
+            return False
         return True
 
-    def _sites(self) -> Optional[list[Site]]:
-        f = self.f
-        scale_withs = {}  # id(With) -> (With, the scale_loss call, the name it binds)
-        for call in f.calls_named(*APEX_SCALE_LOSS):
-            item = f.parent(f.parent(call))
-            if isinstance(item, cst.With) and item.items[0].item is call and item.items[0].asname \
-                    and isinstance(item.items[0].asname.name, cst.Name) and call.args:
-                scale_withs[id(item)] = (item, call, item.items[0].asname.name.value)
-            else:
-                self.refuse(call, f"`{short(call)}` outside `with ... as scaled_loss:`: convert by hand")
-                return None
-        sites = []
-        for site in f.backward_sites:
-            loss = site.loss
-            with_ = next((scale_withs[id(a)] for a in f.ancestors(site.call) if id(a) in scale_withs), None)
-            if with_ is None or not m.matches(loss, m.Name(with_[2])):
-                sites.append(Site(site.call, loss, site.stmt))
-                continue
-            node, call, _ = with_
-            if len(node.body.body) != 1 or len(node.items) != 1:
-                self.refuse(node, "an apex `scale_loss` block that does more than one backward: "
-                                  "convert by hand")
-                return None
-            sites.append(Site(site.call, call.args[0].value, node, apex=True))
-        return sites
+    def _sites(self) -> list[Site]:
+        blocks = apex_use(self.f).blocks
+        return [Site(site.call, *blocks[id(site.call)][::-1], apex=True) if id(site.call) in blocks
+                else Site(site.call, site.loss, site.stmt) for site in self.f.backward_sites]
 
     def _apex_state(self) -> None:
         f, p = self.f, self.p
         if p.refusal is not None:
             return
-        p.apex_master_params = f.calls_named(*APEX_MASTER_PARAMS)
+        a = apex_use(f)
+        p.apex_master_params = list(a.master_params)
         scaler = p.precision == "16-mixed"
-        for call in f.calls_named(*APEX_STATE_DICT):
-            p.apex_states.append((call, self._scaler_ref(call) if scaler else None))
-        for call in f.calls_named(*APEX_LOAD_STATE_DICT):
-            if not scaler and not m.matches(f.statement(call), m.SimpleStatementLine(body=[m.Expr(value=m.Call())])):
-                self.refuse(call, f"`{short(call)}` is used as a value: convert by hand")
-                return
-            p.apex_loads.append((call, self._scaler_ref(call) if scaler else None))
+        p.apex_states = [(call, self._scaler_ref(call) if scaler else None) for call in a.states]
+        p.apex_loads = [(call, self._scaler_ref(call) if scaler else None) for call in a.loads]
 
     # -- what runs a model --
     def _is_model(self, node: cst.CSTNode) -> bool:
@@ -528,9 +476,3 @@ class _Planner:
                 return
             p.unscales.append((clip, ref, code(later[0].func.value)))
 
-
-def _flat(node: cst.BaseExpression) -> list[str]:
-    """``model, [opt_a, opt_b]`` -> ["model", "opt_a", "opt_b"]."""
-    if isinstance(node, (cst.Tuple, cst.List)):
-        return [n for e in node.elements for n in _flat(e.value)]
-    return [code(node)]

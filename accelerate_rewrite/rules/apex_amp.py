@@ -2,25 +2,32 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.facts import APEX_INITIALIZE, APEX_SCALE_LOSS
+from accelerate_rewrite.codemod.facts import CLIP_NORM, CLIP_VALUE
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
-from accelerate_rewrite.rules._fabric import expr, short
-from accelerate_rewrite.rules._native import core_except, native_plan
+from accelerate_rewrite.rules._apex import apex_use
+from accelerate_rewrite.rules._fabric import FABRIC_CORE, expr, plan, short
+from accelerate_rewrite.rules._native import NATIVE_CORE, native_plan
 
 
 class ApexAmpMigration(Rule):
-    """NVIDIA apex.amp becomes native `torch.amp` (with `--backend torch`).
+    """NVIDIA apex.amp becomes Lightning Fabric's precision, or native `torch.amp` with
+    `--backend torch`.
 
     What it does: `model, optimizer = amp.initialize(model, optimizer, opt_level=...)` goes, and
     its opt_level becomes the precision (unless `--precision` is given): O0 32-true, O1 and O2
-    16-mixed (AR207's autocast and AR208's one GradScaler), O3 16-true (AR210's fp16 weights,
-    AR206's Adam eps). `with amp.scale_loss(loss, optimizer[, loss_id=k]) as scaled: scaled.backward()`
-    becomes `scaler.scale(loss).backward()` (`loss.backward()` at 32-true; `num_losses` and
-    `loss_id` go: one scaler serves every loss), `amp.master_params(optimizer)` in clipping
-    becomes the optimizer's own parameters (AR208 unscales before the clip),
-    `amp.state_dict()` / `amp.load_state_dict(...)` become the scaler's, and apex imports left
-    unused go. `import apex` used as `apex.amp.*` is handled the same way.
+    16-mixed, O3 16-true (with AR206's Adam eps). With Fabric (the default) that is
+    `Fabric(precision=...)`, and `with amp.scale_loss(loss, optimizer) as scaled:
+    scaled.backward()` becomes `fabric.backward(loss)`; clipping `amp.master_params(optimizer)`
+    becomes `fabric.clip_gradients(model, optimizer, ...)` (AR107); `amp.state_dict()` becomes
+    `{}` and `amp.load_state_dict(...)` goes (Fabric's precision keeps its own loss scale). With
+    `--backend torch` the precision is AR207's autocast and AR208's one GradScaler (or AR210's
+    half weights), the `scale_loss` block becomes `scaler.scale(loss).backward()`
+    (`loss.backward()` without a scaler; `num_losses` and `loss_id` go: one scaler serves every
+    loss), `amp.master_params(optimizer)` becomes the optimizer's own parameters (AR208
+    unscales before the clip), and `amp.state_dict()` / `amp.load_state_dict(...)` become the
+    scaler's. Either way apex imports left unused go, and `import apex` used as `apex.amp.*` is
+    handled the same way.
 
     Why: apex.amp is removed from current apex (deprecated since PyTorch 1.6 brought
     torch.cuda.amp): scripts that use it fail where apex is installed new. Native AMP does what
@@ -31,37 +38,75 @@ class ApexAmpMigration(Rule):
     Kind: approximate (autocast's cast lists are not apex's; the loss scale starts at 65,536
     and adapts as apex's dynamic scale did).
 
-    Leaves alone (and says why): with `--backend fabric` (the Fabric conversion refuses apex
-    scripts: migrate first, then convert); an opt_level that is not a literal (give
-    `--precision`); `amp.initialize` whose result is bound to other names; a `scale_loss` block
-    that does more than one backward; everything native mixed precision leaves alone (AR207).
+    Leaves alone (and says why): an opt_level that is not a literal (give `--precision`);
+    `amp.initialize` whose result is bound to other names; a `scale_loss` block that does more
+    than one backward; `amp.load_state_dict(...)` used as a value; everything the Fabric
+    conversion (AR101) or native mixed precision (AR207) leaves alone.
     """
 
     code = "AR211"
     name = "apex-amp-migration"
     kind = Kind.APPROXIMATE
-    requires = core_except("AR211")
-    examples = (Example.from_files("AR211", options={"backend": "torch"}),)
+    requires = tuple(c for c in (*FABRIC_CORE, *NATIVE_CORE) if c != "AR211")  # one backend's
+
+    def requirements(self, options: Options) -> tuple[str, ...]:
+        """The conversion of the backend in use: its edits around apex's are AR211's partners."""
+        return tuple(c for c in (FABRIC_CORE if options.fabric else NATIVE_CORE) if c != "AR211")
+    examples = (Example.from_files("AR211.fabric"), Example.from_files("AR211", options={"backend": "torch"}))
 
     def applies(self, options: Options) -> bool:
-        return not options.fabric
+        return True  # both backends
 
     def rewrite(self, ctx: RuleContext) -> None:
         f = ctx.facts
-        p = native_plan(f, ctx.options)
-        if not f.calls_named(*APEX_INITIALIZE, *APEX_SCALE_LOSS):
+        a = apex_use(f)
+        if not a.present:
             return
+        fabric = ctx.options.fabric
+        p = plan(f, ctx.options) if fabric else native_plan(f, ctx.options)
         if p.refusal is not None:
             node, why = p.refusal
             ctx.skip(node, f"apex.amp left as it is: {why}")
             return
-        for s in p.apex_inits:
+        target = f"Fabric at {p.precision or '32-true'}" if fabric else f"{p.precision} with torch.amp"
+        for s in a.inits:
             ctx.edits.remove(s)
-            level = f" ({p.apex_level})" if p.apex_level else ""
-            note = (": O2's fp32 master weights are the model's own weights now (fp32), the "
-                    "compute is autocast") if p.apex_level == "O2" else ""
-            ctx.change(s, f"apex `amp.initialize`{level} removed: the script runs {p.precision} "
-                          f"with torch.amp{note}")
+            level = f" ({a.level})" if a.level else ""
+            note = ("; O2's fp32 master weights are the model's own weights now (fp32), the "
+                    "compute is autocast") if a.level == "O2" and p.precision == "16-mixed" else ""
+            ctx.change(s, f"apex `amp.initialize`{level} removed: the script runs {target}{note}")
+        if fabric:
+            self._to_fabric(ctx, a, p)
+        else:
+            self._to_torch_amp(ctx, p)
+        ctx.edits.remove_import_if_unused("apex", "amp")
+        ctx.edits.remove_import_if_unused("apex")
+        ctx.edits.remove_import_if_unused("apex.amp")
+
+    def _to_fabric(self, ctx: RuleContext, a, p) -> None:
+        f = ctx.facts
+        calls = {id(s.call): s.call for s in f.backward_sites}
+        for call_id, (block, loss) in a.blocks.items():
+            ref = p.ref_at(f, block)
+            args = [cst.Arg(loss.with_changes(lpar=[], rpar=[])), *calls[call_id].args]
+            new = cst.Expr(cst.Call(expr(f"{ref}.backward"), args))
+            ctx.edits.replace(block, lambda u, n=new: cst.SimpleStatementLine([n], leading_lines=u.leading_lines))
+            ctx.change(block, f"apex `scale_loss` block became `{short(new)}`")
+        clipped = {id(c.call.args[0].value) for c in f.calls_to(*CLIP_NORM, *CLIP_VALUE) if c.call.args}
+        for call in a.master_params:
+            if id(call) not in clipped:  # in a clip, AR107 makes it fabric.clip_gradients(model, ...)
+                self._optimizer_params(ctx, call)
+        for call in a.states:
+            ctx.edits.replace(call, expr("{}"))
+            ctx.change(call, "`amp.state_dict()` became `{}`: Fabric's precision keeps its own loss "
+                             "scale, which this checkpoint no longer carries")
+        for call in a.loads:
+            ctx.edits.remove(f.statement(call))
+            ctx.change(call, "`amp.load_state_dict(...)` removed: Fabric's precision keeps its own "
+                             "loss scale")
+
+    def _to_torch_amp(self, ctx: RuleContext, p) -> None:
+        f = ctx.facts
         for site, ref in p.backwards:
             if not site.apex:
                 continue
@@ -72,11 +117,7 @@ class ApexAmpMigration(Rule):
                 [n], leading_lines=u.leading_lines))
             ctx.change(site.stmt, f"apex `scale_loss` block became `{short(new)}`")
         for call in p.apex_master_params:
-            opt = call.args[0].value if call.args else None
-            if opt is None:
-                continue
-            ctx.edits.replace(call, expr(f'(p for group in {short(opt, 200)}.param_groups for p in group["params"])'))
-            ctx.change(call, "`amp.master_params(...)` became the optimizer's own parameters")
+            self._optimizer_params(ctx, call)
         for call, ref in p.apex_states:
             ctx.edits.replace(call, expr(f"{ref}.state_dict()" if ref else "{}"))
             ctx.change(call, f"`amp.state_dict()` became `{ref}.state_dict()`" if ref
@@ -88,6 +129,11 @@ class ApexAmpMigration(Rule):
             else:
                 ctx.edits.remove(f.statement(call))
                 ctx.change(call, "`amp.load_state_dict(...)` removed: no loss scale at this precision")
-        ctx.edits.remove_import_if_unused("apex", "amp")
-        ctx.edits.remove_import_if_unused("apex")
-        ctx.edits.remove_import_if_unused("apex.amp")
+
+    @staticmethod
+    def _optimizer_params(ctx: RuleContext, call: cst.Call) -> None:
+        if not call.args:
+            return
+        opt = short(call.args[0].value, 200)
+        ctx.edits.replace(call, expr(f'(p for group in {opt}.param_groups for p in group["params"])'))
+        ctx.change(call, "`amp.master_params(...)` became the optimizer's own parameters")

@@ -3,6 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
+from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.rules._fabric import FabricRule, core_except, expr, plan, short
 
 
@@ -34,7 +35,10 @@ class FabricBackward(FabricRule):
         p = plan(f, ctx.options)
         if p.refusal is not None:
             return
+        apex_blocks = apex_use(f).blocks
         for site in f.backward_sites:
+            if id(site.call) in apex_blocks:
+                continue  # AR211 turns apex's scale_loss block into fabric.backward(loss)
             ref = p.ref_at(f, site.call)
             if ref is None or not p.after_creation(f, site.call):
                 ctx.skip(site.call, f"`{short(site.call)}` left as is: `fabric` can't be reached here")

@@ -59,22 +59,23 @@ class FabricCheckpoint(FabricRule):
                 ctx.skip(call, f"torch.save inside a rank check (line {f.line(guard)}) left as is: "
                                "fabric.save must run on every rank (it waits for all of them)")
                 continue
-            obj, path = call.args[0].value, call.args[1].value
+            obj = call.args[0].value
             if sharded:
                 ctx.skip(call, f"torch.save left as is: under {ctx.options.strategy}, fabric.save writes a "
                                "sharded checkpoint that this script's loading code could not read; "
                                "convert saving and loading together by hand")
                 continue
             if isinstance(obj, cst.Dict):
-                new_dict = obj.with_changes(elements=[self._state_object(f, p, el) for el in obj.elements])
-                state = code(new_dict)
+                unwrap = [self._state_object(f, p, el) for el in obj.elements]
             elif self._is_state_dict_of(f, p, obj):
-                state = code(obj)
+                unwrap = None
             else:
                 ctx.skip(call, "torch.save left as is: it saves something other than a state dict "
                                "(a whole model, or an expression)")
                 continue
-            ctx.edits.replace(call, expr(f"{ref}.save({code(path)}, {state})"))
+            # built from the updated call: edits inside it (AR211's `amp.state_dict()`) are kept
+            ctx.edits.replace(call, lambda u, r=ref, w=unwrap: expr(
+                f"{r}.save({code(u.args[1].value)}, {code(_unwrapped(u.args[0].value, w))})"))
             ctx.change(call, f"torch.save became {ref}.save (written once, by rank 0)")
         for site in f.calls_to("torch.load", "torch.serialization.load"):
             call = site.call
@@ -108,13 +109,20 @@ class FabricCheckpoint(FabricRule):
         key = f.key_of(root_of(node.func.value))
         return p.group_of(f, key) is not None and root_of(node.func.value) is node.func.value
 
-    def _state_object(self, f, p, element):
-        """``"model": model.state_dict()`` -> ``"model": model`` for set-up models and optimizers."""
+    def _state_object(self, f, p, element) -> bool:
+        """Whether ``"model": model.state_dict()`` becomes ``"model": model``: for set-up models
+        and optimizers."""
         if not isinstance(element, cst.DictElement):
-            return element
+            return False
         value = element.value
         if m.matches(value, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[])):
-            target = value.func.value
-            if self._is_state_dict_of(f, p, value) or OPTIMIZER in f.kinds_of(target):
-                return element.with_changes(value=target)
-        return element
+            return self._is_state_dict_of(f, p, value) or OPTIMIZER in f.kinds_of(value.func.value)
+        return False
+
+
+def _unwrapped(state: cst.BaseExpression, unwrap) -> cst.BaseExpression:
+    if unwrap is None or not isinstance(state, cst.Dict):
+        return state
+    return state.with_changes(elements=[
+        el.with_changes(value=el.value.func.value) if flag and isinstance(el.value, cst.Call) else el
+        for el, flag in zip(state.elements, unwrap)])

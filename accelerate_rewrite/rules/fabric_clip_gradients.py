@@ -4,6 +4,7 @@ import libcst as cst
 
 from accelerate_rewrite.codemod.facts import CLIP_NORM, CLIP_VALUE, root_of
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
+from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.rules._fabric import FabricRule, core_except, code, expr, plan
 
 
@@ -42,15 +43,21 @@ class FabricClipGradients(FabricRule):
             positional = [a for a in call.args if a.keyword is None]
             keywords = {a.keyword.value: a for a in call.args if a.keyword is not None}
             params = positional[0].value if positional else (keywords.get("parameters") and keywords["parameters"].value)
-            group = None
+            group, model = None, None
             if isinstance(params, cst.Call) and isinstance(params.func, cst.Attribute) \
                     and params.func.attr.value == "parameters":
                 group = p.group_of(f, f.key_of(root_of(params.func.value)))
+                model = code(params.func.value)
+            elif isinstance(params, cst.Call) and params in apex_use(f).master_params and params.args:
+                # ``amp.master_params(optimizer)``: the parameters of the model it trains
+                opt_key = f.key_of(params.args[0].value)
+                group = next((g for g in p.setups if any(f.same_object(o.key, opt_key) for o in g.optimizers)),
+                             None)
+                model = p.visible_name(f, call, group.model_key) if group is not None else None
             ref = p.ref_at(f, call)
-            if group is None or ref is None or len(group.optimizers) != 1:
+            if group is None or model is None or ref is None or len(group.optimizers) != 1:
                 ctx.skip(call, f"`{code(call.func)}(...)` left as is: can't tell which set-up model and optimizer it clips")
                 continue
-            model = code(params.func.value)
             optimizer = p.visible_name(f, call, group.optimizers[0].key)
             if optimizer is None:
                 ctx.skip(call, f"`{code(call.func)}(...)` left as is: the optimizer is not in reach here")

@@ -42,6 +42,8 @@ class FabricLaunch(FabricRule):
             ctx.skip(node, f"Fabric conversion: {why}")
             return
         kwargs = ctx.options.fabric_kwargs()
+        if p.precision not in (ctx.options.precision, None, "32-true"):  # apex's opt_level
+            kwargs["precision"] = p.precision
         if p.omit_precision is not None:
             kwargs.pop("precision", None)
             ctx.skip(*p.omit_precision)

@@ -7,7 +7,7 @@ import libcst as cst
 
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.rules._fabric import code, plan
-from accelerate_rewrite.rules._native import casts_to_true_half
+from accelerate_rewrite.rules._native import casts_to_true_half, native_plan
 from accelerate_rewrite.rules._half import half_casts
 
 #: optimizers that divide by ``sqrt(state) + eps``: (default eps, eps's position among the arguments)
@@ -54,9 +54,10 @@ class HalfAdamEps(Rule):
         half_site = half_casts(f).model_cast
         # fix eps where the weights really end up in fp16: the script's own .half(), Fabric's
         # 16-true, or AR210's cast
-        fix = ctx.options.precision == "16-true" and (
-            half_site is not None or (plan(f, ctx.options).refusal is None if ctx.options.fabric
-                                      else casts_to_true_half(f, ctx.options)))
+        o = ctx.options
+        converted = plan(f, o) if o.fabric else native_plan(f, o)  # the precision: apex O3 is 16-true
+        fix = converted.precision == "16-true" and (
+            half_site is not None or (converted.refusal is None if o.fabric else casts_to_true_half(f, o)))
         if not fix and half_site is None:
             return
         for opt in f.optimizers:

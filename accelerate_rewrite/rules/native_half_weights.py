@@ -39,11 +39,13 @@ class NativeHalfWeights(Rule):
     examples = (Example.from_files("AR210", options={"backend": "torch", "precision": "bf16-true"}),)
 
     def applies(self, options: Options) -> bool:
-        return not options.fabric and options.precision in TRUE_HALF
+        return not options.fabric
 
     def rewrite(self, ctx: RuleContext) -> None:
         f = ctx.facts
         p = native_plan(f, ctx.options)
+        if p.precision not in TRUE_HALF:  # --precision, or apex O3
+            return
         if p.refusal is not None:
             node, why = p.refusal
             ctx.skip(node, f"native {p.precision}: {why}")

@@ -1,0 +1,109 @@
+"""NVIDIA apex.amp in a script: what AR211 migrates, found once and shared by both backends'
+plans (the Fabric plan and the native one)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from accelerate_rewrite.codemod.facts import (
+    APEX_INITIALIZE,
+    APEX_LOAD_STATE_DICT,
+    APEX_MASTER_PARAMS,
+    APEX_SCALE_LOSS,
+    APEX_STATE_DICT,
+    ScriptFacts,
+    code,
+)
+
+#: apex.amp's optimization levels and the precision each one becomes
+APEX_LEVELS = {"O0": "32-true", "O1": "16-mixed", "O2": "16-mixed", "O3": "16-true"}
+
+
+@dataclass
+class ApexUse:
+    problem: Optional[tuple[cst.CSTNode, str]] = None  # apex used in a way AR211 does not migrate
+    level: Optional[str] = None  # "O1", ...
+    unknown_level: Optional[cst.Call] = None  # an opt_level that is not a literal
+    inits: list[cst.BaseStatement] = field(default_factory=list)  # ``model, opt = amp.initialize(...)``
+    #: id(the backward call in a scale_loss block) -> (the ``with`` statement, the loss it scales)
+    blocks: dict[int, tuple[cst.With, cst.BaseExpression]] = field(default_factory=dict)
+    master_params: list[cst.Call] = field(default_factory=list)
+    states: list[cst.Call] = field(default_factory=list)  # ``amp.state_dict()``
+    loads: list[cst.Call] = field(default_factory=list)  # ``amp.load_state_dict(...)``
+
+    @property
+    def present(self) -> bool:
+        return bool(self.inits or self.blocks or self.problem or self.master_params or self.states
+                    or self.loads)
+
+    @property
+    def precision(self) -> Optional[str]:
+        return APEX_LEVELS.get(self.level) if self.level else None
+
+
+def apex_use(f: ScriptFacts) -> ApexUse:
+    return f.memo("apex-use", lambda: _find(f))
+
+
+def _find(f: ScriptFacts) -> ApexUse:
+    from accelerate_rewrite.rules._fabric import short  # _fabric's plan imports this module
+
+    out = ApexUse()
+    levels: dict[str, cst.Call] = {}
+    for call in f.calls_named(*APEX_INITIALIZE):
+        level_arg = next((a for a in call.args if a.keyword and a.keyword.value == "opt_level"), None)
+        level = "O1" if level_arg is None else getattr(level_arg.value, "evaluated_value", None)
+        if level in APEX_LEVELS:
+            levels[level] = call
+        else:
+            out.unknown_level = call
+        statement = f.statement(call)
+        assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        given = [a.value for a in call.args if a.keyword is None]
+        if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or assign.value is not call \
+                or _flat(assign.targets[0].target) != [n for g in given for n in _flat(g)]:
+            out.problem = (call, f"`{short(call)}` must hand back the objects it takes, as "
+                                 "`model, optimizer = amp.initialize(model, optimizer, ...)`")
+            return out
+        out.inits.append(statement)
+    if len(levels) > 1:
+        out.problem = (list(levels.values())[1], f"apex is initialised at {' and '.join(levels)}: "
+                                                 "give --precision")
+        return out
+    out.level = next(iter(levels), None)
+    withs = {}
+    for call in f.calls_named(*APEX_SCALE_LOSS):
+        node = f.parent(f.parent(call))
+        if not (isinstance(node, cst.With) and node.items[0].item is call and node.items[0].asname
+                and isinstance(node.items[0].asname.name, cst.Name) and call.args):
+            out.problem = (call, f"`{short(call)}` outside `with ... as scaled_loss:`: convert by hand")
+            return out
+        withs[id(node)] = (node, call, node.items[0].asname.name.value)
+    for site in f.backward_sites:
+        found = next((withs[id(a)] for a in f.ancestors(site.call) if id(a) in withs), None)
+        if found is None or not m.matches(site.loss, m.Name(found[2])):
+            continue
+        node, call, _ = found
+        if len(node.body.body) != 1 or len(node.items) != 1:
+            out.problem = (node, "an apex `scale_loss` block that does more than one backward: "
+                                 "convert by hand")
+            return out
+        out.blocks[id(site.call)] = (node, call.args[0].value)
+    out.master_params = f.calls_named(*APEX_MASTER_PARAMS)
+    out.states = f.calls_named(*APEX_STATE_DICT)
+    out.loads = f.calls_named(*APEX_LOAD_STATE_DICT)
+    for call in out.loads:
+        if not m.matches(f.statement(call), m.SimpleStatementLine(body=[m.Expr(value=m.Call())])):
+            out.problem = (call, f"`{short(call)}` is used as a value: convert by hand")
+    return out
+
+
+def _flat(node: cst.BaseExpression) -> list[str]:
+    """``model, [opt_a, opt_b]`` -> ["model", "opt_a", "opt_b"]."""
+    if isinstance(node, (cst.Tuple, cst.List)):
+        return [n for e in node.elements for n in _flat(e.value)]
+    return [code(node)]

@@ -1,0 +1,212 @@
+"""--backend torch (AR207, AR208, AR210), pure half (AR209, AR206, AR212) and apex (AR211), on
+small scripts: what is written, and what is left alone with which reason."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+import pytest
+
+from accelerate_rewrite.codemod.engine import rewrite
+from accelerate_rewrite.options import OptionError, Options
+
+HEAD = """\
+import torch
+import torch.nn.functional as F
+"""
+
+
+def native(source: str, precision: str = "16-mixed", **options):
+    options = Options.create(backend="torch", precision=precision, **options)
+    result = rewrite(HEAD + textwrap.dedent(source), options)
+    ast.parse(result.output)
+    assert not result.dropped, result.dropped
+    assert rewrite(result.output, options).output == result.output  # idempotent
+    return result
+
+
+def reasons(result, rule="AR207") -> str:
+    return " ".join(n.message for n in result.skips if n.rule == rule)
+
+
+LOOP = """\
+device = {device}
+model = torch.nn.Linear(4, 2){move}
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in [(torch.randn(8, 4), torch.randint(0, 2, (8,)))]:
+    # the forward pass
+    out = model(x)
+    loss = F.cross_entropy(out, y)
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("device,move,expected", [
+    ('torch.device("cuda" if torch.cuda.is_available() else "cpu")', ".to(device)", "device.type"),
+    ('"cuda" if torch.cuda.is_available() else "cpu"', ".to(device)", "torch.device(device).type"),
+    ('None', ".cuda()", '"cuda"'),
+    ('None', "", '"cpu"'),
+])
+def test_the_device_type_is_the_scripts_own(device, move, expected):
+    result = native(LOOP.format(device=device, move=move))
+    assert f"torch.autocast(device_type={expected}, dtype=torch.float16)" in result.output
+    assert f"scaler = torch.amp.GradScaler({expected})" in result.output
+
+
+def test_autocast_takes_the_comments_above_the_forward_pass_and_leaves_backward_outside():
+    out = native(LOOP.format(device='"cpu"', move=".to(device)"), "bf16-mixed").output
+    assert "    # the forward pass\n    with torch.autocast(" in out
+    block = out.split("with torch.autocast(", 1)[1]
+    assert block.index("loss = F.cross_entropy") < block.index("loss.backward()")
+    assert "\n    loss.backward()" in block and "GradScaler" not in out  # bf16: no scaler
+
+
+def test_a_scaler_threads_into_a_function_with_defaults_as_keyword_only():
+    result = native("""\
+        def train(model, optimizer, x, y, device, steps=2):
+            for _ in range(steps):
+                loss = F.cross_entropy(model(x.to(device)), y.to(device))
+                loss.backward()
+                optimizer.step()
+
+        def main():
+            device = torch.device("cpu")
+            model = torch.nn.Linear(4, 2).to(device)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            train(model, optimizer, torch.randn(8, 4), torch.randint(0, 2, (8,)), device)
+        """)
+    assert "def train(model, optimizer, x, y, device, steps=2, *, scaler):" in result.output
+    assert "device, scaler=scaler)" in result.output
+    assert "scaler.step(optimizer)\n        scaler.update()" in result.output
+
+
+def test_an_evaluation_loop_gets_autocast_but_a_loop_calling_the_training_function_does_not():
+    result = native("""\
+        def train_step(model, optimizer, x, y):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+
+        device = torch.device("cpu")
+        model = torch.nn.Linear(4, 2).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = [(torch.randn(8, 4), torch.randint(0, 2, (8,)))]
+        for x, y in data:
+            train_step(model, optimizer, x, y)
+        with torch.no_grad():
+            for x, y in data:
+                correct = (model(x).argmax(1) == y).sum()
+                print(correct)
+        """, "bf16-mixed")
+    out = result.output
+    assert out.count("with torch.autocast(") == 2  # train_step's forward and the evaluation
+    assert "    train_step(model, optimizer, x, y)" in out
+    assert "with torch.no_grad():\n    for x, y in data:\n        with torch.autocast(" in out
+
+
+def test_bce_under_the_autocast_it_would_add_is_refused():
+    result = native("""\
+        model = torch.nn.Sequential(torch.nn.Linear(4, 1), torch.nn.Sigmoid())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        criterion = torch.nn.BCELoss()
+        x, y = torch.randn(8, 4), torch.rand(8, 1)
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        """)
+    assert not result.changed
+    assert "unsafe to autocast" in reasons(result) and "BCEWithLogitsLoss" in reasons(result)
+
+
+def test_forward_and_backward_in_one_statement_is_refused():
+    result = native("""\
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        F.cross_entropy(model(torch.randn(8, 4)), torch.randint(0, 2, (8,))).backward()
+        optimizer.step()
+        """)
+    assert not result.changed and "one statement" in reasons(result)
+
+
+def test_fabric_options_need_the_fabric_backend():
+    with pytest.raises(OptionError, match="--devices needs --backend fabric"):
+        Options.create(backend="torch", devices=2)
+    with pytest.raises(OptionError, match="valid values: fabric, torch"):
+        Options.create(backend="jax")
+
+
+def test_native_true_half_casts_the_model_and_fixes_rmsprop_eps_given_by_position():
+    result = native("""\
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.RMSprop(model.parameters(), 0.01, 0.99, 1e-8)
+        loss = F.cross_entropy(model(torch.randn(8, 4)), torch.randint(0, 2, (8,)))
+        loss.backward()
+        optimizer.step()
+        """, "16-true")
+    out = result.output
+    assert "model.to(torch.float16)\nmodel.register_forward_pre_hook(" in out
+    assert "RMSprop(model.parameters(), 0.01, 0.99, 1e-4)" in out
+    assert "GradScaler" not in out and "autocast" not in out
+
+
+def test_batchnorm_under_true_half_is_reported_not_rewritten():
+    result = native("""\
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = model(torch.randn(8, 4)).sum()
+        loss.backward()
+        optimizer.step()
+        """, "bf16-true")
+    assert "running mean and variance" in reasons(result, "AR212")
+    assert "BatchNorm1d(4)" in result.output
+
+
+APEX = """\
+from apex import amp
+
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = amp.initialize(model, optimizer, opt_level={level})
+loss = F.cross_entropy(model(torch.randn(8, 4)), torch.randint(0, 2, (8,)))
+with amp.scale_loss(loss, optimizer) as scaled_loss:
+    scaled_loss.backward()
+optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("level,precision", [('"O0"', None), ('"O1"', "16-mixed"), ('"O3"', "16-true")])
+def test_apex_levels_become_precisions(level, precision):
+    result = native(APEX.format(level=level), precision=None)
+    assert "amp" not in result.output.replace("torch.amp", "")
+    if precision == "16-mixed":
+        assert "scaler.scale(loss).backward()" in result.output
+    else:
+        assert "\nloss.backward()" in result.output
+    if precision == "16-true":
+        assert "model.to(torch.float16)" in result.output
+
+
+def test_apex_opt_level_from_a_variable_needs_a_precision():
+    source = APEX.format(level="args.opt_level").replace("from apex import amp", "from apex import amp\nargs = None")
+    for backend in ("torch", "fabric"):
+        left = rewrite(HEAD + source, Options.create(backend=backend))
+        assert not left.changed
+        assert any("give --precision" in n.message for n in left.skips)
+    given = rewrite(HEAD + source, Options.create(backend="torch", precision="bf16-mixed"))
+    assert "torch.autocast(" in given.output and "amp.initialize" not in given.output
+
+
+def test_the_summary_says_what_happens_to_the_numbers(tmp_path):
+    from click.testing import CliRunner
+
+    from accelerate_rewrite.cli import cli
+
+    script = tmp_path / "train.py"
+    script.write_text(HEAD + LOOP.format(device='"cpu"', move=".to(device)"))
+    runner = CliRunner()
+    native_run = runner.invoke(cli, [str(script), "--backend", "torch", "--precision", "bf16-mixed"])
+    assert "numerics: approximate (AR207)" in native_run.stderr
+    fabric_run = runner.invoke(cli, [str(script)])
+    assert "numerics: unchanged: the rewrite keeps the math" in fabric_run.stderr
