@@ -113,13 +113,14 @@ class _Planner:
         self.f = facts
         self.o = options
         self.p = NativePlan()
-        self.steps = [c for c in facts.method_calls(OPTIMIZER, "step")]
+        self.steps = facts.method_calls(OPTIMIZER, "step")
         self.backward_calls = {id(s.call) for s in facts.backward_sites}
         # statements that hold a backward or an optimizer step: a forward pass does not cross them
         self.boundaries: set[int] = set()
         for call in [*(s.call for s in facts.backward_sites), *self.steps]:
             self.boundaries.update(id(a) for a in facts.ancestors(call))
         # functions of the file that run a model (``loss = compute_loss(batch)``) or train
+        self.model_funcs: set[str] = set()
         self.model_funcs = {name for name, fn in facts.functions.items() if self._calls_model(fn.node)}
         self.training_funcs = {
             name for name, fn in facts.functions.items()
@@ -196,8 +197,14 @@ class _Planner:
 
     def _sites(self) -> list[Site]:
         blocks = apex_use(self.f).blocks
-        return [Site(site.call, *blocks[id(site.call)][::-1], apex=True) if id(site.call) in blocks
-                else Site(site.call, site.loss, site.stmt) for site in self.f.backward_sites]
+        sites = []
+        for site in self.f.backward_sites:
+            if id(site.call) in blocks:  # apex's ``with amp.scale_loss(loss, ...) as s: s.backward()``
+                block, loss = blocks[id(site.call)]
+                sites.append(Site(site.call, loss, block, apex=True))
+            else:
+                sites.append(Site(site.call, site.loss, site.stmt))
+        return sites
 
     def _apex_state(self) -> None:
         f, p = self.f, self.p
@@ -217,7 +224,7 @@ class _Planner:
         for call in m.findall(node, m.Call()):
             if self._is_model(call.func) or any(self._is_model(a.value) for a in call.args):
                 return True
-            if isinstance(call.func, cst.Name) and call.func.value in getattr(self, "model_funcs", ()):
+            if isinstance(call.func, cst.Name) and call.func.value in self.model_funcs:
                 return True
         return False
 
