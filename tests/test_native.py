@@ -210,3 +210,20 @@ def test_the_summary_says_what_happens_to_the_numbers(tmp_path):
     assert "numerics: approximate (AR207)" in native_run.stderr
     fabric_run = runner.invoke(cli, [str(script)])
     assert "numerics: unchanged: the rewrite keeps the math" in fabric_run.stderr
+
+
+def test_half_after_training_for_a_smaller_checkpoint_is_left_alone():
+    source = HEAD + textwrap.dedent("""\
+        model = torch.nn.Linear(4, 2).half()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for x in torch.randn(3, 8, 4):
+            loss = model(x.half()).float().pow(2).mean()
+            loss.backward()
+            optimizer.step()
+        model.half()
+        torch.save(model.state_dict(), "small.pt")
+        """)
+    result = rewrite(source, Options.create(backend="torch", precision="bf16-mixed"))
+    removed = [n for n in result.changes if n.rule == "AR209"]
+    assert [n.line for n in removed] == [3, 6]  # the model's cast before training, the batch's
+    assert 'model.half()\ntorch.save(model.state_dict(), "small.pt")' in result.output

@@ -58,13 +58,17 @@ def _find(f: ScriptFacts) -> HalfCasts:
     if not f.backward_sites:
         return out
     loops = {id(a) for s in f.backward_sites for a in f.ancestors(s.call) if isinstance(a, (cst.For, cst.While))}
+    last_backward = max(f.line(s.call) for s in f.backward_sites)
     for call in f.attribute_calls:
         if not m.matches(call, HALF):
             continue
+        in_training = any(id(a) in loops for a in f.ancestors(call))
+        if f.line(call) > last_backward and not in_training:
+            continue  # after training: a smaller checkpoint, or inference
         if _casts_model(f, call):
             out.model_cast = out.model_cast or call
             out.training.append(call)
-        elif any(id(a) in loops for a in f.ancestors(call)):
+        elif in_training:
             out.training.append(call)
     if out.model_cast is None:
         out.training = []

@@ -30,8 +30,8 @@ class HalfToMixed(Rule):
     original, with Adam, produced NaN).
 
     Leaves alone: `.half()` outside the training loops on something other than the trained
-    model (a smaller checkpoint, inference). To keep pure half, use `--precision 16-true`
-    (AR206 then fixes Adam's eps).
+    model, and any `.half()` after the last backward outside them (a smaller checkpoint,
+    inference). To keep pure half, use `--precision 16-true` (AR206 then fixes Adam's eps).
     """
 
     code = "AR209"
