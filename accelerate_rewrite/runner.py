@@ -102,7 +102,7 @@ def numerics(result: "Result", options: Options) -> str:
 
     by_kind: dict[Kind, list[str]] = {}
     for note in result.changes:
-        codes = by_kind.setdefault(BY_CODE[note.rule].kind, [])
+        codes = by_kind.setdefault(BY_CODE[note.rule].kind_for(options), [])
         if note.rule not in codes:
             codes.append(note.rule)
     if options.mixed_or_low_precision and any(n.rule == "AR101" for n in result.changes):

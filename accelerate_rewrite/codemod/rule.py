@@ -91,6 +91,10 @@ class Rule:
     def documentation(cls) -> str:
         return inspect.getdoc(cls) or ""
 
+    def kind_for(self, options: Options) -> Kind:
+        """The kind of what the rule did with these options (by default, ``kind``)."""
+        return self.kind
+
     def requirements(self, options: Options) -> tuple[str, ...]:
         """The rules this one relies on with these options (by default, ``requires``)."""
         return self.requires

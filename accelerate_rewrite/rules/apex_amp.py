@@ -36,7 +36,8 @@ class ApexAmpMigration(Rule):
     precisely as before, with 2 more bytes a parameter of weight memory.
 
     Kind: approximate (autocast's cast lists are not apex's; the loss scale starts at 65,536
-    and adapts as apex's dynamic scale did).
+    and adapts as apex's dynamic scale did); safe with `--precision 32-true`, where apex only
+    goes (the verifier then requires identical losses).
 
     Leaves alone (and says why): an opt_level that is not a literal (give `--precision`);
     `amp.initialize` whose result is bound to other names; a `scale_loss` block that does more
@@ -48,6 +49,10 @@ class ApexAmpMigration(Rule):
     name = "apex-amp-migration"
     kind = Kind.APPROXIMATE
     requires = tuple(c for c in (*FABRIC_CORE, *NATIVE_CORE) if c != "AR211")  # one backend's
+
+    def kind_for(self, options: Options) -> Kind:
+        """With `--precision 32-true` the migration keeps the math: apex goes, nothing is cast."""
+        return Kind.SAFE if options.precision == "32-true" else self.kind
 
     def requirements(self, options: Options) -> tuple[str, ...]:
         """The conversion of the backend in use: its edits around apex's are AR211's partners."""
