@@ -87,7 +87,8 @@ def main() -> int:
                     v = verify(ROOT / "fixtures" / name / "input.py", options, steps=args.steps,
                                run_on=args.run_on, threads=args.threads, script_args=args.script_args)
                 except VerifyError as exc:  # e.g. the rewrite changes nothing at these options
-                    print(f"| {name} | {backend} | {precision} | not verified: {str(exc)[-70:]} "
+                    why = str(exc).split(": ", 1)[-1].replace("|", "/")
+                    print(f"| {name} | {backend} | {precision} | not verified: {why[:110]}... "
                           "| - | - | - | - | - | - |", flush=True)
                     continue
                 c = v.verdict.comparison
