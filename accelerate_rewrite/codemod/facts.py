@@ -142,7 +142,8 @@ class DeviceMove:
 @dataclass
 class CallSite:
     call: cst.Call
-    qualname: str
+    qualname: str  # the first of ``names``
+    names: frozenset[str] = frozenset()  # all of them: ``amp`` bound by an import and a fallback
 
 
 @dataclass
@@ -334,7 +335,7 @@ class ScriptFacts:
         """Calls any of whose qualified names is one of these (a name bound twice, e.g. by an
         import and a fallback, has several)."""
         wanted = set(qualnames)
-        return [c.call for c in self.calls if self.qualnames(c.call) & wanted]
+        return [c.call for c in self.calls if c.names & wanted]
 
     def calls_to(self, *qualnames: str) -> list[CallSite]:
         return [c for c in self.calls if c.qualname in qualnames]
@@ -684,9 +685,10 @@ class _Collector(cst.CSTVisitor):
     # -- calls --
     def visit_Call(self, node: cst.Call) -> None:
         f = self.f
-        qual = f.qualname(node)
+        names = f.qualnames(node)
+        qual = min(names) if names else None
         if qual:
-            f.calls.append(CallSite(node, qual))
+            f.calls.append(CallSite(node, qual, frozenset(names)))
         if qual == "builtins.print":
             f.prints.append(node)
         func = node.func
