@@ -126,6 +126,11 @@ def fabric_options(command):
             help="Fabric accelerator: " + ", ".join(ACCELERATORS) + ".",
         ),
         click.option(
+            "--clip-grad-norm", metavar="X",
+            help="Clip the gradients' norm to X before every optimizer step (AR301): "
+                 "fabric.clip_gradients with Fabric, unscale_ first under a GradScaler.",
+        ),
+        click.option(
             "--matmul-precision", metavar="high|medium", shell_complete=_choices(MATMUL_PRECISIONS),
             help="For scripts that stay in fp32: add torch.set_float32_matmul_precision(...) "
                  "(TF32 matmuls on Ampere and later GPUs).",
@@ -135,13 +140,14 @@ def fabric_options(command):
     return command
 
 
-def _options(precision, backend, devices, strategy, num_nodes, accelerator, matmul_precision):
+def _options(precision, backend, devices, strategy, num_nodes, accelerator, clip_grad_norm,
+             matmul_precision):
     from accelerate_rewrite.options import Options
 
     try:
         return Options.create(precision=precision, backend=backend, devices=devices,
                               strategy=strategy, num_nodes=num_nodes, accelerator=accelerator,
-                              matmul_precision=matmul_precision)
+                              clip_grad_norm=clip_grad_norm, matmul_precision=matmul_precision)
     except OptionError as exc:
         _fail(str(exc))
 
@@ -174,6 +180,7 @@ def rewrite_command(
     strategy: Optional[str],
     num_nodes: Optional[str],
     accelerator: Optional[str],
+    clip_grad_norm: Optional[str],
     matmul_precision: Optional[str],
     write: bool,
     output: Optional[str],
@@ -189,7 +196,8 @@ def rewrite_command(
     """
     from accelerate_rewrite.runner import Mode, Settings, run
 
-    options = _options(precision, backend, devices, strategy, num_nodes, accelerator, matmul_precision)
+    options = _options(precision, backend, devices, strategy, num_nodes, accelerator, clip_grad_norm,
+                       matmul_precision)
 
     if check and (write or output is not None):
         _fail("--check writes nothing: it can't be combined with --write or -o/--output")
@@ -326,7 +334,8 @@ def explain_command(code: str) -> None:
               help="Plot both loss curves and the per-step relative difference (needs matplotlib).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display and no table: the verdict only.")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
-def verify_command(script, precision, backend, devices, strategy, num_nodes, accelerator, matmul_precision,
+def verify_command(script, precision, backend, devices, strategy, num_nodes, accelerator, clip_grad_norm,
+                   matmul_precision,
                    against, steps,
                    run_on, run_devices, timeout, rtol, mean_rtol, last_rtol, warmup_steps, threads,
                    python, json_path, plot_path, quiet, script_args) -> None:
@@ -345,7 +354,8 @@ def verify_command(script, precision, backend, devices, strategy, num_nodes, acc
     from accelerate_rewrite.verify.compare import Tolerance
     from accelerate_rewrite.verify.session import VerifyError, verify
 
-    options = _options(precision, backend, devices, strategy, num_nodes, accelerator, matmul_precision)
+    options = _options(precision, backend, devices, strategy, num_nodes, accelerator, clip_grad_norm,
+                       matmul_precision)
     if plot_path is not None:
         try:
             import matplotlib  # noqa: F401

@@ -134,6 +134,16 @@ def normalize_backend(value: str) -> str:
     return _one_of("backend", value, BACKENDS)
 
 
+def normalize_clip_grad_norm(value: Union[str, float]) -> float:
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        number = 0.0
+    if not number > 0 or number == float("inf"):
+        raise OptionError(f"invalid clip-grad-norm {value!r}; valid values: a number > 0, such as 1.0")
+    return number
+
+
 def normalize_num_nodes(value: Union[str, int]) -> int:
     try:
         count = int(str(value).strip())
@@ -155,6 +165,7 @@ class Options:
     accelerator: Optional[str] = None
     matmul_precision: Optional[str] = None  # torch.set_float32_matmul_precision, for fp32 scripts
     backend: str = "fabric"
+    clip_grad_norm: Optional[float] = None  # clip the gradients' norm before every optimizer step
 
     @classmethod
     def create(
@@ -167,6 +178,7 @@ class Options:
         accelerator: Optional[str] = None,
         matmul_precision: Optional[str] = None,
         backend: Optional[str] = None,
+        clip_grad_norm: Optional[Union[str, float]] = None,
     ) -> "Options":
         """Validate and normalise raw values (from the command line or a test)."""
         backend = "fabric" if backend is None else normalize_backend(backend)
@@ -180,6 +192,7 @@ class Options:
                                   "script's own single process and device")
         return cls(
             backend=backend,
+            clip_grad_norm=None if clip_grad_norm is None else normalize_clip_grad_norm(clip_grad_norm),
             precision=None if precision is None else normalize_precision(precision),
             devices=None if devices is None else normalize_devices(devices),
             strategy=None if strategy is None else normalize_strategy(strategy),

@@ -24,6 +24,8 @@ OPTION_SETS: dict[str, dict] = {
     "torch-bf16-mixed": {"backend": "torch", "precision": "bf16-mixed"},
     "torch-16-mixed": {"backend": "torch", "precision": "16-mixed"},
     "torch-16-true": {"backend": "torch", "precision": "16-true"},
+    "clip-1.0": {"clip_grad_norm": 1.0},
+    "torch-16-mixed-clip-1.0": {"backend": "torch", "precision": "16-mixed", "clip_grad_norm": 1.0},
 }
 
 

@@ -211,6 +211,20 @@ def test_native_true_half(precision, fixture_script):
     assert v.rewritten.losses[0] == pytest.approx(v.original.losses[0], rel=5e-2)
 
 
+@pytest.mark.parametrize("options", [{}, {"backend": "torch", "precision": "16-mixed"}],
+                         ids=["fabric", "torch-16-mixed"])
+def test_clip_grad_norm_bounds_every_applied_gradient(options, fixture_script):
+    """AR301: the verifier records the norm of the gradient each step applies; after
+    `--clip-grad-norm 0.05` none is above it (under 16-mixed: unscaled before the clip), and the
+    rewrite is reported as changing training."""
+    v = verify(fixture_script("module_loop"), Options.create(clip_grad_norm=0.05, **options), **RUN)
+    _show("module_loop", f"clip 0.05 {options}", v)
+    assert v.verdict.verdict == "pass", v.verdict.reason
+    assert v.verdict.comparison["tolerance"]["kind"] == CHANGES_TRAINING
+    assert max(v.original.grad_norms) > 0.05
+    assert all(g <= 0.05 * (1 + 1e-3) for g in v.rewritten.grad_norms if g is not None)
+
+
 @pytest.mark.parametrize("name", sorted(REFUSE_NATIVE))
 def test_native_mixed_precision_refusals_say_why(name):
     result = rewrite(_source(name), Options.create(backend="torch", precision="16-mixed"))

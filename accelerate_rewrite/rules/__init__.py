@@ -5,6 +5,7 @@ from __future__ import annotations
 from accelerate_rewrite.codemod.rule import Rule
 from accelerate_rewrite.rules.amp_api import AmpApiMigration
 from accelerate_rewrite.rules.apex_amp import ApexAmpMigration
+from accelerate_rewrite.rules.clip_grad_norm import ClipGradNorm
 from accelerate_rewrite.rules.amp_bce_loss import AmpBceLoss
 from accelerate_rewrite.rules.amp_scaler_once import ScalerOnce
 from accelerate_rewrite.rules.amp_unscale_before_clip import UnscaleBeforeClip
@@ -47,6 +48,7 @@ ALL_RULES: tuple[Rule, ...] = (
     NativeHalfWeights(),
     ApexAmpMigration(),
     HalfBatchNorm(),
+    ClipGradNorm(),
 )
 BY_CODE = {rule.code: rule for rule in ALL_RULES}
 

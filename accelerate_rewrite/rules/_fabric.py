@@ -144,19 +144,23 @@ class FabricPlan:
         return None
 
     def visible_name(self, facts: ScriptFacts, node: cst.CSTNode, target: Key) -> Optional[str]:
-        """How the object behind ``target`` is named where ``node`` stands, if it is."""
-        scopes = list(_scopes_up(facts, node))
-        func = facts.function(node)
-        cls = facts.enclosing_class(func) if func is not None else None
-        for key in facts.kinds:
-            if not facts.same_object(key, target):
-                continue
-            owner, path = key
-            if path.startswith("self.") and owner is cls:
-                return path
-            if any(owner is s for s in scopes):
-                return path
-        return None
+        return visible_name(facts, node, target)
+
+
+def visible_name(facts: ScriptFacts, node: cst.CSTNode, target: Key) -> Optional[str]:
+    """How the object behind ``target`` is named where ``node`` stands, if it is."""
+    scopes = list(_scopes_up(facts, node))
+    func = facts.function(node)
+    cls = facts.enclosing_class(func) if func is not None else None
+    for key in facts.kinds:
+        if not facts.same_object(key, target):
+            continue
+        owner, path = key
+        if path.startswith("self.") and owner is cls:
+            return path
+        if any(owner is s for s in scopes):
+            return path
+    return None
 
 
 def _scopes_up(facts: ScriptFacts, node: cst.CSTNode):

@@ -136,8 +136,9 @@ def compare(
                      f"share of the data ({len(rewritten.losses)} steps against {len(original.losses)})"
                      if rewritten.world_size > original.world_size else "")
         return verdict(PASS, "this rewrite changes training on purpose (a larger effective batch, "
-                             "frozen layers, more processes): the curves are shown side by side, "
-                             f"not compared; both ran without error, NaN or inf{processes}")
+                             "frozen layers, clipping, a fixed GradScaler, more processes): the "
+                             "curves are shown side by side, not compared; both ran without error, "
+                             f"NaN or inf{processes}")
     if len(rewritten.losses) < len(original.losses):
         return verdict(FAIL, f"the rewritten script stopped after {len(rewritten.losses)} steps, "
                              f"the original ran {len(original.losses)}")
