@@ -1,10 +1,11 @@
-"""The native mixed-precision plan (``--backend torch``): what AR207 and AR208 share, made once.
+"""The native plan (``--backend torch``): what AR207, AR208, AR210 and AR211 share, made once.
 
 Which statements of each training step are the forward pass and the loss (they go under
 ``torch.autocast``; the backward and the optimizer step stay outside), which evaluation loops
 get autocast too, the expression that names the script's own device type at each place, and,
 for 16-mixed, where the one ``torch.amp.GradScaler`` of the run is created and how every
-backward, clip and optimizer step reaches it. Either every training step can be converted, or
+backward, clip and optimizer step reaches it; with apex (``rules/_apex.py``), the precision its
+opt_level means and what becomes of its calls. Either every training step can be converted, or
 the plan is a refusal with the reason: a scaled backward next to an unscaled step would apply
 gradients 65,536 times too large.
 """
