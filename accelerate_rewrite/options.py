@@ -21,6 +21,9 @@ PRECISIONS = (
     "transformer-engine",
     "transformer-engine-float16",
 )
+#: The mixed precisions (fp32 weights, half compute) and the true half ones (half weights).
+MIXED_PRECISIONS = ("16-mixed", "bf16-mixed")
+TRUE_HALF_PRECISIONS = ("16-true", "bf16-true")
 #: The aliases Fabric also accepts, and the canonical value each one means.
 PRECISION_ALIASES = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed", "64": "64-true"}
 

@@ -34,7 +34,7 @@ from accelerate_rewrite.codemod.facts import (
 from accelerate_rewrite.codemod.rule import Rule
 from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.rules._half import half_casts, strip_half
-from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, Options
+from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, MIXED_PRECISIONS, Options
 
 NAME = "fabric"
 #: The rules without which a Fabric conversion is wrong (a model not set up misses the precision,
@@ -579,7 +579,7 @@ class _Planner:
         ``x, y = x.to(device), y.to(device)``, ``if use_cuda: model = model.cuda()``."""
         f, p = self.f, self.p
         removed = {id(d.move.call) for d in p.moves if d.action == "remove"}
-        if self.o.precision in ("16-mixed", "bf16-mixed"):  # AR209 removes pure half's casts
+        if self.o.precision in MIXED_PRECISIONS:  # AR209 removes pure half's casts
             removed |= {id(c) for c in half_casts(f).training if strip_half(c) is c.func.value}
         statements = {id(f.statement(d.move.call)): f.statement(d.move.call)
                       for d in p.moves if d.action == "remove"}

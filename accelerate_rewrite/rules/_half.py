@@ -11,18 +11,21 @@ import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import MODEL, ScriptFacts, unwrap_moves
 
-_FP16 = m.Attribute(attr=m.Name("float16") | m.Name("half"))
-HALF = m.Call(func=m.Attribute(attr=m.Name("half"))) | m.Call(
-    func=m.Attribute(attr=m.Name("to")),
-    args=[m.ZeroOrMore(), m.Arg(value=_FP16), m.ZeroOrMore()],
-)
 
-_LOW = m.Attribute(attr=m.Name("float16") | m.Name("half") | m.Name("bfloat16"))
+
+def _cast(*dtypes: str):
+    """``x.half()`` / ``x.to(torch.float16)`` (any other argument around it), for these dtypes."""
+    names = m.OneOf(*(m.Name(d) for d in dtypes))
+    methods = m.OneOf(*(m.Name(d) for d in dtypes if d in ("half", "bfloat16")))
+    return (m.Call(func=m.Attribute(attr=methods))
+            | m.Call(func=m.Attribute(attr=m.Name("to")),
+                     args=[m.ZeroOrMore(), m.Arg(value=m.Attribute(attr=names)), m.ZeroOrMore()]))
+
+
+_FP16 = m.Attribute(attr=m.Name("float16") | m.Name("half"))
+HALF = _cast("float16", "half")
 #: a cast to fp16 or bf16: what a script (or AR210) does to train in true half precision
-LOW_CAST = m.Call(func=m.Attribute(attr=m.Name("half") | m.Name("bfloat16"))) | m.Call(
-    func=m.Attribute(attr=m.Name("to")),
-    args=[m.ZeroOrMore(), m.Arg(value=_LOW), m.ZeroOrMore()],
-)
+LOW_CAST = _cast("float16", "half", "bfloat16")
 
 
 def low_precision_model_cast(f: ScriptFacts) -> Optional[cst.Call]:

@@ -28,14 +28,14 @@ from accelerate_rewrite.codemod.facts import (
     bce_calls,
     code,
 )
-from accelerate_rewrite.options import Options
+from accelerate_rewrite.options import MIXED_PRECISIONS, TRUE_HALF_PRECISIONS, Options
 from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.rules._fabric import common_after, short
 
 #: the mixed precisions the native path expresses, and the autocast dtype of each
-AUTOCAST_DTYPES = {"bf16-mixed": "torch.bfloat16", "16-mixed": "torch.float16"}
+AUTOCAST_DTYPES = dict(zip(MIXED_PRECISIONS, ("torch.float16", "torch.bfloat16")))
 #: the true half precisions: the model's weights cast to that dtype (AR210)
-TRUE_HALF = {"16-true": "torch.float16", "bf16-true": "torch.bfloat16"}
+TRUE_HALF = dict(zip(TRUE_HALF_PRECISIONS, ("torch.float16", "torch.bfloat16")))
 SCALER = "scaler"
 _DEVICE_CALLS = ("torch.device", "torch.accelerator.current_accelerator")
 
@@ -125,8 +125,7 @@ class _Planner:
         self.model_funcs = {name for name, fn in facts.functions.items() if self._calls_model(fn.node)}
         self.training_funcs = {
             name for name, fn in facts.functions.items()
-            if any(facts.function(s.call) is fn.node or fn.node in facts.ancestors(s.call)
-                   for s in facts.backward_sites)
+            if any(fn.node in facts.ancestors(s.call) for s in facts.backward_sites)
         }
 
     def refuse(self, node: Optional[cst.CSTNode], why: str) -> NativePlan:

@@ -49,7 +49,7 @@ class ClipGradNorm(Rule):
             label, node = f.frameworks[0]
             ctx.skip(node, f"--clip-grad-norm: the script already uses {label}; clip with its API by hand")
             return
-        limit = f"{o.clip_grad_norm:g}" if "e" in f"{o.clip_grad_norm:g}" else repr(o.clip_grad_norm)
+        limit = repr(o.clip_grad_norm)
         fabric = plan(f, o) if o.fabric else None
         if fabric is not None and fabric.refusal is not None:
             fabric = None  # not converted: plain torch clipping

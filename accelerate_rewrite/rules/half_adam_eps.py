@@ -6,6 +6,7 @@ from typing import Optional
 import libcst as cst
 
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
+from accelerate_rewrite.options import MIXED_PRECISIONS
 from accelerate_rewrite.rules._fabric import code, plan
 from accelerate_rewrite.rules._native import casts_to_true_half, native_plan
 from accelerate_rewrite.rules._half import half_casts
@@ -49,7 +50,7 @@ class HalfAdamEps(Rule):
 
     def rewrite(self, ctx: RuleContext) -> None:
         f = ctx.facts
-        if ctx.options.precision in ("16-mixed", "bf16-mixed"):
+        if ctx.options.precision in MIXED_PRECISIONS:
             return  # AR209 turns pure half into the mixed precision asked for
         half_site = half_casts(f).model_cast
         # fix eps where the weights really end up in fp16: the script's own .half(), Fabric's

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
+from accelerate_rewrite.options import TRUE_HALF_PRECISIONS
 from accelerate_rewrite.rules._fabric import short
 from accelerate_rewrite.rules._half import half_casts
 
@@ -9,7 +10,6 @@ BATCH_NORMS = tuple(
     for name in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "LazyBatchNorm1d",
                  "LazyBatchNorm2d", "LazyBatchNorm3d")
 )
-TRUE_HALF = ("16-true", "bf16-true")
 
 
 class HalfBatchNorm(Rule):
@@ -37,7 +37,7 @@ class HalfBatchNorm(Rule):
     def rewrite(self, ctx: RuleContext) -> None:
         f = ctx.facts
         precision = ctx.options.precision
-        if precision in TRUE_HALF:
+        if precision in TRUE_HALF_PRECISIONS:
             why = f"--precision {precision}"
         elif precision is None and half_casts(f).model_cast is not None:
             why = f"the model's `.half()` at line {f.line(half_casts(f).model_cast)}"

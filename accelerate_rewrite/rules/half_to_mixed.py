@@ -4,12 +4,9 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
-from accelerate_rewrite.options import Options
+from accelerate_rewrite.options import MIXED_PRECISIONS, Options
 from accelerate_rewrite.rules._fabric import short
 from accelerate_rewrite.rules._half import half_casts, strip_half
-
-MIXED = ("16-mixed", "bf16-mixed")
-
 
 class HalfToMixed(Rule):
     """Pure half training becomes mixed precision: with `--precision 16-mixed` or `bf16-mixed`,
@@ -40,7 +37,7 @@ class HalfToMixed(Rule):
     examples = (Example.from_files("AR209", options={"precision": "bf16-mixed"}),)
 
     def applies(self, options: Options) -> bool:
-        return options.precision in MIXED
+        return options.precision in MIXED_PRECISIONS
 
     def rewrite(self, ctx: RuleContext) -> None:
         f = ctx.facts
