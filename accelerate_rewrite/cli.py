@@ -131,6 +131,22 @@ def fabric_options(command):
                  "fabric.clip_gradients with Fabric, unscale_ first under a GradScaler.",
         ),
         click.option(
+            "--accumulate", metavar="N",
+            help="Accumulate the gradients of N micro-batches per optimizer step (AR302): the loss "
+                 "is divided by N; step, zero_grad and a per-step scheduler run every N batches "
+                 "and at the end of each epoch.",
+        ),
+        click.option(
+            "--keep-effective-batch", is_flag=True,
+            help="With --accumulate N: divide the DataLoader's batch_size by N, so that each "
+                 "optimizer step sees as many samples as before.",
+        ),
+        click.option(
+            "--freeze", metavar="PATTERN", multiple=True,
+            help="Don't train the parameters PATTERN names (AR303; repeatable): a module path "
+                 "(encoder.layer.0), a slice (encoder.layer[:2]) or a glob (encoder.layer.[01].*).",
+        ),
+        click.option(
             "--matmul-precision", metavar="high|medium", shell_complete=_choices(MATMUL_PRECISIONS),
             help="For scripts that stay in fp32: add torch.set_float32_matmul_precision(...) "
                  "(TF32 matmuls on Ampere and later GPUs).",
@@ -141,13 +157,15 @@ def fabric_options(command):
 
 
 def _options(precision, backend, devices, strategy, num_nodes, accelerator, clip_grad_norm,
-             matmul_precision):
+             accumulate, keep_effective_batch, freeze, matmul_precision):
     from accelerate_rewrite.options import Options
 
     try:
         return Options.create(precision=precision, backend=backend, devices=devices,
                               strategy=strategy, num_nodes=num_nodes, accelerator=accelerator,
-                              clip_grad_norm=clip_grad_norm, matmul_precision=matmul_precision)
+                              clip_grad_norm=clip_grad_norm, accumulate=accumulate,
+                              keep_effective_batch=keep_effective_batch, freeze=freeze,
+                              matmul_precision=matmul_precision)
     except OptionError as exc:
         _fail(str(exc))
 
@@ -181,6 +199,9 @@ def rewrite_command(
     num_nodes: Optional[str],
     accelerator: Optional[str],
     clip_grad_norm: Optional[str],
+    accumulate: Optional[str],
+    keep_effective_batch: bool,
+    freeze: tuple[str, ...],
     matmul_precision: Optional[str],
     write: bool,
     output: Optional[str],
@@ -197,7 +218,7 @@ def rewrite_command(
     from accelerate_rewrite.runner import Mode, Settings, run
 
     options = _options(precision, backend, devices, strategy, num_nodes, accelerator, clip_grad_norm,
-                       matmul_precision)
+                       accumulate, keep_effective_batch, freeze, matmul_precision)
 
     if check and (write or output is not None):
         _fail("--check writes nothing: it can't be combined with --write or -o/--output")
@@ -335,7 +356,7 @@ def explain_command(code: str) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress display and no table: the verdict only.")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
 def verify_command(script, precision, backend, devices, strategy, num_nodes, accelerator, clip_grad_norm,
-                   matmul_precision,
+                   accumulate, keep_effective_batch, freeze, matmul_precision,
                    against, steps,
                    run_on, run_devices, timeout, rtol, mean_rtol, last_rtol, warmup_steps, threads,
                    python, json_path, plot_path, quiet, script_args) -> None:
@@ -355,7 +376,7 @@ def verify_command(script, precision, backend, devices, strategy, num_nodes, acc
     from accelerate_rewrite.verify.session import VerifyError, verify
 
     options = _options(precision, backend, devices, strategy, num_nodes, accelerator, clip_grad_norm,
-                       matmul_precision)
+                       accumulate, keep_effective_batch, freeze, matmul_precision)
     if plot_path is not None:
         try:
             import matplotlib  # noqa: F401

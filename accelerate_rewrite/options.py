@@ -147,6 +147,49 @@ def normalize_clip_grad_norm(value: Union[str, float]) -> float:
     return number
 
 
+def normalize_accumulate(value: Union[str, int]) -> int:
+    try:
+        count = int(str(value).strip())
+    except ValueError:
+        count = 0
+    if count < 2:
+        raise OptionError(f"invalid accumulate {value!r}; valid values: a whole number >= 2 "
+                          "(the micro-batches per optimizer step)")
+    return count
+
+
+#: ``--freeze`` forms: a module path (``encoder.layer.0``), a slice of a ModuleList or Sequential
+#: (``encoder.layer[:2]``, ``encoder.layer[-2:]``), or a glob over parameter names
+#: (``encoder.layer.[01].*``).
+_PATH = r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*"
+_SLICE = _PATH + r"\[-?[0-9]*:-?[0-9]*\]"
+_GLOB = r"[A-Za-z0-9_.*?\[\]!-]+"
+
+
+def freeze_form(pattern: str) -> str:
+    """"path", "slice" or "glob": which form a (valid) ``--freeze`` pattern has."""
+    import re
+
+    if re.fullmatch(_PATH, pattern):
+        return "path"
+    if re.fullmatch(_SLICE, pattern):
+        return "slice"
+    return "glob"
+
+
+def normalize_freeze(value: str) -> str:
+    import re
+
+    text = str(value).strip()
+    if not (re.fullmatch(_PATH, text) or re.fullmatch(_SLICE, text)
+            or (re.fullmatch(_GLOB, text) and any(c in text for c in "*?["))):
+        raise OptionError(
+            f"invalid freeze pattern {value!r}; valid forms: a module path (embeddings, "
+            "encoder.layer.0), a slice of a ModuleList (encoder.layer[:2]), or a glob over "
+            "parameter names (encoder.layer.[01].*)")
+    return text
+
+
 def normalize_num_nodes(value: Union[str, int]) -> int:
     try:
         count = int(str(value).strip())
@@ -169,6 +212,9 @@ class Options:
     matmul_precision: Optional[str] = None  # torch.set_float32_matmul_precision, for fp32 scripts
     backend: str = "fabric"
     clip_grad_norm: Optional[float] = None  # clip the gradients' norm before every optimizer step
+    accumulate: Optional[int] = None  # micro-batches per optimizer step
+    keep_effective_batch: bool = False  # divide the DataLoader's batch_size by ``accumulate``
+    freeze: tuple[str, ...] = ()  # patterns of parameters not to train
 
     @classmethod
     def create(
@@ -182,6 +228,9 @@ class Options:
         matmul_precision: Optional[str] = None,
         backend: Optional[str] = None,
         clip_grad_norm: Optional[Union[str, float]] = None,
+        accumulate: Optional[Union[str, int]] = None,
+        keep_effective_batch: bool = False,
+        freeze: Optional[Union[str, tuple[str, ...], list[str]]] = None,
     ) -> "Options":
         """Validate and normalise raw values (from the command line or a test)."""
         backend = "fabric" if backend is None else normalize_backend(backend)
@@ -193,8 +242,16 @@ class Options:
                 flag = "--" + given[0].replace("_", "-")
                 raise OptionError(f"{flag} needs --backend fabric: the torch backend keeps the "
                                   "script's own single process and device")
+        if keep_effective_batch and accumulate is None:
+            raise OptionError("--keep-effective-batch needs --accumulate N: it divides the "
+                              "DataLoader's batch_size by N")
+        if isinstance(freeze, str):
+            freeze = (freeze,)
         return cls(
             backend=backend,
+            accumulate=None if accumulate is None else normalize_accumulate(accumulate),
+            keep_effective_batch=bool(keep_effective_batch),
+            freeze=tuple(dict.fromkeys(normalize_freeze(p) for p in freeze or ())),
             clip_grad_norm=None if clip_grad_norm is None else normalize_clip_grad_norm(clip_grad_norm),
             precision=None if precision is None else normalize_precision(precision),
             devices=None if devices is None else normalize_devices(devices),

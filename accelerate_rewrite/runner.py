@@ -98,11 +98,10 @@ def numerics(result: "Result", options: Options) -> str:
     """What the applied rules do to the numbers, by their kinds, in one line (Fabric's own
     rules keep the math, but the precision they set on Fabric does not)."""
     from accelerate_rewrite.codemod.rule import Kind
-    from accelerate_rewrite.rules import BY_CODE
 
     by_kind: dict[Kind, list[str]] = {}
     for note in result.changes:
-        codes = by_kind.setdefault(BY_CODE[note.rule].kind_for(options), [])
+        codes = by_kind.setdefault(note.kind_with(options), [])
         if note.rule not in codes:
             codes.append(note.rule)
     if options.mixed_or_low_precision and any(n.rule == "AR101" for n in result.changes):

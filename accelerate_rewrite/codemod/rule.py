@@ -33,6 +33,17 @@ class Note:
     line: int
     message: str
     skipped: bool = False
+    #: what this change does to the numbers, when it is not the rule's usual kind (AR302
+    #: keeping the effective batch is approximate, accumulating without it changes training)
+    kind: Optional["Kind"] = None
+
+    def kind_with(self, options: Options) -> "Kind":
+        """The kind of this change: its own, or its rule's for these options."""
+        if self.kind is not None:
+            return self.kind
+        from accelerate_rewrite.rules import BY_CODE
+
+        return BY_CODE[self.rule].kind_for(options)
 
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "rules" / "examples"
@@ -65,8 +76,8 @@ class RuleContext:
         self.edits = EditSet()
         self.notes: list[Note] = []
 
-    def change(self, node: Optional[cst.CSTNode], message: str) -> None:
-        self.notes.append(Note(self.rule.code, self.facts.line(node), message))
+    def change(self, node: Optional[cst.CSTNode], message: str, kind: Optional[Kind] = None) -> None:
+        self.notes.append(Note(self.rule.code, self.facts.line(node), message, kind=kind))
 
     def skip(self, node: Optional[cst.CSTNode], message: str) -> None:
         self.notes.append(Note(self.rule.code, self.facts.line(node), message, skipped=True))

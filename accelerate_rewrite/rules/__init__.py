@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from accelerate_rewrite.codemod.rule import Rule
+from accelerate_rewrite.rules.accumulate import Accumulate
 from accelerate_rewrite.rules.amp_api import AmpApiMigration
 from accelerate_rewrite.rules.apex_amp import ApexAmpMigration
 from accelerate_rewrite.rules.clip_grad_norm import ClipGradNorm
@@ -49,6 +50,7 @@ ALL_RULES: tuple[Rule, ...] = (
     ApexAmpMigration(),
     HalfBatchNorm(),
     ClipGradNorm(),
+    Accumulate(),
 )
 BY_CODE = {rule.code: rule for rule in ALL_RULES}
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Optional
+
 import libcst as cst
 
 from accelerate_rewrite.codemod.facts import CLIP_NORM, CLIP_VALUE
@@ -95,7 +97,13 @@ class ApexAmpMigration(Rule):
             ref = p.ref_at(f, block)
             args = [cst.Arg(loss.with_changes(lpar=[], rpar=[])), *calls[call_id].args]
             new = cst.Expr(cst.Call(expr(f"{ref}.backward"), args))
-            ctx.edits.replace(block, lambda u, n=new: cst.SimpleStatementLine([n], leading_lines=u.leading_lines))
+
+            def to_fabric(u: cst.With, r=ref, c=calls[call_id]) -> cst.SimpleStatementLine:
+                # from the updated block: a loss divided by AR302 stays divided
+                updated_loss = u.items[0].item.args[0].value.with_changes(lpar=[], rpar=[])
+                call = cst.Call(expr(f"{r}.backward"), [cst.Arg(updated_loss), *c.args])
+                return cst.SimpleStatementLine([cst.Expr(call)], leading_lines=u.leading_lines)
+            ctx.edits.replace(block, to_fabric)
             ctx.change(block, f"apex `scale_loss` block became `{short(new)}`")
         clipped = {id(c.call.args[0].value) for c in f.calls_to(*CLIP_NORM, *CLIP_VALUE) if c.call.args}
         for call in a.master_params:
@@ -110,16 +118,29 @@ class ApexAmpMigration(Rule):
             ctx.change(call, "`amp.load_state_dict(...)` removed: Fabric's precision keeps its own "
                              "loss scale")
 
+    @staticmethod
+    def _scaled_backward(call: cst.Call, loss: cst.BaseExpression, ref: Optional[str]) -> cst.Expr:
+        """``scaler.scale(loss).backward(...)`` (``loss.backward(...)`` without a scaler)."""
+        if ref:
+            head = cst.Call(expr(f"{ref}.scale"), [cst.Arg(loss.with_changes(lpar=[], rpar=[]))])
+        elif isinstance(loss, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) or loss.lpar:
+            head = loss
+        else:
+            head = loss.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        return cst.Expr(call.with_changes(func=call.func.with_changes(value=head)))
+
     def _to_torch_amp(self, ctx: RuleContext, p) -> None:
         f = ctx.facts
         for site, ref in p.backwards:
             if not site.apex:
                 continue
-            loss = site.loss.with_changes(lpar=[], rpar=[])
-            head = cst.Call(expr(f"{ref}.scale"), [cst.Arg(loss)]) if ref else site.loss
-            new = cst.Expr(site.call.with_changes(func=site.call.func.with_changes(value=head)))
-            ctx.edits.replace(site.stmt, lambda u, n=new: cst.SimpleStatementLine(
-                [n], leading_lines=u.leading_lines))
+            new = self._scaled_backward(site.call, site.loss, ref)
+
+            def to_torch(u: cst.With, r=ref, c=site.call) -> cst.SimpleStatementLine:
+                # from the updated block: a loss divided by AR302 stays divided
+                line = self._scaled_backward(c, u.items[0].item.args[0].value, r)
+                return cst.SimpleStatementLine([line], leading_lines=u.leading_lines)
+            ctx.edits.replace(site.stmt, to_torch)
             ctx.change(site.stmt, f"apex `scale_loss` block became `{short(new)}`")
         for call in p.apex_master_params:
             self._optimizer_params(ctx, call)

@@ -116,8 +116,7 @@ def verify(
             reasons = "; ".join(n.message for n in result.skips[:3]) or "no rule applies"
             raise VerifyError(f"{script}: the rewrite changes nothing ({reasons}): nothing to verify")
         rewritten_source = result.output
-        rule_kinds = sorted({BY_CODE[n.rule].kind_for(options).value for n in result.changes
-                             if n.rule in BY_CODE})
+        rule_kinds = sorted({n.kind_with(options).value for n in result.changes if n.rule in BY_CODE})
 
     env = dict(os.environ)
     rewritten_env = dict(env)
