@@ -274,6 +274,19 @@ class ScriptFacts:
         owner = self.module if isinstance(scope, GlobalScope) else getattr(scope, "node", None)
         return None if owner is None else (owner, name)
 
+    def assigned_value(self, name: cst.Name) -> Optional[cst.BaseExpression]:
+        """The value of ``name = <value>`` when that is the name's one assignment in its scope."""
+        scope = self.scope(name)
+        assignments = list(scope[name.value]) if scope is not None else []
+        if len(assignments) != 1:
+            return None
+        target = getattr(assignments[0], "node", None)
+        parent = self.parent(target) if isinstance(target, cst.CSTNode) else None
+        assign = self.parent(parent) if isinstance(parent, cst.AssignTarget) else None
+        if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.targets[0].target is target:
+            return assign.value
+        return None
+
     def kinds_of(self, expr: cst.BaseExpression) -> set[str]:
         key = self.key_of(expr)
         return self.kinds.get(key, set()) if key else set()

@@ -156,20 +156,9 @@ def _update_call(f: ScriptFacts, call: cst.Call) -> bool:
 
 def _int_value(f: ScriptFacts, node: cst.BaseExpression) -> Optional[int]:
     """A whole number written there, or a name bound once, in its scope, to one."""
-    if isinstance(node, cst.Integer):
-        return int(node.evaluated_value)
-    if not isinstance(node, cst.Name):
-        return None
-    scope = f.scope(node)
-    assignments = list(scope[node.value]) if scope is not None else []
-    if len(assignments) != 1:
-        return None
-    target = getattr(assignments[0], "node", None)
-    parent = f.parent(target) if isinstance(target, cst.CSTNode) else None
-    assign = f.parent(parent) if isinstance(parent, cst.AssignTarget) else None
-    if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.value, cst.Integer):
-        return int(assign.value.evaluated_value)
-    return None
+    if isinstance(node, cst.Name):
+        node = f.assigned_value(node)
+    return int(node.evaluated_value) if isinstance(node, cst.Integer) else None
 
 
 def _divided(node: cst.BaseExpression, n: int, receiver: bool) -> cst.BaseExpression:
