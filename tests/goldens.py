@@ -9,6 +9,7 @@ rules), so that a change in behaviour shows up as a readable diff in review.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from accelerate_rewrite.codemod.engine import Result, rewrite
@@ -16,6 +17,9 @@ from accelerate_rewrite.options import Options
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
+
+#: one pattern of each form: a module path, a slice, a glob (the finetune_encoder fixture has all)
+FREEZE_FORMS = ("embeddings", "encoder.layer[:2]", "classifier.*")
 
 OPTION_SETS: dict[str, dict] = {
     "default": {},
@@ -26,6 +30,14 @@ OPTION_SETS: dict[str, dict] = {
     "torch-16-true": {"backend": "torch", "precision": "16-true"},
     "clip-1.0": {"clip_grad_norm": 1.0},
     "torch-16-mixed-clip-1.0": {"backend": "torch", "precision": "16-mixed", "clip_grad_norm": 1.0},
+    "accumulate-4": {"accumulate": 4},
+    "accumulate-4-keep-devices-2": {"accumulate": 4, "keep_effective_batch": True, "devices": 2},
+    "torch-16-mixed-accumulate-4-clip-1.0": {"backend": "torch", "precision": "16-mixed", "accumulate": 4,
+                                             "clip_grad_norm": 1.0},
+    "torch-bf16-mixed-accumulate-4-keep": {"backend": "torch", "precision": "bf16-mixed", "accumulate": 4,
+                                           "keep_effective_batch": True},
+    "freeze-forms": {"freeze": FREEZE_FORMS},
+    "torch-freeze-forms": {"backend": "torch", "freeze": FREEZE_FORMS},
 }
 
 
@@ -33,6 +45,7 @@ def fixture_names() -> list[str]:
     return sorted(p.parent.name for p in FIXTURES.glob("*/input.py"))
 
 
+@lru_cache(maxsize=None)  # the golden, idempotence and other fixture tests share one rewrite
 def run(name: str, option_set: str) -> Result:
     path = FIXTURES / name / "input.py"
     return rewrite(path.read_text(encoding="utf-8"), Options.create(**OPTION_SETS[option_set]),

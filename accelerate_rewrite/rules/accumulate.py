@@ -283,6 +283,12 @@ class _Loop:
         if moved:
             self.notes.append(f"`{moved[0]}.step()` now runs once per optimizer step: a schedule "
                               f"sized in batches runs {n} times slower")
+            sized = [c for c in m.findall(f.module, m.Call(func=m.Name("len"), args=[m.Arg()]))
+                     if f.same_object(f.key_of(c.args[0].value), f.key_of(loader))
+                     and not any(a is loop for a in f.ancestors(c))]
+            if sized and batch_kind is Kind.APPROXIMATE:
+                batch_kind = Kind.CHANGES_TRAINING
+                self.notes.append(f"`{short(sized[0])}` (line {f.line(sized[0])}) now counts micro-batches")
         breaks = [b for b in m.findall(loop.body, m.Break() | m.Continue()) if _loop_of(f, b) is loop]
         if breaks:
             self.notes.append(f"the loop can `{'break' if isinstance(breaks[0], cst.Break) else 'continue'}` "
