@@ -132,7 +132,7 @@ class Freeze(Rule):
                 head, _, rest = pattern.partition(".")
                 binding = names.get(head)
                 if binding is None or not rest:
-                    ctx.skip(None, f"--freeze {pattern}: the script trains {len(models)} models "
+                    ctx.skip(models[0].stmt, f"--freeze {pattern}: the script trains {len(models)} models "
                                    f"({', '.join(names)}): start the pattern with one of their names")
                     continue
             targets.setdefault(id(binding), (binding, []))[1].append(rest)
@@ -172,7 +172,7 @@ class Freeze(Rule):
     def _filter_optimizers(self, ctx: RuleContext, binding: Binding) -> None:
         f = ctx.facts
         for opt in f.optimizers:
-            if not any(f.same_object(k, binding.key) for k in opt.models) or opt.call is None:
+            if not any(f.same_object(k, binding.key) for k in opt.models or _receivers(f, opt)) or opt.call is None:
                 continue
             arg = next((a for a in opt.call.args if a.keyword and a.keyword.value == "params"), None)
             if arg is None and opt.call.args and opt.call.args[0].keyword is None and not opt.call.args[0].star:
@@ -207,12 +207,58 @@ class Freeze(Rule):
 
 
 def _models(f: ScriptFacts) -> list[Binding]:
-    """Each trained model's first construction."""
+    """Where each model an optimizer trains is built (first built), in the order of the script:
+    a module built in the script, or the value a factory returns (``model = build_model()``)."""
+    keys: list = []
+    for opt in f.optimizers:
+        for key in opt.models or _receivers(f, opt):
+            if not any(f.same_object(key, seen) for seen in keys):
+                keys.append(key)
     out: list[Binding] = []
-    for b in sorted(f.models, key=lambda b: f.line(b.stmt)):
-        if not any(f.same_object(b.key, seen.key) for seen in out):
-            out.append(b)
+    for key in keys:
+        built = [b for b in f.bindings if f.same_object(b.key, key)]
+        built += [b for k in f.kinds if f.same_object(k, key) for b in _assignments(f, k)]
+        built.sort(key=lambda b: f.line(b.stmt))
+        if built:
+            out.append(built[0])
+    return sorted(out, key=lambda b: f.line(b.stmt))
+
+
+def _assignments(f: ScriptFacts, key) -> list[Binding]:
+    """``name = <value>`` statements that bind the key (a plain name)."""
+    owner, path = key
+    scope = f.scope_of_owner(owner)
+    if scope is None or path.startswith("self."):
+        return []
+    out = []
+    for assignment in scope.assignments[path]:
+        node = getattr(assignment, "node", None)
+        target = f.parent(node) if isinstance(node, cst.CSTNode) else None
+        assign = f.parent(target) if isinstance(target, cst.AssignTarget) else None
+        if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and target.target is node:
+            value = assign.value
+            out.append(Binding(key, "module", f.statement(assign), value,
+                               value if isinstance(value, cst.Call) else None, ""))
     return out
+
+
+def _receivers(f: ScriptFacts, opt) -> list:
+    """The models whose ``.parameters()`` / ``.named_parameters()`` an optimizer's parameter
+    groups take (``model`` for ``model.encoder.parameters()``), when the facts did not link them."""
+    if opt.call is None or not opt.call.args:
+        return []
+    value = opt.call.args[0].value
+    if isinstance(value, cst.Name):
+        value = f.assigned_value(value) or value
+    keys = []
+    for call in m.findall(value, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))):
+        root = call.func.value
+        while isinstance(root, (cst.Attribute, cst.Subscript)) and not f.key_of(root):
+            root = root.value
+        key = f.key_of(root)
+        if key is not None:
+            keys.append(key)
+    return keys
 
 
 def _trainable(value: cst.BaseExpression) -> cst.BaseExpression:
