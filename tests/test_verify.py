@@ -225,6 +225,48 @@ def test_clip_grad_norm_bounds_every_applied_gradient(options, fixture_script):
     assert all(g <= 0.05 * (1 + 1e-3) for g in v.rewritten.grad_norms if g is not None)
 
 
+#: AR302 with --keep-effective-batch on module_loop (96 samples, batch 16 -> micro-batches of 4):
+#: per optimizer step the same samples, the mean of the micro-batch means; in fp32 only the
+#: order of the sums differs (measured: 9e-8 relative at most, losses and gradient norms)
+KEEP_BATCH_RTOL = 1e-6
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"backend": "torch"}, {"precision": "bf16-mixed"}, {"backend": "torch", "precision": "bf16-mixed"},
+    {"backend": "torch", "precision": "16-mixed"},
+], ids=["fabric", "torch", "fabric-bf16-mixed", "torch-bf16-mixed", "torch-16-mixed"])
+def test_accumulation_keeping_the_effective_batch_matches_per_optimizer_step(options, fixture_script):
+    v = verify(fixture_script("module_loop"),
+               Options.create(accumulate=4, keep_effective_batch=True, **options), **RUN)
+    _show("module_loop", f"accumulate 4, keep {options}", v)
+    assert v.verdict.verdict == "pass", v.verdict.reason
+    assert v.verdict.comparison["tolerance"]["kind"] == APPROXIMATE
+    assert len(v.rewritten.losses) == len(v.original.losses) == STEPS
+    if "precision" not in options:
+        assert v.verdict.comparison["max_rel_diff"] < KEEP_BATCH_RTOL
+        assert v.verdict.comparison["max_grad_norm_rel_diff"] < KEEP_BATCH_RTOL
+
+
+def test_accumulation_without_keeping_the_batch_changes_training(fixture_script):
+    v = verify(fixture_script("module_loop"), Options.create(accumulate=4), **RUN)
+    _show("module_loop", "accumulate 4", v)
+    assert v.verdict.verdict == "pass", v.verdict.reason
+    assert v.verdict.comparison["tolerance"]["kind"] == CHANGES_TRAINING
+    assert "changes training" in v.verdict.reason
+    # 6 batches an epoch: a group of 4 and the partial group of 2, each stepped
+    assert len(v.rewritten.losses) == 2 * 2 and _finite(v.rewritten.losses)
+
+
+def test_freezing_is_reported_as_changing_training(fixture_script):
+    v = verify(fixture_script("finetune_encoder"),
+               Options.create(backend="torch", freeze=("embeddings", "encoder.layer[:2]")), **RUN)
+    _show("finetune_encoder", "freeze", v)
+    assert v.verdict.verdict == "pass", v.verdict.reason
+    assert v.verdict.comparison["tolerance"]["kind"] == CHANGES_TRAINING
+    assert v.rewritten.losses[0] == v.original.losses[0]  # the same first forward pass
+    assert v.rewritten.losses[1:] != v.original.losses[1:]
+
+
 @pytest.mark.parametrize("name", sorted(REFUSE_NATIVE))
 def test_native_mixed_precision_refusals_say_why(name):
     result = rewrite(_source(name), Options.create(backend="torch", precision="16-mixed"))

@@ -18,6 +18,8 @@ class ClipGradNorm(Rule):
     - otherwise: `torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=X)`;
     - with a GradScaler (AR208's, or the script's own): `scaler.unscale_(optimizer)` first, so
       that the true gradients are clipped, not the scaled ones.
+    With `--accumulate N` the clip goes with the step, under `if not is_accumulating:` (AR302):
+    the accumulated gradient is clipped once, at the boundary.
 
     Why: clipping keeps one bad batch from throwing the weights far off, the usual guard for
     transformers and RNNs, and for low precision, where an overflow can blow a step up.
