@@ -181,6 +181,7 @@ def test_a_script_that_already_accumulates_is_not_accumulated_twice(loop, found)
     result = _rewrite(loop)
     assert not result.changed
     assert "already accumulates gradients" in _notes(result, True) and found in _notes(result, True)
+    assert "not accumulated twice" in _notes(result, True)
 
 
 def test_loops_it_refuses_say_why():

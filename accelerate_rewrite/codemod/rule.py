@@ -91,6 +91,9 @@ class Rule:
     kind: ClassVar[Kind] = Kind.SAFE
     #: codes of rules whose edits this one relies on: if one of them is dropped, so is this.
     requires: ClassVar[tuple[str, ...]] = ()
+    #: a migration off a deprecated API or a fix of a bug, that needs no option: the rules the
+    #: pre-commit hook applies by default (selector "fixes")
+    fix: ClassVar[bool] = False
     examples: ClassVar[tuple[Example, ...]] = ()
 
     @classmethod

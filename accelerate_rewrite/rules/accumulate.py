@@ -85,7 +85,7 @@ class Accumulate(Rule):
         found = _existing(f)
         if found is not None:
             node, what = found
-            ctx.skip(node, f"the script already accumulates gradients ({what}): not accumulated twice")
+            ctx.skip(node, f"{what}: not accumulated twice")
             return
         loops: dict[int, list[cst.Call]] = {}
         order: list[cst.For] = []
@@ -119,9 +119,9 @@ def _existing(f: ScriptFacts) -> Optional[tuple[cst.CSTNode, str]]:
     """Where the script accumulates gradients on its own, if it does."""
     for call in f.attribute_calls:
         if call.func.attr.value in ("no_sync", "no_backward_sync"):
-            return call, f"`{short(call)}`"
+            return call, f"the script already accumulates gradients (`{short(call)}`)"
     for node in m.findall(f.module, m.Attribute(attr=m.Name("require_backward_grad_sync"))):
-        return node, "`require_backward_grad_sync`"
+        return node, "the script already accumulates gradients (`require_backward_grad_sync`)"
     for call in f.method_calls(OPTIMIZER, "step") + f.method_calls(SCALER, "step"):
         loop = _loop_of(f, call)
         if loop is None:
@@ -130,12 +130,13 @@ def _existing(f: ScriptFacts) -> Optional[tuple[cst.CSTNode, str]]:
             if parent is loop:
                 break
             if isinstance(parent, cst.If):
-                return parent, f"`{short(call)}` runs under `if {code(parent.test)}:`"
+                return parent, (f"`{short(call)}` runs under `if {code(parent.test)}:`: the script "
+                                "already accumulates gradients, or steps on a schedule of its own")
         for site in f.backward_sites:
             inner = _loop_of(f, site.call)
             if inner is not None and inner is not loop and any(a is loop for a in f.ancestors(inner)):
-                return inner, f"the backward runs in an inner loop, `for ... in {code(inner.iter)}:`, " \
-                              f"before `{short(call)}`"
+                return inner, (f"the script already accumulates gradients (the backward runs in an "
+                               f"inner loop, `for ... in {code(inner.iter)}:`, before `{short(call)}`)")
     return None
 
 

@@ -58,6 +58,7 @@ class AmpApiMigration(Rule):
     """
 
     code = "AR201"
+    fix = True
     name = "amp-api-migration"
     kind = Kind.SAFE
     examples = (Example.from_files("AR201"),)

@@ -26,6 +26,7 @@ class ScalerOnce(Rule):
     """
 
     code = "AR203"
+    fix = True
     name = "amp-scaler-once"
     kind = Kind.CHANGES_TRAINING
     examples = (Example.from_files("AR203"),)

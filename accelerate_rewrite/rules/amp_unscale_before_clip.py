@@ -31,6 +31,7 @@ class UnscaleBeforeClip(Rule):
     """
 
     code = "AR202"
+    fix = True
     name = "amp-unscale-before-clip"
     kind = Kind.CHANGES_TRAINING
     examples = (Example.from_files("AR202"),)

@@ -48,6 +48,7 @@ class ApexAmpMigration(Rule):
     """
 
     code = "AR211"
+    fix = True
     name = "apex-amp-migration"
     kind = Kind.APPROXIMATE
     requires = tuple(c for c in (*FABRIC_CORE, *NATIVE_CORE) if c != "AR211")  # one backend's

@@ -1,0 +1,223 @@
+"""``[tool.accelerate-rewrite]`` in pyproject.toml, rule selection, and what applies to a file.
+
+The configuration of a file is the closest ``pyproject.toml`` with a ``[tool.accelerate-rewrite]``
+table, found by walking up from the file's folder (as ruff does). Keys (dashes or underscores):
+
+    precision, devices, strategy, num-nodes, accelerator, backend, matmul-precision,
+    clip-grad-norm, accumulate, keep-effective-batch, freeze    the rewrite's options
+    select, ignore       rules by code ("AR201"), code prefix ("AR1"), name
+                         ("amp-api-migration"), "fixes" or "ALL"
+    exclude              globs of paths (relative to the config's folder) never rewritten
+    [[tool.accelerate-rewrite.overrides]]
+    paths = ["legacy/*.py"]   and any key above but exclude: for the files the globs match
+
+Command-line flags win over the configuration; overrides win over the table's own keys.
+An unknown key, a bad value or an unknown rule is a ConfigError naming it and the file.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from accelerate_rewrite.options import OptionError, Options
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+TABLE = "accelerate-rewrite"
+#: option keys, as Options.create names them
+OPTION_KEYS = ("precision", "devices", "strategy", "num_nodes", "accelerator", "backend",
+               "matmul_precision", "clip_grad_norm", "accumulate", "keep_effective_batch", "freeze")
+SELECTION_KEYS = ("select", "ignore")
+KEYS = (*OPTION_KEYS, *SELECTION_KEYS, "exclude", "overrides")
+#: the selector of the migrations and bug fixes (the pre-commit hook's default)
+FIXES = "fixes"
+
+
+class ConfigError(ValueError):
+    """A wrong configuration: the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Optional[Path] = None  # the pyproject.toml, None when there is none
+    values: dict = field(default_factory=dict)  # option and selection keys, underscored
+    exclude: tuple[str, ...] = ()
+    overrides: tuple[tuple[tuple[str, ...], dict], ...] = ()
+
+    @property
+    def root(self) -> Optional[Path]:
+        return self.path.parent if self.path is not None else None
+
+    def relative(self, file: Path) -> str:
+        try:
+            return Path(file).resolve().relative_to(self.root.resolve()).as_posix()
+        except (ValueError, AttributeError, OSError):
+            return Path(file).as_posix()
+
+    def excluded(self, file: Path) -> bool:
+        rel = self.relative(file)
+        return any(fnmatch.fnmatch(rel, g) or rel.startswith(g.rstrip("/") + "/") for g in self.exclude)
+
+    def values_for(self, file: Path) -> dict:
+        """The table's values with the overrides whose globs match ``file`` applied."""
+        out = dict(self.values)
+        rel = self.relative(file)
+        for globs, values in self.overrides:
+            if any(fnmatch.fnmatch(rel, g) for g in globs):
+                out.update(values)
+        return out
+
+
+def _key(raw: str) -> str:
+    return raw.replace("-", "_")
+
+
+def _check_values(table: dict, where: str, allowed: Sequence[str]) -> dict:
+    out: dict = {}
+    for raw, value in table.items():
+        key = _key(raw)
+        if key not in allowed:
+            valid = ", ".join(k.replace("_", "-") for k in allowed)
+            raise ConfigError(f"{where}: unknown key {raw!r}; valid keys: {valid}")
+        if key in SELECTION_KEYS or key in ("freeze", "exclude"):
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"{where}: {raw} must be a list of strings")
+            value = tuple(value)
+        if key in SELECTION_KEYS:
+            try:
+                select_rules(value)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {raw}: {exc}") from None
+        out[key] = value
+    options = {k: v for k, v in out.items() if k in OPTION_KEYS}
+    try:
+        Options.create(**options)
+    except OptionError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return out
+
+
+@lru_cache(maxsize=None)
+def load(path: Path) -> Config:
+    """The ``[tool.accelerate-rewrite]`` table of one pyproject.toml."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: can't be read ({exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    table = data.get("tool", {}).get(TABLE)
+    if table is None:
+        return Config()
+    where = f"{path}: [tool.{TABLE}]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table")
+    overrides_raw = table.get("overrides", [])
+    values = _check_values({k: v for k, v in table.items() if k not in ("overrides",)}, where,
+                           [k for k in KEYS if k != "overrides"])
+    exclude = values.pop("exclude", ())
+    overrides = []
+    if not isinstance(overrides_raw, list):
+        raise ConfigError(f"{where}: overrides must be an array of tables ([[tool.{TABLE}.overrides]])")
+    for index, entry in enumerate(overrides_raw):
+        here = f"{path}: [[tool.{TABLE}.overrides]] #{index + 1}"
+        if not isinstance(entry, dict) or "paths" not in entry:
+            raise ConfigError(f"{here}: needs paths = [\"glob\", ...]")
+        globs = entry["paths"]
+        if isinstance(globs, str):
+            globs = [globs]
+        if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
+            raise ConfigError(f"{here}: paths must be a list of globs")
+        rest = _check_values({k: v for k, v in entry.items() if k != "paths"}, here,
+                             [*OPTION_KEYS, *SELECTION_KEYS])
+        overrides.append((tuple(globs), rest))
+    return Config(path, values, tuple(exclude), tuple(overrides))
+
+
+@lru_cache(maxsize=None)
+def _find(folder: Path) -> Optional[Path]:
+    for candidate in (folder, *folder.parents):
+        pyproject = candidate / "pyproject.toml"
+        if pyproject.is_file():
+            try:
+                text = pyproject.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+            if f"[tool.{TABLE}" in text or f'[tool."{TABLE}"' in text:
+                return pyproject
+    return None
+
+
+def config_for(file: Path) -> Config:
+    """The configuration that applies to ``file`` (an empty one when no pyproject has it)."""
+    found = _find(Path(file).resolve().parent)
+    return load(found) if found is not None else Config()
+
+
+def select_rules(selectors: Sequence[str]) -> set[str]:
+    """The codes a list of selectors names; a ConfigError names the one that names nothing."""
+    from accelerate_rewrite.rules import ALL_RULES
+
+    out: set[str] = set()
+    for raw in selectors:
+        key = raw.strip()
+        if key.upper() == "ALL":
+            hits = {r.code for r in ALL_RULES}
+        elif key.lower() == FIXES:
+            hits = {r.code for r in ALL_RULES if r.fix}
+        else:
+            hits = {r.code for r in ALL_RULES if r.code.startswith(key.upper()) or r.name == key.lower()}
+        if not hits:
+            raise ConfigError(f"unknown rule {raw!r}: give a code (AR201), a code prefix (AR2), "
+                              f"a name (amp-api-migration), {FIXES!r} or 'ALL' "
+                              "(`accelerate-rewrite rules` lists them)")
+        out |= hits
+    return out
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What applies to one file: the options and the rules (in their order)."""
+
+    options: Options
+    rules: tuple
+    excluded: bool = False
+
+
+def choose(file: Path, cli: dict[str, Any], *, defaults: Optional[dict] = None) -> Choice:
+    """What applies to ``file``: ``defaults`` (the pre-commit hook's: the fixes, with the torch
+    backend), then its configuration, then the command line's values (those given: not None,
+    not empty)."""
+    from accelerate_rewrite.rules import ALL_RULES
+
+    config = config_for(file)
+    values = {"select": ("ALL",), **(defaults or {})}
+    values.update(config.values_for(file))
+    given = {k: v for k, v in cli.items() if v not in (None, (), [], False)}
+    values.update(given)
+    options = {k: v for k, v in values.items() if k in OPTION_KEYS}
+    try:
+        opts = Options.create(**options)
+    except OptionError as exc:
+        where = f"{config.path}: " if config.path is not None and not set(options) <= set(given) else ""
+        raise ConfigError(f"{where}{exc}") from None
+    selected = select_rules(values["select"])
+    ignored = select_rules(values["ignore"]) if values.get("ignore") else set()
+    by_code = {r.code: r for r in ALL_RULES}
+    grew = True
+    while grew:  # a selected rule brings the partners it relies on (apex's migration, its backend's)
+        more = {c for code in selected for c in by_code[code].requirements(opts)} - selected - ignored
+        selected |= more
+        grew = bool(more)
+    rules = tuple(r for r in ALL_RULES if r.code in selected - ignored)
+    return Choice(opts, rules, excluded=config.excluded(file))
