@@ -190,6 +190,19 @@ def _options(precision, backend, devices, strategy, num_nodes, accelerator, clip
     help="Show the diff (the default without --write, -o or --check).",
 )
 @click.option("-q", "--quiet", is_flag=True, help="Print only diffs and errors.")
+@click.option("--select", metavar="RULES", multiple=True,
+              help="Apply only these rules: codes (AR201), prefixes (AR2), names, 'fixes' (the "
+                   "migrations and bug fixes) or 'ALL'; comma-separated or repeated.")
+@click.option("--ignore", metavar="RULES", multiple=True, help="Don't apply these rules (as --select).")
+@click.option("--isolated", is_flag=True, help="Ignore [tool.accelerate-rewrite] in pyproject.toml files.")
+@click.option("--pre-commit", "pre_commit", is_flag=True,
+              help="Run as the pre-commit hook: rewrite in place, quietly; without a `select` in the "
+                   "configuration, apply the fixes only, with the torch backend.")
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="json: one record per file on stdout (path, changed, rules, "
+                                      "places left alone, errors), nothing else.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Processes to rewrite files with [default: the cores, from 8 files on].")
 def rewrite_command(
     paths: tuple[str, ...],
     precision: Optional[str],
@@ -208,6 +221,12 @@ def rewrite_command(
     check: bool,
     show_diff: bool,
     quiet: bool,
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    isolated: bool,
+    pre_commit: bool,
+    output_format: str,
+    jobs: Optional[int],
 ) -> None:
     """Rewrite PATH... (files or folders) into Lightning Fabric scripts (or, with --backend
     torch, plain PyTorch with native mixed precision).
@@ -238,7 +257,31 @@ def rewrite_command(
         mode = Mode.OUTPUT
     else:
         mode = Mode.PREVIEW
-    settings = Settings(mode=mode, options=options, diff=show_diff, quiet=quiet, output=output)
+    from accelerate_rewrite.config import FIXES, ConfigError, select_rules
+
+    selectors = {}
+    for name, raw in (("select", select), ("ignore", ignore)):
+        items = tuple(part.strip() for value in raw for part in value.split(",") if part.strip())
+        if items:
+            try:
+                select_rules(items)
+            except ConfigError as exc:
+                _fail(f"--{name}: {exc}")
+            selectors[name] = items
+    if pre_commit:
+        if check or output is not None:
+            _fail("--pre-commit rewrites in place: it can't be combined with --check or -o")
+        mode, quiet = Mode.WRITE, True
+    cli_values = {
+        "precision": precision, "backend": backend, "devices": devices, "strategy": strategy,
+        "num_nodes": num_nodes, "accelerator": accelerator, "clip_grad_norm": clip_grad_norm,
+        "accumulate": accumulate, "keep_effective_batch": keep_effective_batch, "freeze": freeze,
+        "matmul_precision": matmul_precision, **selectors,
+    }
+    defaults = {"select": (FIXES,), "backend": "torch"} if pre_commit else {}
+    settings = Settings(mode=mode, options=options, diff=show_diff, quiet=quiet, output=output,
+                        cli_values=cli_values, defaults=defaults, isolated=isolated,
+                        output_format=output_format, jobs=jobs)
     raise click.exceptions.Exit(run(paths, settings))
 
 

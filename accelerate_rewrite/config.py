@@ -164,7 +164,29 @@ def config_for(file: Path) -> Config:
     return load(found) if found is not None else Config()
 
 
-def select_rules(selectors: Sequence[str]) -> set[str]:
+def fixes(options: Optional[Options] = None) -> set[str]:
+    """The rules marked ``fix``, with the partners they rely on under ``options``: apex's
+    migration brings the native rules with the torch backend; with Fabric it would bring the
+    whole conversion, so it is not a fix there."""
+    from accelerate_rewrite.rules import ALL_RULES, BY_CODE
+    from accelerate_rewrite.rules._fabric import FabricRule
+
+    out: set[str] = set()
+    for rule in ALL_RULES:
+        if not rule.fix:
+            continue
+        closure, todo = {rule.code}, [rule.code]
+        while todo and options is not None:
+            for code in BY_CODE[todo.pop()].requirements(options):
+                if code not in closure:
+                    closure.add(code)
+                    todo.append(code)
+        if not any(isinstance(BY_CODE[c], FabricRule) for c in closure):
+            out |= closure
+    return out
+
+
+def select_rules(selectors: Sequence[str], options: Optional[Options] = None) -> set[str]:
     """The codes a list of selectors names; a ConfigError names the one that names nothing."""
     from accelerate_rewrite.rules import ALL_RULES
 
@@ -174,7 +196,7 @@ def select_rules(selectors: Sequence[str]) -> set[str]:
         if key.upper() == "ALL":
             hits = {r.code for r in ALL_RULES}
         elif key.lower() == FIXES:
-            hits = {r.code for r in ALL_RULES if r.fix}
+            hits = fixes(options)
         else:
             hits = {r.code for r in ALL_RULES if r.code.startswith(key.upper()) or r.name == key.lower()}
         if not hits:
@@ -194,13 +216,14 @@ class Choice:
     excluded: bool = False
 
 
-def choose(file: Path, cli: dict[str, Any], *, defaults: Optional[dict] = None) -> Choice:
+def choose(file: Path, cli: dict[str, Any], *, defaults: Optional[dict] = None,
+           isolated: bool = False) -> Choice:
     """What applies to ``file``: ``defaults`` (the pre-commit hook's: the fixes, with the torch
     backend), then its configuration, then the command line's values (those given: not None,
     not empty)."""
     from accelerate_rewrite.rules import ALL_RULES
 
-    config = config_for(file)
+    config = Config() if isolated else config_for(file)
     values = {"select": ("ALL",), **(defaults or {})}
     values.update(config.values_for(file))
     given = {k: v for k, v in cli.items() if v not in (None, (), [], False)}
@@ -211,13 +234,7 @@ def choose(file: Path, cli: dict[str, Any], *, defaults: Optional[dict] = None) 
     except OptionError as exc:
         where = f"{config.path}: " if config.path is not None and not set(options) <= set(given) else ""
         raise ConfigError(f"{where}{exc}") from None
-    selected = select_rules(values["select"])
-    ignored = select_rules(values["ignore"]) if values.get("ignore") else set()
-    by_code = {r.code: r for r in ALL_RULES}
-    grew = True
-    while grew:  # a selected rule brings the partners it relies on (apex's migration, its backend's)
-        more = {c for code in selected for c in by_code[code].requirements(opts)} - selected - ignored
-        selected |= more
-        grew = bool(more)
+    selected = select_rules(values["select"], opts)
+    ignored = select_rules(values["ignore"], opts) if values.get("ignore") else set()
     rules = tuple(r for r in ALL_RULES if r.code in selected - ignored)
     return Choice(opts, rules, excluded=config.excluded(file))

@@ -21,7 +21,10 @@ from accelerate_rewrite.options import Options
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from accelerate_rewrite.config import Choice
+
     from accelerate_rewrite.codemod.engine import Result
+    from accelerate_rewrite.codemod.source import SourceFile
 
 #: exit codes
 OK, WOULD_CHANGE, ERROR = 0, 1, 2
@@ -37,14 +40,27 @@ class Mode(enum.Enum):
 @dataclass(frozen=True)
 class Settings:
     mode: Mode
-    options: Options
+    options: Options  # the command line's options alone (validated up front)
     diff: bool = False  # show diffs even when the mode does not by default
     quiet: bool = False
     output: Optional[str] = None  # for Mode.OUTPUT
+    #: the command line's raw values (option keys, select, ignore): merged over each file's
+    #: [tool.accelerate-rewrite] configuration
+    cli_values: dict = field(default_factory=dict)
+    #: what applies below the configuration (the pre-commit hook: the fixes, torch backend)
+    defaults: dict = field(default_factory=dict)
+    isolated: bool = False  # no configuration files
+    output_format: str = "text"  # or "json": one record per file on stdout
+    jobs: Optional[int] = None  # processes; None: as many as cores for 8 files or more
 
     @property
     def shows_diff(self) -> bool:
-        return self.mode is Mode.PREVIEW or self.diff
+        return self.output_format == "text" and (self.mode is Mode.PREVIEW or self.diff)
+
+    def choice_for(self, path: Path) -> "Choice":
+        from accelerate_rewrite.config import choose
+
+        return choose(path, self.cli_values, defaults=self.defaults, isolated=self.isolated)
 
 
 @dataclass
@@ -52,6 +68,9 @@ class Outcome:
     path: Path
     changed: bool = False
     error: Optional[str] = None
+    result: Optional["Result"] = None
+    options: Optional[Options] = None
+    status: str = ""
 
 
 @dataclass
@@ -146,6 +165,11 @@ class Reporter:
         except (AttributeError, ValueError):
             pass
 
+    @property
+    def silent(self) -> bool:
+        """No summaries: -q, or --format json (the records say it all)."""
+        return self.settings.quiet or self.settings.output_format == "json"
+
     def error(self, message: str) -> None:
         from rich.markup import escape
 
@@ -155,16 +179,16 @@ class Reporter:
     def would_rewrite(self, path: Path) -> None:
         from rich.markup import escape
 
-        if self.settings.quiet:
+        if self.silent:
             return
         # with the diffs on stdout, keep stdout a clean patch
         console = self.err if self.settings.shows_diff else self.out
         console.print(f"Would rewrite: {escape(str(path))}")
 
-    def summary(self, path: Path, result: "Result", status: str) -> None:
+    def summary(self, path: Path, result: "Result", status: str, options: Options) -> None:
         from rich.markup import escape
 
-        if self.settings.quiet:
+        if self.silent:
             return
         if not (result.changed or result.skips or result.dropped):
             return
@@ -175,7 +199,7 @@ class Reporter:
         for note in result.changes:
             p(f"  [cyan]{note.rule}[/] line {note.line}: {escape(one_line(note.message))}")
         if result.changes:
-            p(f"  numerics: {escape(numerics(result, self.settings.options))}")
+            p(f"  numerics: {escape(numerics(result, options))}")
         if result.skips:
             p("  [yellow]left alone[/]:")
             for note in result.skips:
@@ -186,44 +210,90 @@ class Reporter:
                 p(f"    {escape(one_line(line))}")
 
     def final(self, tally: Tally) -> None:
-        if self.settings.quiet:
+        if self.silent:
             return
         self._flush_out()
         style = "bold red" if tally.errors else "bold"
         self.err.print(f"[{style}]{final_line(tally, self.settings.mode)}[/]")
 
 
-def process(target: Target, settings: Settings, report: Reporter) -> Outcome:
-    """Rewrite one file; every failure becomes an error message naming the file."""
-    from accelerate_rewrite.codemod.engine import RewriteError, rewrite
-    from accelerate_rewrite.codemod.source import SourceError, read_source, write_atomic
+@dataclass
+class Prepared:
+    """A file read and rewritten (the part of the work that runs in worker processes)."""
+
+    target: Target
+    error: Optional[str] = None
+    result: Optional["Result"] = None
+    source: Optional["SourceFile"] = None
+    data: Optional[bytes] = None  # the bytes to write, when there is something to write
+    options: Optional[Options] = None
+    excluded: bool = False
+
+
+#: a file that names none of these is only checked for syntax (Python's own parser): no rule
+#: can apply to it
+TRAINING_WORDS = ("torch", "apex", "lightning")
+
+
+def prepare(target: Target, settings: Settings) -> Prepared:
+    """Read, choose the options and rules, rewrite, encode; every failure becomes an error
+    message naming the file."""
+    from accelerate_rewrite.codemod.engine import Result, RewriteError, rewrite
+    from accelerate_rewrite.codemod.source import SourceError, read_source
+    from accelerate_rewrite.config import ConfigError
 
     path = target.path
-    outcome = Outcome(path)
+    out = Prepared(target)
     if target.error is not None:
-        outcome.error = target.error
-        report.error(outcome.error)
-        return outcome
+        out.error = target.error
+        return out
     try:
+        choice = settings.choice_for(path)
+        out.options = choice.options
+        if choice.excluded:
+            out.excluded = True
+            return out
         source = read_source(path)
-        result = rewrite(source.text, settings.options, path=str(path))
-        outcome.changed = result.changed
-        data = None
+        out.source = source
+        if not any(word in source.text for word in TRAINING_WORDS):
+            try:
+                compile(source.text, str(path), "exec", dont_inherit=True, flags=0x400)  # ast only
+            except SyntaxError as exc:
+                raise RewriteError(f"{path}:{exc.lineno}:{exc.offset}: syntax error: {exc.msg}") from None
+            out.result = Result(path=str(path), source=source.text, output=source.text)
+            return out
+        result = rewrite(source.text, choice.options, path=str(path), rules=choice.rules)
+        out.result = result
         if settings.mode is Mode.OUTPUT or (settings.mode is Mode.WRITE and result.changed):
             try:
-                data = source.encode(result.output)
+                out.data = source.encode(result.output)
             except UnicodeEncodeError as exc:
                 raise SourceError(
                     f"{path}: the result can't be encoded as {source.encoding} ({exc.reason}); "
                     "not written"
                 ) from None
-    except (SourceError, RewriteError) as exc:
-        outcome.error = str(exc)
+    except (SourceError, RewriteError, ConfigError) as exc:
+        out.error = str(exc)
     except Exception as exc:  # a bug in the engine must not stop the other files
-        outcome.error = f"{path}: internal error ({type(exc).__name__}: {exc}); file left as is"
+        out.error = f"{path}: internal error ({type(exc).__name__}: {exc}); file left as is"
+    return out
+
+
+def finish(prepared: Prepared, settings: Settings, report: Reporter) -> Outcome:
+    """Show, write and report one prepared file."""
+    from accelerate_rewrite.codemod.source import SourceError, write_atomic
+
+    path = prepared.target.path
+    outcome = Outcome(path, error=prepared.error, result=prepared.result, options=prepared.options)
     if outcome.error is not None:
         report.error(outcome.error)
         return outcome
+    if prepared.excluded:
+        outcome.status = "excluded by the configuration"
+        return outcome
+    result, source, data = prepared.result, prepared.source, prepared.data
+    assert result is not None and source is not None
+    outcome.changed = result.changed
 
     if settings.shows_diff and result.changed:
         render_diff(report.out, unified_diff(str(path), result.source, result.output))
@@ -249,13 +319,19 @@ def process(target: Target, settings: Settings, report: Reporter) -> Outcome:
         outcome.error = str(exc)
         report.error(outcome.error)
         return outcome
+    outcome.status = status
 
     if settings.mode is Mode.CHECK:
         if result.changed:
             report.would_rewrite(path)
     else:
-        report.summary(path, result, status)
+        report.summary(path, result, status, outcome.options or settings.options)
     return outcome
+
+
+def process(target: Target, settings: Settings, report: Reporter) -> Outcome:
+    """Rewrite one file (in this process)."""
+    return finish(prepare(target, settings), settings, report)
 
 
 def exit_code(tally: Tally, mode: Mode) -> int:
@@ -266,6 +342,47 @@ def exit_code(tally: Tally, mode: Mode) -> int:
     return OK
 
 
+def record(outcome: Outcome) -> dict:
+    """The ``--format json`` record of one file."""
+    result = outcome.result
+    notes = result.notes if result is not None else []
+    options = outcome.options
+    return {
+        "path": str(outcome.path),
+        "status": outcome.status or ("error" if outcome.error else ""),
+        "changed": outcome.changed,
+        "rules": sorted({n.rule for n in notes if not n.skipped}),
+        "changes": [{"rule": n.rule, "line": n.line, "message": n.message,
+                     "kind": n.kind_with(options).value if options is not None and n.rule.startswith("AR")
+                     else None} for n in notes if not n.skipped],
+        "left_alone": [{"rule": n.rule, "line": n.line, "message": n.message} for n in notes if n.skipped],
+        "dropped": list(result.dropped) if result is not None else [],
+        "error": outcome.error,
+    }
+
+
+def _summary_table(tally: Tally, report: Reporter) -> None:
+    """A table of the files that need a look: changed, left alone in places, or in error."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    rows = [o for o in tally.outcomes
+            if o.error or o.changed or (o.result is not None and (o.result.skips or o.result.dropped))]
+    if not rows:
+        return
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for column in ("file", "status", "rules applied", "left alone", "dropped"):
+        table.add_column(column, overflow="fold")
+    for o in rows:
+        r = o.result
+        table.add_row(escape(str(o.path)), escape(o.status or "error"),
+                      ", ".join(sorted({n.rule for n in r.changes})) if r else "",
+                      str(len(r.skips)) if r and r.skips else "", str(len(r.dropped)) if r and r.dropped else "")
+    report._flush_out()
+    report.err.print(table)
+
+
 def run(
     paths: Sequence[str],
     settings: Settings,
@@ -273,15 +390,62 @@ def run(
     out: Optional["Console"] = None,
     err: Optional["Console"] = None,
 ) -> int:
-    """Process every file under ``paths``; return the exit code (2 error, 1 check, 0)."""
+    """Process every file under ``paths``; return the exit code (2 error, 1 check, 0).
+
+    Files are read and rewritten in parallel (as many processes as cores, from 8 files on, or
+    ``jobs``), then shown, written and reported in the order given."""
+    import json
+
     report = Reporter(
         settings,
         out if out is not None else make_console(),
         err if err is not None else make_console(stderr=True),
     )
     tally = Tally()
-    for target in collect(paths):
-        tally.outcomes.append(process(target, settings, report))
+    targets = collect(paths)
+    jobs = settings.jobs if settings.jobs is not None else (os.cpu_count() or 1) if len(targets) >= 8 else 1
+    jobs = max(1, min(jobs, len(targets)))
+    show_progress = (settings.output_format == "text" and not settings.quiet and len(targets) > 1
+                     and report.err.is_terminal)
+
+    def handle(prepared: Prepared) -> None:
+        outcome = finish(prepared, settings, report)
+        tally.outcomes.append(outcome)
+        if settings.output_format == "json":
+            report.out.file.write(json.dumps(record(outcome)) + "\n")
+            report.out.file.flush()
+
+    def all_prepared():
+        if jobs == 1:
+            for target in targets:
+                yield prepare(target, settings)
+            return
+        from concurrent.futures import ProcessPoolExecutor
+        from itertools import repeat
+
+        try:
+            pool = ProcessPoolExecutor(max_workers=jobs)
+        except (OSError, ImportError, NotImplementedError):  # no processes here: one at a time
+            for target in targets:
+                yield prepare(target, settings)
+            return
+        with pool:
+            yield from pool.map(prepare, targets, repeat(settings), chunksize=max(1, len(targets) // (4 * jobs)))
+
+    if show_progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("rewriting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=report.err, transient=True) as progress:
+            task = progress.add_task("files", total=len(targets))
+            for prepared in all_prepared():
+                handle(prepared)
+                progress.advance(task)
+    else:
+        for prepared in all_prepared():
+            handle(prepared)
+    if settings.output_format == "text" and not settings.quiet and len(tally.outcomes) > 1 \
+            and settings.mode is not Mode.CHECK:
+        _summary_table(tally, report)
     report.final(tally)
     return exit_code(tally, settings.mode)
-

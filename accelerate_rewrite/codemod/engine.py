@@ -11,6 +11,7 @@ from accelerate_rewrite.codemod.checks import check
 from accelerate_rewrite.codemod.edits import apply_edits
 from accelerate_rewrite.codemod.facts import ScriptFacts
 from accelerate_rewrite.codemod.rule import Note, Rule, RuleContext
+from accelerate_rewrite.codemod.suppress import applies_to, changed_lines, protected_lines, skip_file_line
 from accelerate_rewrite.options import Options
 
 
@@ -75,8 +76,13 @@ def rewrite(
                 f"{path}:{py_exc.lineno}:{py_exc.offset}: syntax error: {py_exc.msg}"
             ) from None
         raise RewriteError(f"{path}:{exc.raw_line}:{exc.raw_column + 1}: syntax error: {exc.message}") from None
-    facts = ScriptFacts(module)
     result = Result(path=path, source=source, output=source)
+    skip_line = skip_file_line(source)
+    if skip_line is not None:
+        result.notes.append(Note("file", skip_line, "`# accelerate-rewrite: skip-file`: the file is "
+                                                    "left alone", skipped=True))
+        return result
+    facts = ScriptFacts(module)
 
     contexts: dict[str, RuleContext] = {}
     for rule in rules:
@@ -97,8 +103,32 @@ def rewrite(
     orphans = {r.code for r in active if any(req not in contexts for req in r.requirements(options))}
     gone = set().union(*(_dependents(code, active, options) for code in orphans)) if orphans else set()
     for code in sorted(gone):
-        result.dropped.append(f"{code}: not applied: a rule it relies on did not run")
+        if contexts[code].edits or contexts[code].notes:  # a rule with nothing to do goes quietly
+            result.dropped.append(f"{code}: not applied: a rule it relies on did not run")
     active = [r for r in active if r.code not in gone]
+
+    protected = protected_lines(source)
+    if protected:
+        for rule in list(active):
+            if rule.code not in {r.code for r in active}:
+                continue
+            edits = contexts[rule.code].edits
+            if not edits:
+                continue
+            alone = apply_edits(facts.module, [edits]).code
+            hit = next(((n, c) for n in sorted(changed_lines(source, alone))
+                        for c in [applies_to(protected, n, rule.code)] if c is not None), None)
+            if hit is None:
+                continue
+            gone = _dependents(rule.code, active, options)
+            others = sorted(gone - {rule.code})
+            result.dropped.append(
+                f"{rule.code} {rule.name}: not applied: it would change line {hit[0]}, which "
+                f"`# accelerate-rewrite: ignore` (line {hit[1]}) leaves alone"
+                + (f" (and with it {', '.join(others)}, which rely on it)" if others else ""))
+            active = [r for r in active if r.code not in gone]
+        for ctx in contexts.values():  # what the rules say about protected lines goes too
+            ctx.notes = [n for n in ctx.notes if applies_to(protected, n.line, n.rule) is None]
 
     original_undefined = facts.undefined_names()
 
