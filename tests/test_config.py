@@ -1,0 +1,261 @@
+"""Issue 6: [tool.accelerate-rewrite] configuration, --select/--ignore, suppression comments,
+--format json, many files in parallel, and the pre-commit hook run by the real pre-commit."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from accelerate_rewrite.cli import cli
+from accelerate_rewrite.codemod.engine import rewrite
+from accelerate_rewrite.codemod.suppress import protected_lines
+from accelerate_rewrite.config import ConfigError, choose, fixes, load, select_rules
+from accelerate_rewrite.options import Options
+from tests.goldens import FIXTURES
+
+ROOT = Path(__file__).resolve().parent.parent
+CUDA_AMP = FIXTURES / "cuda_amp" / "input.py"  # deprecated torch.cuda.amp, scaler in the loop, clip
+CLEAN_ENV = {"FORCE_COLOR": None, "NO_COLOR": None, "TTY_COMPATIBLE": None, "TTY_INTERACTIVE": None}
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner(env=CLEAN_ENV)
+
+    def invoke(*args):
+        return runner.invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+    return invoke
+
+
+def _project(tmp_path: Path, config: str, files: dict[str, Path]) -> Path:
+    (tmp_path / "pyproject.toml").write_text(textwrap.dedent(config))
+    for name, source in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, tmp_path / name)
+    load.cache_clear()
+    return tmp_path
+
+
+def _rules(record: dict) -> set[str]:
+    return set(record["rules"])
+
+
+# ---- configuration -------------------------------------------------------------------------------
+
+def test_the_config_sets_the_options_and_the_rules_and_flags_win(run, tmp_path):
+    _project(tmp_path, """\
+        [tool.accelerate-rewrite]
+        backend = "torch"
+        precision = "bf16-mixed"
+        ignore = ["AR201"]
+        """, {"scripts/train.py": FIXTURES / "module_loop" / "input.py", "amp.py": CUDA_AMP})
+    records = [json.loads(line) for line in run(".", "--format", "json").stdout.splitlines()]
+    by_path = {r["path"]: r for r in records}
+    assert _rules(by_path["scripts/train.py"]) == {"AR207"}  # torch backend, bf16 autocast
+    assert "AR201" not in _rules(by_path["amp.py"])
+    flags = json.loads(run("scripts/train.py", "--format", "json", "--backend", "fabric").stdout)
+    assert "AR101" in _rules(flags)  # the flag wins over the config
+
+
+def test_overrides_and_exclude_by_path(run, tmp_path):
+    _project(tmp_path, """\
+        [tool.accelerate-rewrite]
+        select = ["fixes"]
+        exclude = ["vendor/*"]
+
+        [[tool.accelerate-rewrite.overrides]]
+        paths = ["legacy/*.py"]
+        select = ["AR201"]
+        """, {"a.py": CUDA_AMP, "legacy/b.py": CUDA_AMP, "vendor/c.py": CUDA_AMP})
+    records = {r["path"]: r for r in map(json.loads, run(".", "--format", "json").stdout.splitlines())}
+    assert _rules(records["a.py"]) == {"AR201", "AR202", "AR203"}
+    assert _rules(records["legacy/b.py"]) == {"AR201"}
+    assert records["vendor/c.py"]["status"] == "excluded by the configuration"
+    assert not records["vendor/c.py"]["changed"]
+
+
+def test_the_closest_configured_pyproject_applies(tmp_path):
+    _project(tmp_path, '[tool.accelerate-rewrite]\nbackend = "torch"\n', {"sub/x.py": CUDA_AMP})
+    (tmp_path / "sub" / "pyproject.toml").write_text('[project]\nname = "no-table-here"\n')
+    assert choose(tmp_path / "sub" / "x.py", {}).options.backend == "torch"
+    assert choose(tmp_path / "sub" / "x.py", {}, isolated=True).options.backend == "fabric"
+
+
+@pytest.mark.parametrize("config,message", [
+    ('precison = "bf16-mixed"', "unknown key 'precison'; valid keys: precision, devices"),
+    ('precision = "fp8"', "invalid precision 'fp8'"),
+    ('select = ["AR999"]', "select: unknown rule 'AR999'"),
+    ('ignore = "nothing-like-this"', "ignore: unknown rule 'nothing-like-this'"),
+    ("[[tool.accelerate-rewrite.overrides]]\nselect = ['AR201']", "needs paths ="),
+    ("[[tool.accelerate-rewrite.overrides]]\npaths = ['x']\nexclude = ['y']", "unknown key 'exclude'"),
+])
+def test_a_bad_config_is_a_clear_error_naming_the_file_and_key(run, tmp_path, config, message):
+    _project(tmp_path, "[tool.accelerate-rewrite]\n" + config + "\n", {"train.py": CUDA_AMP})
+    result = run("train.py")
+    assert result.exit_code == 2
+    assert "pyproject.toml" in result.stderr and message in result.stderr, result.stderr
+    with pytest.raises(ConfigError, match="pyproject.toml"):
+        load(tmp_path / "pyproject.toml")
+
+
+def test_select_and_ignore_on_the_command_line(run, tmp_path):
+    shutil.copyfile(CUDA_AMP, tmp_path / "amp.py")
+    record = json.loads(run("amp.py", "--format", "json", "--select", "AR2", "--ignore", "amp-scaler-once").stdout)
+    assert _rules(record) == {"AR201", "AR202"}
+    record = json.loads(run("amp.py", "--format", "json", "--select", "AR201,AR202").stdout)
+    assert _rules(record) == {"AR201", "AR202"}
+    bad = run("amp.py", "--select", "AR9")
+    assert bad.exit_code == 2 and "--select: unknown rule 'AR9'" in bad.stderr
+
+
+def test_the_fixes_selector():
+    assert select_rules(["fixes"]) == {"AR201", "AR202", "AR203", "AR211"}
+    assert fixes(Options.create(backend="torch")) == {"AR201", "AR202", "AR203", "AR207", "AR208", "AR211"}
+    # with Fabric, apex's migration would bring the whole conversion: it is not a fix there
+    assert fixes(Options.create()) == {"AR201", "AR202", "AR203"}
+
+
+# ---- suppression comments -------------------------------------------------------------------------
+
+SCRIPT = """\
+import torch
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = torch.cuda.amp.GradScaler(){mark1}
+for x in [torch.randn(2, 4)]:
+{mark2}    with torch.cuda.amp.autocast():
+        loss = model(x).sum()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+"""
+
+
+def _suppressed(mark1: str = "", mark2: str = "", **options):
+    source = SCRIPT.format(mark1=mark1, mark2=mark2)
+    return rewrite(source, Options.create(backend="torch", **options))
+
+
+def test_an_ignore_comment_leaves_its_line_and_drops_the_rule_that_would_change_it():
+    plain = _suppressed()
+    assert "torch.amp.GradScaler" in plain.output
+    marked = _suppressed(mark1="  # accelerate-rewrite: ignore")
+    assert "scaler = torch.cuda.amp.GradScaler()  # accelerate-rewrite: ignore" in marked.output
+    assert "torch.cuda.amp.autocast()" in marked.output  # the rule is not applied to the file at all
+    assert any("AR201" in d and "line 5" in d for d in marked.dropped)
+
+
+def test_an_ignore_comment_with_codes_and_on_its_own_line():
+    other = _suppressed(mark1="  # accelerate-rewrite: ignore[AR105]")
+    assert "torch.amp.GradScaler" in other.output  # AR201 is not named: applied
+    above = _suppressed(mark2="    # accelerate-rewrite: ignore[AR201]\n")
+    assert "    with torch.cuda.amp.autocast():" in above.output and not above.changed
+
+
+def test_protected_lines_cover_the_whole_statement():
+    source = "x = f(\n    1,\n)  # accelerate-rewrite: ignore[AR201, AR105]\ny = 2\n"
+    protected = protected_lines(source)
+    assert set(protected) == {1, 2, 3}
+    assert protected[1][0] == frozenset({"AR201", "AR105"})
+
+
+def test_skip_file():
+    source = "# accelerate-rewrite: skip-file\n" + SCRIPT.format(mark1="", mark2="")
+    result = rewrite(source, Options.create(backend="torch"))
+    assert not result.changed
+    assert result.skips[0].rule == "file" and "skip-file" in result.skips[0].message
+
+
+# ---- many files -------------------------------------------------------------------------------
+
+def test_many_files_in_parallel_give_what_one_at_a_time_gives(run, tmp_path):
+    names = sorted(p.parent.name for p in FIXTURES.glob("*/input.py"))
+    for name in names:
+        shutil.copyfile(FIXTURES / name / "input.py", tmp_path / f"{name}.py")
+    (tmp_path / "notes.py").write_text("print('no training here')\n")
+    serial = run(".", "--format", "json", "-j", "1")
+    parallel = run(".", "--format", "json", "-j", "2")
+    assert serial.exit_code == parallel.exit_code == 0
+    assert serial.stdout == parallel.stdout
+    records = [json.loads(line) for line in parallel.stdout.splitlines()]
+    assert [r["path"] for r in records] == sorted(r["path"] for r in records)
+    assert {"path", "status", "changed", "rules", "changes", "left_alone", "dropped", "error"} <= set(records[0])
+    assert sum(r["changed"] for r in records) >= 15
+    text = run(".", "-j", "2")
+    assert "rules applied" in text.stderr  # the summary table
+    assert text.stderr.strip().splitlines()[-1].endswith("left unchanged")
+
+
+def test_a_file_without_torch_is_checked_for_syntax_only(run, tmp_path):
+    (tmp_path / "util.py").write_text("def f(:\n")
+    result = run("util.py", "--format", "json")
+    assert result.exit_code == 2
+    assert "util.py:1" in json.loads(result.stdout)["error"]
+
+
+# ---- the pre-commit hook, with the real pre-commit ------------------------------------------------
+
+def _git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com",
+           "PRE_COMMIT_HOME": str(repo.parent / "pre-commit-home")}
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, env=env, check=check)
+
+
+def test_the_pre_commit_hook_fixes_and_fails_the_commit(tmp_path):
+    yaml = pytest.importorskip("yaml")
+    pytest.importorskip("pre_commit")
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    manifest = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    hook = next(h for h in manifest if h["id"] == "accelerate-rewrite")
+    assert hook["entry"].split()[0] == "accelerate-rewrite" and hook["language"] == "python"
+    # the manifest's hook, as a local one (no virtualenv to build): its entry runs this checkout
+    entry = f"{sys.executable} -m accelerate_rewrite " + " ".join(hook["entry"].split()[1:])
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / ".pre-commit-config.yaml").write_text(yaml.safe_dump({"repos": [{"repo": "local", "hooks": [{
+        "id": hook["id"], "name": hook["name"], "entry": entry, "language": "system",
+        "types_or": hook["types_or"]}]}]}))
+    shutil.copyfile(CUDA_AMP, repo / "train.py")
+    shutil.copyfile(FIXTURES / "module_loop" / "input.py", repo / "fabric_candidate.py")
+    env_python = Path(sys.executable)
+    install = subprocess.run([str(env_python), "-m", "pre_commit", "install"], cwd=repo,
+                             capture_output=True, text=True,
+                             env={**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home")})
+    assert install.returncode == 0, install.stderr
+    _git(repo, "add", ".")
+    first = _git(repo, "commit", "-q", "-m", "add scripts", check=False)
+    assert first.returncode != 0, first.stdout + first.stderr  # the hook changed a file
+    assert "files were modified by this hook" in first.stdout + first.stderr
+    fixed = (repo / "train.py").read_text()
+    assert "torch.amp.GradScaler" in fixed and "scaler.unscale_(optimizer)" in fixed
+    assert "Fabric" not in fixed  # the conversion is not a fix: it runs only when configured
+    assert (repo / "fabric_candidate.py").read_bytes() == (FIXTURES / "module_loop" / "input.py").read_bytes()
+    _git(repo, "add", ".")
+    second = _git(repo, "commit", "-q", "-m", "add scripts", check=False)
+    assert second.returncode == 0, second.stdout + second.stderr
+    (repo / "README.md").write_text("no python here\n")
+    _git(repo, "add", "README.md")
+    quiet = _git(repo, "commit", "-q", "-m", "docs", check=False)
+    assert quiet.returncode == 0 and "Failed" not in quiet.stdout
+    # a project that asks for the conversion gets it in the hook
+    (repo / "pyproject.toml").write_text('[tool.accelerate-rewrite]\nselect = ["ALL"]\nbackend = "fabric"\n')
+    _git(repo, "add", "pyproject.toml")
+    third = subprocess.run([str(env_python), "-m", "pre_commit", "run", "--all-files"], cwd=repo,
+                           capture_output=True, text=True,
+                           env={**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home")})
+    assert third.returncode == 1
+    assert "fabric.launch()" in (repo / "fabric_candidate.py").read_text()
