@@ -71,6 +71,7 @@ class Outcome:
     result: Optional["Result"] = None
     options: Optional[Options] = None
     status: str = ""
+    where: Optional[list] = None  # a notebook's program line -> (cell, line in cell)
 
 
 @dataclass
@@ -185,8 +186,15 @@ class Reporter:
         console = self.err if self.settings.shows_diff else self.out
         console.print(f"Would rewrite: {escape(str(path))}")
 
-    def summary(self, path: Path, result: "Result", status: str, options: Options) -> None:
+    def summary(self, path: Path, result: "Result", status: str, options: Options,
+                where: Optional[list] = None) -> None:
         from rich.markup import escape
+
+        def at(line: int, sep: str = " ") -> str:  # "line 12", or a notebook's "cell 3, line 2"
+            if where is not None and 1 <= line <= len(where):
+                cell, in_cell = where[line - 1]
+                return f"cell {cell}, line {in_cell}" if sep == " " else f"cell {cell}:{in_cell}"
+            return f"line {line}" if sep == " " else str(line)
 
         if self.silent:
             return
@@ -197,13 +205,13 @@ class Reporter:
         p = self.err.print
         p(f"[bold]{shown}[/]: {escape(status)}")
         for note in result.changes:
-            p(f"  [cyan]{note.rule}[/] line {note.line}: {escape(one_line(note.message))}")
+            p(f"  [cyan]{note.rule}[/] {at(note.line)}: {escape(one_line(note.message))}")
         if result.changes:
             p(f"  numerics: {escape(numerics(result, options))}")
         if result.skips:
             p("  [yellow]left alone[/]:")
             for note in result.skips:
-                p(f"    {shown}:{note.line}: [yellow]{note.rule}[/] {escape(one_line(note.message))}")
+                p(f"    {shown}:{at(note.line, ':')}: [yellow]{note.rule}[/] {escape(one_line(note.message))}")
         if result.dropped:
             p("  [red]dropped[/]:")
             for line in result.dropped:
@@ -228,6 +236,8 @@ class Prepared:
     data: Optional[bytes] = None  # the bytes to write, when there is something to write
     options: Optional[Options] = None
     excluded: bool = False
+    diff: Optional[str] = None  # a notebook's: per changed cell
+    where: Optional[list] = None  # a notebook's: program line -> (cell, line in cell)
 
 
 #: a file that names none of these is only checked for syntax (Python's own parser): no rule
@@ -255,6 +265,8 @@ def prepare(target: Target, settings: Settings) -> Prepared:
             return out
         source = read_source(path)
         out.source = source
+        if path.suffix == ".ipynb":
+            return _prepare_notebook(out, source, choice, settings)
         if not any(word in source.text for word in TRAINING_WORDS):
             try:
                 compile(source.text, str(path), "exec", dont_inherit=True, flags=0x400)  # ast only
@@ -279,12 +291,35 @@ def prepare(target: Target, settings: Settings) -> Prepared:
     return out
 
 
+def _prepare_notebook(out: Prepared, source: "SourceFile", choice: "Choice", settings: Settings) -> Prepared:
+    """A notebook: its code cells rewritten as one program and put back (codemod/notebook.py)."""
+    from accelerate_rewrite.codemod import notebook
+    from accelerate_rewrite.codemod.engine import RewriteError, rewrite
+
+    path = str(out.target.path)
+    try:
+        program = notebook.read(source.text, path)
+        result = rewrite(program.text, choice.options, path=path, rules=choice.rules)
+        nb, changed = notebook.write_back(program, result.output, path) if result.changed else (program.nb, {})
+    except notebook.NotebookError as exc:
+        raise RewriteError(str(exc)) from None
+    out.where = program.lines
+    text = notebook.dumps(nb, source.text) if changed else source.text
+    result.source, result.output = source.text, text
+    out.result = result
+    out.diff = notebook.cell_diffs(path, program, changed)
+    if settings.mode is Mode.OUTPUT or (settings.mode is Mode.WRITE and changed):
+        out.data = source.encode(text)
+    return out
+
+
 def finish(prepared: Prepared, settings: Settings, report: Reporter) -> Outcome:
     """Show, write and report one prepared file."""
     from accelerate_rewrite.codemod.source import SourceError, write_atomic
 
     path = prepared.target.path
-    outcome = Outcome(path, error=prepared.error, result=prepared.result, options=prepared.options)
+    outcome = Outcome(path, error=prepared.error, result=prepared.result, options=prepared.options,
+                      where=prepared.where)
     if outcome.error is not None:
         report.error(outcome.error)
         return outcome
@@ -296,7 +331,8 @@ def finish(prepared: Prepared, settings: Settings, report: Reporter) -> Outcome:
     outcome.changed = result.changed
 
     if settings.shows_diff and result.changed:
-        render_diff(report.out, unified_diff(str(path), result.source, result.output))
+        diff = prepared.diff if prepared.diff is not None else unified_diff(str(path), result.source, result.output)
+        render_diff(report.out, diff)
 
     status = "would be rewritten" if result.changed else "left unchanged"
     try:
@@ -325,7 +361,7 @@ def finish(prepared: Prepared, settings: Settings, report: Reporter) -> Outcome:
         if result.changed:
             report.would_rewrite(path)
     else:
-        report.summary(path, result, status, outcome.options or settings.options)
+        report.summary(path, result, status, outcome.options or settings.options, prepared.where)
     return outcome
 
 
@@ -347,15 +383,21 @@ def record(outcome: Outcome) -> dict:
     result = outcome.result
     notes = result.notes if result is not None else []
     options = outcome.options
+
+    def cell(line: int) -> dict:
+        where = outcome.where
+        return {"cell": where[line - 1][0], "cell_line": where[line - 1][1]} \
+            if where is not None and 1 <= line <= len(where) else {}
     return {
         "path": str(outcome.path),
         "status": outcome.status or ("error" if outcome.error else ""),
         "changed": outcome.changed,
         "rules": sorted({n.rule for n in notes if not n.skipped}),
-        "changes": [{"rule": n.rule, "line": n.line, "message": n.message,
+        "changes": [{"rule": n.rule, "line": n.line, **cell(n.line), "message": n.message,
                      "kind": n.kind_with(options).value if options is not None and n.rule.startswith("AR")
                      else None} for n in notes if not n.skipped],
-        "left_alone": [{"rule": n.rule, "line": n.line, "message": n.message} for n in notes if n.skipped],
+        "left_alone": [{"rule": n.rule, "line": n.line, **cell(n.line), "message": n.message}
+                       for n in notes if n.skipped],
         "dropped": list(result.dropped) if result is not None else [],
         "error": outcome.error,
     }

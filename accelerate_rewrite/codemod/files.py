@@ -1,4 +1,4 @@
-"""Which files a run covers: the paths given, folders searched for ``*.py``."""
+"""Which files a run covers: the paths given, folders searched for ``*.py`` and ``*.ipynb``."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _walk(folder: Path) -> Iterable[Path]:
     for root, dirs, names in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not _skipped(d))
         for name in sorted(names):
-            if name.endswith(".py") and not name.startswith("."):
+            if name.endswith((".py", ".ipynb")) and not name.startswith("."):
                 yield Path(root) / name
 
 

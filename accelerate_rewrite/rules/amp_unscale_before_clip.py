@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import libcst as cst
 
 from accelerate_rewrite.codemod.facts import CLIP_NORM, CLIP_VALUE, SCALER
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
