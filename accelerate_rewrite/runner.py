@@ -240,9 +240,17 @@ class Prepared:
     where: Optional[list] = None  # a notebook's: program line -> (cell, line in cell)
 
 
-#: a file that names none of these is only checked for syntax (Python's own parser): no rule
-#: can apply to it
-TRAINING_WORDS = ("torch", "apex", "lightning")
+#: a file that contains none of these (case aside) is only checked for syntax, with Python's own
+#: parser, not analysed: every rule needs a training step, an optimizer, AMP or a half cast
+TRAINING_WORDS = ("backward", "optim", "amp", "autocast", "gradscaler", "half", "float16")
+
+
+def needs_analysis(text: str, options: Options) -> bool:
+    """Whether a rule could change the file (AR204, with --matmul-precision, applies to any
+    script that uses torch)."""
+    lowered = text.lower()
+    words = TRAINING_WORDS + (("torch",) if options.matmul_precision else ())
+    return any(word in lowered for word in words)
 
 
 def prepare(target: Target, settings: Settings) -> Prepared:
@@ -267,7 +275,7 @@ def prepare(target: Target, settings: Settings) -> Prepared:
         out.source = source
         if path.suffix == ".ipynb":
             return _prepare_notebook(out, source, choice, settings)
-        if not any(word in source.text for word in TRAINING_WORDS):
+        if not needs_analysis(source.text, choice.options):
             try:
                 compile(source.text, str(path), "exec", dont_inherit=True, flags=0x400)  # ast only
             except SyntaxError as exc:
