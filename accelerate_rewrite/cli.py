@@ -420,6 +420,18 @@ def verify_command(script, precision, backend, devices, strategy, num_nodes, acc
 
     options = _options(precision, backend, devices, strategy, num_nodes, accelerator, clip_grad_norm,
                        accumulate, keep_effective_batch, freeze, matmul_precision)
+    # the script's [tool.accelerate-rewrite] configuration applies as to a rewrite; flags win
+    from accelerate_rewrite.config import ConfigError, choose
+
+    try:
+        choice = choose(Path(script), {
+            "precision": precision, "backend": backend, "devices": devices, "strategy": strategy,
+            "num_nodes": num_nodes, "accelerator": accelerator, "clip_grad_norm": clip_grad_norm,
+            "accumulate": accumulate, "keep_effective_batch": keep_effective_batch, "freeze": freeze,
+            "matmul_precision": matmul_precision})
+    except ConfigError as exc:
+        _fail(str(exc))
+    options = choice.options
     if plot_path is not None:
         try:
             import matplotlib  # noqa: F401
@@ -444,7 +456,7 @@ def verify_command(script, precision, backend, devices, strategy, num_nodes, acc
                 timeout=timeout, python=python or sys.executable, threads=threads,
                 tolerance=Tolerance(max_rel=rtol, mean_rel=mean_rtol, last_rel=last_rtol,
                                     warmup_steps=warmup_steps),
-                on_start=on_start,
+                on_start=on_start, rules=choice.rules,
             )
         finally:
             if status is not None:

@@ -21,10 +21,9 @@ from accelerate_rewrite.options import Options
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from accelerate_rewrite.config import Choice
-
     from accelerate_rewrite.codemod.engine import Result
     from accelerate_rewrite.codemod.source import SourceFile
+    from accelerate_rewrite.config import Choice
 
 #: exit codes
 OK, WOULD_CHANGE, ERROR = 0, 1, 2

@@ -20,10 +20,13 @@ Measures, in this order:
    fixtures/train_function (many small classifiers, each with its own train()/evaluate(), all
    built and trained in one main()). It is generated here, checked to compile, and rewritten
    with the default options; the result must compile too.
-3. Cold start of ``accelerate-rewrite --help`` and ``accelerate-rewrite --check
-   fixtures/module_loop/input.py`` as subprocesses (wall clock, one untimed run first, then the
+3. Cold start of ``accelerate-rewrite --help``, ``accelerate-rewrite --check
+   fixtures/module_loop/input.py`` and ``--pre-commit`` on the same file (nothing to fix) as subprocesses (wall clock, one untimed run first, then the
    median of ``--cold-runs`` runs), and whether either imports torch or lightning (from
    ``python -X importtime``): they must not.
+
+4. The whole command (``--check``) over ``--corpus`` generated training scripts, with 1 and 2
+   processes (``-j``): lines per second of the whole run.
 
 Exits 1 when the rewrites or either command imported torch or lightning. Only the standard
 library and the package are used. With the defaults it takes about 45 s on
@@ -438,7 +441,9 @@ def heavy_imports(script: str, args: list[str]) -> tuple[list[str], float, list[
 def cold_start(runs: int) -> list[dict]:
     script = console_script()
     out = []
-    for args in (["--help"], ["--check", COLD_CHECK_TARGET]):
+    # the pre-commit hook on a training script it has nothing to fix (module_loop uses no
+    # deprecated AMP API): what a commit that touches one script costs
+    for args in (["--help"], ["--check", COLD_CHECK_TARGET], ["--pre-commit", COLD_CHECK_TARGET]):
         label = "accelerate-rewrite " + " ".join(args)
         log(f"cold start: {label} (1 untimed + {runs} runs)")
         subprocess.run([script, *args], cwd=ROOT, stdout=subprocess.DEVNULL,
@@ -463,6 +468,53 @@ def cold_start(runs: int) -> list[dict]:
             "top_imports": top,
         })
     return out
+
+
+# ---- 4. the whole command over a corpus ---------------------------------------------------------
+
+
+def corpus(files: int, runs: int = 3) -> Optional[dict]:
+    """``accelerate-rewrite FOLDER --check -j J`` over ``files`` generated training scripts (1 to
+    4 classifiers each, in the style of fixtures/train_function), J = 1 and 2: the whole run
+    (start-up, reading, parse, analysis, rules, diff) in lines per second, median of ``runs``."""
+    import tempfile
+
+    if files <= 0:
+        return None
+    script = console_script()
+    out: dict = {"files": files, "runs": runs}
+    with tempfile.TemporaryDirectory() as folder:
+        lines = 0
+        for i in range(files):
+            text = synthetic_source(1 + i % 4)
+            (Path(folder) / f"train_{i:03d}.py").write_text(text)
+            lines += n_lines(text)
+        out["lines"] = lines
+        for jobs in (1, 2):
+            log(f"corpus: {files} files, {lines} lines, -j {jobs} ({runs} runs)")
+            times = []
+            for _ in range(runs):
+                start = time.perf_counter()
+                proc = subprocess.run([script, folder, "--check", "-j", str(jobs)], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
+                times.append(time.perf_counter() - start)
+                if proc.returncode != 1:  # every generated script would change
+                    sys.exit(f"corpus run exited {proc.returncode}")
+            out[f"seconds_j{jobs}"] = statistics.median(times)
+            out[f"lines_per_s_j{jobs}"] = lines / statistics.median(times)
+    return out
+
+
+def corpus_report(c: dict) -> str:
+    return "\n".join([
+        f"Whole command over {c['files']} generated training scripts ({c['lines']} lines), "
+        f"`accelerate-rewrite FOLDER --check -j J`, median of {c['runs']} runs:",
+        "",
+        "| processes | seconds | lines/s |",
+        "| --- | --- | --- |",
+        f"| 1 | {c['seconds_j1']:.1f} | **{c['lines_per_s_j1']:.0f}** |",
+        f"| 2 | {c['seconds_j2']:.1f} | **{c['lines_per_s_j2']:.0f}** |",
+    ])
 
 
 # ---- profile (optional) --------------------------------------------------------------------
@@ -662,6 +714,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="rewrites of the synthetic input (default 1)")
     parser.add_argument("--cold-runs", type=int, default=10,
                         help="timed runs of each command for the cold start (default 10)")
+    parser.add_argument("--corpus", type=int, default=40, metavar="FILES",
+                        help="generated scripts for the whole-command run with 1 and 2 processes, "
+                        "0 to skip (default 40)")
     parser.add_argument("--profile", nargs="?", type=int, const=15, metavar="TOP",
                         help="instead of the benchmark, profile one pass over the fixtures "
                         "with cProfile and print the TOP (15) cumulative functions")
@@ -678,9 +733,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     s = synthetic(args.synthetic_lines, args.synthetic_runs)
     torch_in_process = [m for m in sys.modules if m.split(".")[0] in FORBIDDEN_IMPORTS]
     cold = cold_start(args.cold_runs)
+    c = corpus(args.corpus)
     took = time.perf_counter() - started
     report = markdown_report if args.markdown else text_report
     print(report(info, t, s, cold, took))
+    if c is not None:
+        print("\n" + corpus_report(c))
     if torch_in_process:
         print(f"\nWARNING: the rewrites imported {', '.join(sorted(torch_in_process)[:5])}")
     bad = torch_in_process or any(c["forbidden"] for c in cold)

@@ -92,6 +92,7 @@ def verify(
     threads: Optional[int] = None,
     tolerance: Optional[Tolerance] = None,
     on_start: Callable[[str], None] = lambda label: None,
+    rules: Optional[Sequence] = None,  # the rules to rewrite with (default: all)
 ) -> Verification:
     from accelerate_rewrite.codemod.engine import RewriteError, rewrite
     from accelerate_rewrite.codemod.source import SourceError, read_source
@@ -109,7 +110,7 @@ def verify(
             raise VerifyError(f"{against}: no such file")
     else:
         try:
-            result = rewrite(source.text, options, path=str(script))
+            result = rewrite(source.text, options, path=str(script), rules=rules)
         except RewriteError as exc:
             raise VerifyError(str(exc)) from None
         if not result.changed:
