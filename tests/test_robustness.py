@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: generated examples in CI: bare programs (cheap) and training scripts with generated code
 #: appended (two rewrites each); HYPOTHESIS_SCALE=10 for a long local run
 SCALE = float(os.environ.get("HYPOTHESIS_SCALE", "1"))
-GRAMMAR_EXAMPLES, TRAINING_EXAMPLES = int(200 * SCALE), int(30 * SCALE)
+GRAMMAR_EXAMPLES, TRAINING_EXAMPLES = int(200 * SCALE), int(20 * SCALE)
 
 
 @pytest.fixture
