@@ -80,7 +80,9 @@ def _key(raw: str) -> str:
     return raw.replace("-", "_")
 
 
-def _check_values(table: dict, where: str, allowed: Sequence[str]) -> dict:
+def _check_values(table: dict, where: str, allowed: Sequence[str], base: Optional[dict] = None) -> dict:
+    """The table's values, underscored and checked; options are validated over ``base`` (an
+    override's over the table's own)."""
     out: dict = {}
     for raw, value in table.items():
         key = _key(raw)
@@ -99,7 +101,7 @@ def _check_values(table: dict, where: str, allowed: Sequence[str]) -> dict:
             except ConfigError as exc:
                 raise ConfigError(f"{where}: {raw}: {exc}") from None
         out[key] = value
-    options = {k: v for k, v in out.items() if k in OPTION_KEYS}
+    options = {k: v for k, v in {**(base or {}), **out}.items() if k in OPTION_KEYS}
     try:
         Options.create(**options)
     except OptionError as exc:
@@ -139,7 +141,7 @@ def load(path: Path) -> Config:
         if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
             raise ConfigError(f"{here}: paths must be a list of globs")
         rest = _check_values({k: v for k, v in entry.items() if k != "paths"}, here,
-                             [*OPTION_KEYS, *SELECTION_KEYS])
+                             [*OPTION_KEYS, *SELECTION_KEYS], base=values)
         overrides.append((tuple(globs), rest))
     return Config(path, values, tuple(exclude), tuple(overrides))
 

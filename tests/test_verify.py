@@ -132,7 +132,12 @@ def test_fixture_at_32_true_is_exact(name, fixture_script):
     assert v.rewritten.precision == "32-true"
 
 
-@pytest.mark.parametrize("name", RUNNABLE)
+#: bf16-mixed with Fabric on every runnable fixture but these, whose style another one covers
+#: (gan, apex_o1, train_function): each Fabric run imports lightning (about 5 s)
+BF16_COVERED_ELSEWHERE = {"gan_bce", "apex_o2_two_losses", "finetune_encoder"}
+
+
+@pytest.mark.parametrize("name", [n for n in RUNNABLE if n not in BF16_COVERED_ELSEWHERE])
 def test_fixture_at_bf16_mixed(name, fixture_script):
     v = verify(fixture_script(name), Options.create(precision="bf16-mixed"), **RUN)
     _show(name, "bf16-mixed", v)
