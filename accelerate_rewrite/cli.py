@@ -147,6 +147,12 @@ def fabric_options(command):
                  "(encoder.layer.0), a slice (encoder.layer[:2]) or a glob (encoder.layer.[01].*).",
         ),
         click.option(
+            "--checkpointing", metavar="TARGET",
+            help="Activation checkpointing (AR401): recompute the activations of the blocks TARGET "
+                 "names (a class name such as Block, or a module path such as encoder.layers) in "
+                 "the backward; auto: a Hugging Face model's own gradient checkpointing.",
+        ),
+        click.option(
             "--matmul-precision", metavar="high|medium", shell_complete=_choices(MATMUL_PRECISIONS),
             help="For scripts that stay in fp32: add torch.set_float32_matmul_precision(...) "
                  "(TF32 matmuls on Ampere and later GPUs).",
@@ -157,7 +163,7 @@ def fabric_options(command):
 
 
 def _options(precision, backend, devices, strategy, num_nodes, accelerator, clip_grad_norm,
-             accumulate, keep_effective_batch, freeze, matmul_precision):
+             accumulate, keep_effective_batch, freeze, checkpointing, matmul_precision):
     from accelerate_rewrite.options import Options
 
     try:
@@ -165,7 +171,7 @@ def _options(precision, backend, devices, strategy, num_nodes, accelerator, clip
                               strategy=strategy, num_nodes=num_nodes, accelerator=accelerator,
                               clip_grad_norm=clip_grad_norm, accumulate=accumulate,
                               keep_effective_batch=keep_effective_batch, freeze=freeze,
-                              matmul_precision=matmul_precision)
+                              checkpointing=checkpointing, matmul_precision=matmul_precision)
     except OptionError as exc:
         _fail(str(exc))
 
@@ -215,6 +221,7 @@ def rewrite_command(
     accumulate: Optional[str],
     keep_effective_batch: bool,
     freeze: tuple[str, ...],
+    checkpointing: Optional[str],
     matmul_precision: Optional[str],
     write: bool,
     output: Optional[str],
@@ -237,7 +244,7 @@ def rewrite_command(
     from accelerate_rewrite.runner import Mode, Settings, run
 
     options = _options(precision, backend, devices, strategy, num_nodes, accelerator, clip_grad_norm,
-                       accumulate, keep_effective_batch, freeze, matmul_precision)
+                       accumulate, keep_effective_batch, freeze, checkpointing, matmul_precision)
 
     if check and (write or output is not None):
         _fail("--check writes nothing: it can't be combined with --write or -o/--output")
@@ -276,7 +283,7 @@ def rewrite_command(
         "precision": precision, "backend": backend, "devices": devices, "strategy": strategy,
         "num_nodes": num_nodes, "accelerator": accelerator, "clip_grad_norm": clip_grad_norm,
         "accumulate": accumulate, "keep_effective_batch": keep_effective_batch, "freeze": freeze,
-        "matmul_precision": matmul_precision, **selectors,
+        "checkpointing": checkpointing, "matmul_precision": matmul_precision, **selectors,
     }
     defaults = {"select": (FIXES,), "backend": "torch"} if pre_commit else {}
     settings = Settings(mode=mode, options=options, diff=show_diff, quiet=quiet, output=output,
@@ -399,7 +406,7 @@ def explain_command(code: str) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress display and no table: the verdict only.")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
 def verify_command(script, precision, backend, devices, strategy, num_nodes, accelerator, clip_grad_norm,
-                   accumulate, keep_effective_batch, freeze, matmul_precision,
+                   accumulate, keep_effective_batch, freeze, checkpointing, matmul_precision,
                    against, steps,
                    run_on, run_devices, timeout, rtol, mean_rtol, last_rtol, warmup_steps, threads,
                    python, json_path, plot_path, quiet, script_args) -> None:
@@ -419,7 +426,7 @@ def verify_command(script, precision, backend, devices, strategy, num_nodes, acc
     from accelerate_rewrite.verify.session import VerifyError, verify
 
     options = _options(precision, backend, devices, strategy, num_nodes, accelerator, clip_grad_norm,
-                       accumulate, keep_effective_batch, freeze, matmul_precision)
+                       accumulate, keep_effective_batch, freeze, checkpointing, matmul_precision)
     # the script's [tool.accelerate-rewrite] configuration applies as to a rewrite; flags win
     from accelerate_rewrite.config import ConfigError, choose
 
@@ -428,7 +435,7 @@ def verify_command(script, precision, backend, devices, strategy, num_nodes, acc
             "precision": precision, "backend": backend, "devices": devices, "strategy": strategy,
             "num_nodes": num_nodes, "accelerator": accelerator, "clip_grad_norm": clip_grad_norm,
             "accumulate": accumulate, "keep_effective_batch": keep_effective_batch, "freeze": freeze,
-            "matmul_precision": matmul_precision})
+            "checkpointing": checkpointing, "matmul_precision": matmul_precision})
     except ConfigError as exc:
         _fail(str(exc))
     options = choice.options

@@ -4,7 +4,7 @@ The configuration of a file is the closest ``pyproject.toml`` with a ``[tool.acc
 table, found by walking up from the file's folder (as ruff does). Keys (dashes or underscores):
 
     precision, devices, strategy, num-nodes, accelerator, backend, matmul-precision,
-    clip-grad-norm, accumulate, keep-effective-batch, freeze    the rewrite's options
+    clip-grad-norm, accumulate, keep-effective-batch, freeze, checkpointing    the options
     select, ignore       rules by code ("AR201"), code prefix ("AR1"), name
                          ("amp-api-migration"), "fixes" or "ALL"
     exclude              globs of paths (relative to the config's folder) never rewritten
@@ -34,7 +34,8 @@ else:  # pragma: no cover - Python 3.10
 TABLE = "accelerate-rewrite"
 #: option keys, as Options.create names them
 OPTION_KEYS = ("precision", "devices", "strategy", "num_nodes", "accelerator", "backend",
-               "matmul_precision", "clip_grad_norm", "accumulate", "keep_effective_batch", "freeze")
+               "matmul_precision", "clip_grad_norm", "accumulate", "keep_effective_batch", "freeze",
+               "checkpointing")
 SELECTION_KEYS = ("select", "ignore")
 KEYS = (*OPTION_KEYS, *SELECTION_KEYS, "exclude", "overrides")
 #: the selector of the migrations and bug fixes (the pre-commit hook's default)

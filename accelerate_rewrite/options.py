@@ -190,6 +190,16 @@ def normalize_freeze(value: str) -> str:
     return text
 
 
+def normalize_checkpointing(value: str) -> str:
+    import re
+
+    text = str(value).strip()
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*", text):
+        raise OptionError(f"invalid checkpointing target {value!r}; valid values: a module class name "
+                          "(Block), a module path (encoder.layers), or auto (a Hugging Face model)")
+    return text
+
+
 def normalize_num_nodes(value: Union[str, int]) -> int:
     try:
         count = int(str(value).strip())
@@ -215,6 +225,7 @@ class Options:
     accumulate: Optional[int] = None  # micro-batches per optimizer step
     keep_effective_batch: bool = False  # divide the DataLoader's batch_size by ``accumulate``
     freeze: tuple[str, ...] = ()  # patterns of parameters not to train
+    checkpointing: Optional[str] = None  # blocks whose activations are recomputed in the backward
 
     @classmethod
     def create(
@@ -231,6 +242,7 @@ class Options:
         accumulate: Optional[Union[str, int]] = None,
         keep_effective_batch: bool = False,
         freeze: Optional[Union[str, tuple[str, ...], list[str]]] = None,
+        checkpointing: Optional[str] = None,
     ) -> "Options":
         """Validate and normalise raw values (from the command line or a test)."""
         backend = "fabric" if backend is None else normalize_backend(backend)
@@ -251,6 +263,7 @@ class Options:
             backend=backend,
             accumulate=None if accumulate is None else normalize_accumulate(accumulate),
             keep_effective_batch=bool(keep_effective_batch),
+            checkpointing=None if checkpointing is None else normalize_checkpointing(checkpointing),
             freeze=tuple(dict.fromkeys(normalize_freeze(p) for p in freeze or ())),
             clip_grad_norm=None if clip_grad_norm is None else normalize_clip_grad_norm(clip_grad_norm),
             precision=None if precision is None else normalize_precision(precision),

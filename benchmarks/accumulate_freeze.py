@@ -1,4 +1,4 @@
-"""What --accumulate and --freeze buy: peak memory and time per optimizer step, measured.
+"""What --accumulate, --freeze and --checkpointing buy: peak memory and time per optimizer step.
 
     .venv/bin/python benchmarks/accumulate_freeze.py [--steps 30] [--run-on cpu|cuda]
         [--batch-size 64] [--accumulate 4] [-- TRANSFORMER_LM ARGS]
@@ -11,7 +11,9 @@ in these configurations, each for --steps optimizer steps:
 - `--accumulate N` (AR302) at batch B / N: the same samples per optimizer step;
 - the same with `--precision bf16-mixed`;
 - `--freeze tok --freeze pos --freeze 'blocks.layers[:L/2]'` (AR303) at batch B: the embeddings
-  and the lower half of the blocks frozen.
+  and the lower half of the blocks frozen;
+- `--checkpointing blocks.layers` (AR401) at batch B: every transformer block recomputes its
+  activations in the backward.
 
 and prints a markdown table: peak memory (CUDA max allocated on a GPU, peak RSS on CPU), median
 time per optimizer step (warm-up steps left out), first and last loss, with the machine.
@@ -59,6 +61,7 @@ def main() -> int:
         (f"--accumulate {n} --precision bf16-mixed", {"backend": "torch", "accumulate": n,
                                                       "precision": "bf16-mixed"}, batch // n),
         ("--freeze " + " --freeze ".join(freeze), {"backend": "torch", "freeze": freeze}, batch),
+        ("--checkpointing blocks.layers", {"backend": "torch", "checkpointing": "blocks.layers"}, batch),
     ]
     env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if ns.run_on == "cpu" else {})}
     rows = []

@@ -38,6 +38,7 @@ OPTION_SETS: dict[str, dict] = {
                                            "keep_effective_batch": True},
     "freeze-forms": {"freeze": FREEZE_FORMS},
     "torch-freeze-forms": {"backend": "torch", "freeze": FREEZE_FORMS},
+    "checkpointing-Block": {"checkpointing": "Block"},
 }
 
 

@@ -263,6 +263,20 @@ def test_accumulation_without_keeping_the_batch_changes_training(fixture_script)
     assert len(v.rewritten.losses) == 2 * 2 and _finite(v.rewritten.losses)
 
 
+@pytest.mark.parametrize("name,target,options", [
+    ("finetune_encoder", "Block", {}),  # by class name, with Fabric
+    ("transformer_lm", "blocks.layers", {"backend": "torch"}),  # by module path; dropout inside
+])
+def test_activation_checkpointing_keeps_the_losses(name, target, options, fixture_script):
+    """AR401 is safe: the losses and gradient norms are the original's (dropout's random state
+    is replayed in the recomputation)."""
+    v = verify(fixture_script(name), Options.create(checkpointing=target, **options), **RUN)
+    _show(name, f"checkpointing {target}", v)
+    assert v.verdict.verdict == "pass", v.verdict.reason
+    assert v.verdict.comparison["tolerance"]["kind"] == EXACT
+    assert v.rewritten.losses == v.original.losses
+
+
 def test_freezing_is_reported_as_changing_training(fixture_script):
     v = verify(fixture_script("finetune_encoder"),
                Options.create(backend="torch", freeze=("embeddings", "encoder.layer[:2]")), **RUN)

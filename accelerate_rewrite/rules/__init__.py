@@ -5,6 +5,7 @@ from __future__ import annotations
 from accelerate_rewrite.codemod.rule import Rule
 from accelerate_rewrite.rules.accumulate import Accumulate
 from accelerate_rewrite.rules.amp_api import AmpApiMigration
+from accelerate_rewrite.rules.checkpointing import ActivationCheckpointing
 from accelerate_rewrite.rules.apex_amp import ApexAmpMigration
 from accelerate_rewrite.rules.clip_grad_norm import ClipGradNorm
 from accelerate_rewrite.rules.amp_bce_loss import AmpBceLoss
@@ -53,6 +54,7 @@ ALL_RULES: tuple[Rule, ...] = (
     ClipGradNorm(),
     Accumulate(),
     Freeze(),
+    ActivationCheckpointing(),
 )
 BY_CODE = {rule.code: rule for rule in ALL_RULES}
 

@@ -147,25 +147,10 @@ class Freeze(Rule):
             inserted = True
             self._filter_optimizers(ctx, binding)
         if inserted:
-            self._add_helper(ctx, {freeze_form(p) for p in patterns})
-
-    def _add_helper(self, ctx: RuleContext, forms: set[str]) -> None:
-        f = ctx.facts
-        body = list(f.module.body)
-        last_import = None
-        for s in body:
-            if m.matches(s, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])):
-                last_import = s
-            elif not m.matches(s, m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])) or last_import:
-                break
-        helper = cst.parse_module(helper_code(forms)).body[0]
-        helper = helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
-        if last_import is not None:
-            ctx.edits.insert_after(last_import, helper)
-        else:
-            ctx.edits.insert_before(body[0], helper.with_changes(leading_lines=[]))
-        if "glob" in forms:
-            ctx.edits.add_import("fnmatch")
+            forms = {freeze_form(p) for p in patterns}
+            add_helper(ctx, cst.parse_module(helper_code(forms)).body[0])
+            if "glob" in forms:
+                ctx.edits.add_import("fnmatch")
 
     def _filter_optimizers(self, ctx: RuleContext, binding: Binding) -> None:
         f = ctx.facts
@@ -202,6 +187,23 @@ class Freeze(Rule):
                 continue
             ctx.edits.replace(value, _trainable)
             ctx.change(opt.call, f"`{short(opt.call)}` takes the trainable parameters only")
+
+
+def add_helper(ctx: RuleContext, helper: cst.BaseStatement) -> None:
+    """Put a function the rewrite needs into the script: after the imports at its top, with
+    two blank lines around it."""
+    body = list(ctx.facts.module.body)
+    last_import = None
+    for s in body:
+        if m.matches(s, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])):
+            last_import = s
+        elif not m.matches(s, m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])) or last_import:
+            break
+    helper = helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+    if last_import is not None:
+        ctx.edits.insert_after(last_import, helper)
+    else:
+        ctx.edits.insert_before(body[0], helper.with_changes(leading_lines=[]))
 
 
 def _models(f: ScriptFacts) -> list[Binding]:
