@@ -21,6 +21,7 @@ from accelerate_rewrite.rules.fabric_launch import FabricLaunch
 from accelerate_rewrite.rules.fabric_print import FabricPrint
 from accelerate_rewrite.rules.fabric_setup import FabricSetup
 from accelerate_rewrite.rules.freeze import Freeze
+from accelerate_rewrite.rules.fast_tokenizer import FastTokenizer
 from accelerate_rewrite.rules.float32_matmul_precision import Float32MatmulPrecision
 from accelerate_rewrite.rules.half_adam_eps import HalfAdamEps
 from accelerate_rewrite.rules.half_batchnorm import HalfBatchNorm
@@ -55,6 +56,7 @@ ALL_RULES: tuple[Rule, ...] = (
     Accumulate(),
     Freeze(),
     ActivationCheckpointing(),
+    FastTokenizer(),
 )
 BY_CODE = {rule.code: rule for rule in ALL_RULES}
 
