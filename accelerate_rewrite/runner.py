@@ -372,11 +372,6 @@ def finish(prepared: Prepared, settings: Settings, report: Reporter) -> Outcome:
     return outcome
 
 
-def process(target: Target, settings: Settings, report: Reporter) -> Outcome:
-    """Rewrite one file (in this process)."""
-    return finish(prepare(target, settings), settings, report)
-
-
 def exit_code(tally: Tally, mode: Mode) -> int:
     if tally.errors:
         return ERROR
