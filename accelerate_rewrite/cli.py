@@ -12,6 +12,7 @@ stays fast, and torch / lightning are never imported.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import NoReturn, Optional, Sequence
 
@@ -100,7 +101,15 @@ def cli() -> None:
 
 
 def fabric_options(command):
-    """--precision, --devices, --strategy, --num-nodes, --accelerator: the rewrite's options."""
+    """The rewrite's options (--precision, --backend, --devices, ...), given to the command as one
+    ``option_values`` dict, keyed as Options.create and the configuration name them."""
+    @functools.wraps(command)
+    def with_values(*args, **kwargs):
+        from accelerate_rewrite.config import OPTION_KEYS
+
+        return command(*args, option_values={k: kwargs.pop(k) for k in OPTION_KEYS}, **kwargs)
+
+    wrapped = with_values
     for decorator in reversed([
         click.option(
             "--precision", metavar="VALUE", shell_complete=_choices([*PRECISIONS, *PRECISION_ALIASES]),
@@ -158,23 +167,18 @@ def fabric_options(command):
                  "(TF32 matmuls on Ampere and later GPUs).",
         ),
     ]):
-        command = decorator(command)
-    return command
+        wrapped = decorator(wrapped)
+    return wrapped
 
 
-def _options(precision, backend, devices, strategy, num_nodes, accelerator, clip_grad_norm,
-             accumulate, keep_effective_batch, freeze, checkpointing, matmul_precision):
+def _options(values: dict):
+    """The command line's options alone, validated up front (a bad flag fails before any file)."""
     from accelerate_rewrite.options import Options
 
     try:
-        return Options.create(precision=precision, backend=backend, devices=devices,
-                              strategy=strategy, num_nodes=num_nodes, accelerator=accelerator,
-                              clip_grad_norm=clip_grad_norm, accumulate=accumulate,
-                              keep_effective_batch=keep_effective_batch, freeze=freeze,
-                              checkpointing=checkpointing, matmul_precision=matmul_precision)
+        return Options.create(**values)
     except OptionError as exc:
         _fail(str(exc))
-
 
 @cli.command(
     DEFAULT_COMMAND, context_settings=CONTEXT_SETTINGS,
@@ -211,18 +215,7 @@ def _options(precision, backend, devices, strategy, num_nodes, accelerator, clip
               help="Processes to rewrite files with [default: the cores, from 8 files on].")
 def rewrite_command(
     paths: tuple[str, ...],
-    precision: Optional[str],
-    backend: Optional[str],
-    devices: Optional[str],
-    strategy: Optional[str],
-    num_nodes: Optional[str],
-    accelerator: Optional[str],
-    clip_grad_norm: Optional[str],
-    accumulate: Optional[str],
-    keep_effective_batch: bool,
-    freeze: tuple[str, ...],
-    checkpointing: Optional[str],
-    matmul_precision: Optional[str],
+    option_values: dict,
     write: bool,
     output: Optional[str],
     check: bool,
@@ -243,8 +236,7 @@ def rewrite_command(
     """
     from accelerate_rewrite.runner import Mode, Settings, run
 
-    options = _options(precision, backend, devices, strategy, num_nodes, accelerator, clip_grad_norm,
-                       accumulate, keep_effective_batch, freeze, checkpointing, matmul_precision)
+    options = _options(option_values)
 
     if check and (write or output is not None):
         _fail("--check writes nothing: it can't be combined with --write or -o/--output")
@@ -279,12 +271,7 @@ def rewrite_command(
         if check or output is not None:
             _fail("--pre-commit rewrites in place: it can't be combined with --check or -o")
         mode, quiet = Mode.WRITE, True
-    cli_values = {
-        "precision": precision, "backend": backend, "devices": devices, "strategy": strategy,
-        "num_nodes": num_nodes, "accelerator": accelerator, "clip_grad_norm": clip_grad_norm,
-        "accumulate": accumulate, "keep_effective_batch": keep_effective_batch, "freeze": freeze,
-        "checkpointing": checkpointing, "matmul_precision": matmul_precision, **selectors,
-    }
+    cli_values = {**option_values, **selectors}
     defaults = {"select": (FIXES,), "backend": "torch"} if pre_commit else {}
     settings = Settings(mode=mode, options=options, diff=show_diff, quiet=quiet, output=output,
                         cli_values=cli_values, defaults=defaults, isolated=isolated,
@@ -405,9 +392,7 @@ def explain_command(code: str) -> None:
               help="Plot both loss curves and the per-step relative difference (needs matplotlib).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display and no table: the verdict only.")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
-def verify_command(script, precision, backend, devices, strategy, num_nodes, accelerator, clip_grad_norm,
-                   accumulate, keep_effective_batch, freeze, checkpointing, matmul_precision,
-                   against, steps,
+def verify_command(script, option_values, against, steps,
                    run_on, run_devices, timeout, rtol, mean_rtol, last_rtol, warmup_steps, threads,
                    python, json_path, plot_path, quiet, script_args) -> None:
     """Rewrite SCRIPT with the given options (or take --against FILE), run both with the same
@@ -425,17 +410,12 @@ def verify_command(script, precision, backend, devices, strategy, num_nodes, acc
     from accelerate_rewrite.verify.compare import Tolerance
     from accelerate_rewrite.verify.session import VerifyError, verify
 
-    options = _options(precision, backend, devices, strategy, num_nodes, accelerator, clip_grad_norm,
-                       accumulate, keep_effective_batch, freeze, checkpointing, matmul_precision)
+    _options(option_values)
     # the script's [tool.accelerate-rewrite] configuration applies as to a rewrite; flags win
     from accelerate_rewrite.config import ConfigError, choose
 
     try:
-        choice = choose(Path(script), {
-            "precision": precision, "backend": backend, "devices": devices, "strategy": strategy,
-            "num_nodes": num_nodes, "accelerator": accelerator, "clip_grad_norm": clip_grad_norm,
-            "accumulate": accumulate, "keep_effective_batch": keep_effective_batch, "freeze": freeze,
-            "checkpointing": checkpointing, "matmul_precision": matmul_precision})
+        choice = choose(Path(script), option_values)
     except ConfigError as exc:
         _fail(str(exc))
     options = choice.options
