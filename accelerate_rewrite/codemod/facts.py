@@ -682,6 +682,8 @@ class _Collector(cst.CSTVisitor):
         for arg in call.args:
             if arg.keyword is not None and arg.keyword.value == "params":
                 params = arg.value
+        if isinstance(params, cst.Name):  # groups = [{"params": ...}, ...]; Adam(groups)
+            params = self.f.assigned_value(params) or params
         if params is None:
             return keys
         for found in m.findall(

@@ -155,7 +155,7 @@ class Freeze(Rule):
     def _filter_optimizers(self, ctx: RuleContext, binding: Binding) -> None:
         f = ctx.facts
         for opt in f.optimizers:
-            if not any(f.same_object(k, binding.key) for k in opt.models or _receivers(f, opt)) or opt.call is None:
+            if not any(f.same_object(k, binding.key) for k in opt.models) or opt.call is None:
                 continue
             arg = next((a for a in opt.call.args if a.keyword and a.keyword.value == "params"), None)
             if arg is None and opt.call.args and opt.call.args[0].keyword is None and not opt.call.args[0].star:
@@ -211,7 +211,7 @@ def _models(f: ScriptFacts) -> list[Binding]:
     a module built in the script, or the value a factory returns (``model = build_model()``)."""
     keys: list = []
     for opt in f.optimizers:
-        for key in opt.models or _receivers(f, opt):
+        for key in opt.models:
             if not any(f.same_object(key, seen) for seen in keys):
                 keys.append(key)
     out: list[Binding] = []
@@ -240,25 +240,6 @@ def _assignments(f: ScriptFacts, key) -> list[Binding]:
             out.append(Binding(key, "module", f.statement(assign), value,
                                value if isinstance(value, cst.Call) else None, ""))
     return out
-
-
-def _receivers(f: ScriptFacts, opt) -> list:
-    """The models whose ``.parameters()`` / ``.named_parameters()`` an optimizer's parameter
-    groups take (``model`` for ``model.encoder.parameters()``), when the facts did not link them."""
-    if opt.call is None or not opt.call.args:
-        return []
-    value = opt.call.args[0].value
-    if isinstance(value, cst.Name):
-        value = f.assigned_value(value) or value
-    keys = []
-    for call in m.findall(value, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))):
-        root = call.func.value
-        while isinstance(root, (cst.Attribute, cst.Subscript)) and not f.key_of(root):
-            root = root.value
-        key = f.key_of(root)
-        if key is not None:
-            keys.append(key)
-    return keys
 
 
 def _trainable(value: cst.BaseExpression) -> cst.BaseExpression:
