@@ -162,6 +162,21 @@ def fabric_options(command):
                  "the backward; auto: a Hugging Face model's own gradient checkpointing.",
         ),
         click.option(
+            "--optimizer-8bit", is_flag=True,
+            help="Adam/AdamW become bitsandbytes' 8-bit optimizers (AR402; needs bitsandbytes): "
+                 "optimizer state 2 bytes a parameter instead of 8; embeddings keep 32-bit state.",
+        ),
+        click.option(
+            "--paged-optimizer", is_flag=True,
+            help="With --optimizer-8bit: the paged variants (PagedAdamW8bit), whose state pages "
+                 "out to CPU memory when the GPU runs short.",
+        ),
+        click.option(
+            "--compile", is_flag=True,
+            help="torch.compile the model (AR403): before fabric.setup with Fabric, model.compile() "
+                 "in place without it.",
+        ),
+        click.option(
             "--matmul-precision", metavar="high|medium", shell_complete=_choices(MATMUL_PRECISIONS),
             help="For scripts that stay in fp32: add torch.set_float32_matmul_precision(...) "
                  "(TF32 matmuls on Ampere and later GPUs).",

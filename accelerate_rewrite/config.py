@@ -4,7 +4,8 @@ The configuration of a file is the closest ``pyproject.toml`` with a ``[tool.acc
 table, found by walking up from the file's folder (as ruff does). Keys (dashes or underscores):
 
     precision, devices, strategy, num-nodes, accelerator, backend, matmul-precision,
-    clip-grad-norm, accumulate, keep-effective-batch, freeze, checkpointing    the options
+    clip-grad-norm, accumulate, keep-effective-batch, freeze, checkpointing,
+    optimizer-8bit, paged-optimizer, compile                                   the options
     select, ignore       rules by code ("AR201"), code prefix ("AR1"), name
                          ("amp-api-migration"), "fixes" or "ALL"
     exclude              globs of paths (relative to the config's folder) never rewritten
@@ -35,7 +36,9 @@ TABLE = "accelerate-rewrite"
 #: option keys, as Options.create names them
 OPTION_KEYS = ("precision", "devices", "strategy", "num_nodes", "accelerator", "backend",
                "matmul_precision", "clip_grad_norm", "accumulate", "keep_effective_batch", "freeze",
-               "checkpointing")
+               "checkpointing", "optimizer_8bit", "paged_optimizer", "compile")
+#: option keys that are flags: true or false in the configuration
+FLAG_KEYS = ("keep_effective_batch", "optimizer_8bit", "paged_optimizer", "compile")
 SELECTION_KEYS = ("select", "ignore")
 KEYS = (*OPTION_KEYS, *SELECTION_KEYS, "exclude", "overrides")
 #: the selector of the migrations and bug fixes (the pre-commit hook's default)
@@ -90,6 +93,8 @@ def _check_values(table: dict, where: str, allowed: Sequence[str], base: Optiona
         if key not in allowed:
             valid = ", ".join(k.replace("_", "-") for k in allowed)
             raise ConfigError(f"{where}: unknown key {raw!r}; valid keys: {valid}")
+        if key in FLAG_KEYS and not isinstance(value, bool):
+            raise ConfigError(f"{where}: {raw} must be true or false")
         if key in SELECTION_KEYS or key in ("freeze", "exclude"):
             if isinstance(value, str):
                 value = [value]

@@ -226,6 +226,9 @@ class Options:
     keep_effective_batch: bool = False  # divide the DataLoader's batch_size by ``accumulate``
     freeze: tuple[str, ...] = ()  # patterns of parameters not to train
     checkpointing: Optional[str] = None  # blocks whose activations are recomputed in the backward
+    optimizer_8bit: bool = False  # Adam/AdamW become bitsandbytes' 8-bit optimizers
+    paged_optimizer: bool = False  # with optimizer_8bit: their paged variants
+    compile: bool = False  # torch.compile the model
 
     @classmethod
     def create(
@@ -243,6 +246,9 @@ class Options:
         keep_effective_batch: bool = False,
         freeze: Optional[Union[str, tuple[str, ...], list[str]]] = None,
         checkpointing: Optional[str] = None,
+        optimizer_8bit: bool = False,
+        paged_optimizer: bool = False,
+        compile: bool = False,
     ) -> "Options":
         """Validate and normalise raw values (from the command line or a test)."""
         backend = "fabric" if backend is None else normalize_backend(backend)
@@ -257,9 +263,15 @@ class Options:
         if keep_effective_batch and accumulate is None:
             raise OptionError("--keep-effective-batch needs --accumulate N: it divides the "
                               "DataLoader's batch_size by N")
+        if paged_optimizer and not optimizer_8bit:
+            raise OptionError("--paged-optimizer needs --optimizer-8bit: it picks bitsandbytes' "
+                              "paged 8-bit optimizers")
         if isinstance(freeze, str):
             freeze = (freeze,)
         return cls(
+            optimizer_8bit=bool(optimizer_8bit),
+            paged_optimizer=bool(paged_optimizer),
+            compile=bool(compile),
             backend=backend,
             accumulate=None if accumulate is None else normalize_accumulate(accumulate),
             keep_effective_batch=bool(keep_effective_batch),

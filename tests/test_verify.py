@@ -277,6 +277,19 @@ def test_activation_checkpointing_keeps_the_losses(name, target, options, fixtur
     assert v.rewritten.losses == v.original.losses
 
 
+@pytest.mark.parametrize("options", [{}, {"backend": "torch", "paged_optimizer": True}],
+                         ids=["fabric", "torch-paged"])
+def test_8bit_optimizers_train_within_the_approximate_tolerance(options, fixture_script):
+    """AR402 for real, with bitsandbytes on the CPU: transformer_lm's AdamW becomes AdamW8bit
+    (its embedding kept at 32-bit state); the curves agree within the approximate tolerance."""
+    pytest.importorskip("bitsandbytes")
+    v = verify(fixture_script("transformer_lm"), Options.create(optimizer_8bit=True, **options), **RUN)
+    _show("transformer_lm", "optimizer-8bit", v)
+    assert v.verdict.verdict == "pass", v.verdict.reason
+    assert v.verdict.comparison["tolerance"]["kind"] == APPROXIMATE
+    assert v.rewritten.losses[0] == v.original.losses[0] and _finite(v.rewritten.losses)
+
+
 def test_freezing_is_reported_as_changing_training(fixture_script):
     v = verify(fixture_script("finetune_encoder"),
                Options.create(backend="torch", freeze=("embeddings", "encoder.layer[:2]")), **RUN)

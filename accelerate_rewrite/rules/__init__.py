@@ -29,6 +29,7 @@ from accelerate_rewrite.rules.half_to_mixed import HalfToMixed
 from accelerate_rewrite.rules.native_autocast import NativeAutocast
 from accelerate_rewrite.rules.native_grad_scaler import NativeGradScaler
 from accelerate_rewrite.rules.native_half_weights import NativeHalfWeights
+from accelerate_rewrite.rules.optimizer_8bit import Optimizer8bit
 
 ALL_RULES: tuple[Rule, ...] = (
     FabricLaunch(),
@@ -56,6 +57,7 @@ ALL_RULES: tuple[Rule, ...] = (
     Accumulate(),
     Freeze(),
     ActivationCheckpointing(),
+    Optimizer8bit(),
     FastTokenizer(),
 )
 BY_CODE = {rule.code: rule for rule in ALL_RULES}
