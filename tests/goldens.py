@@ -39,6 +39,8 @@ OPTION_SETS: dict[str, dict] = {
     "freeze-forms": {"freeze": FREEZE_FORMS},
     "torch-freeze-forms": {"backend": "torch", "freeze": FREEZE_FORMS},
     "checkpointing-Block": {"checkpointing": "Block"},
+    "optimizer-8bit-compile": {"optimizer_8bit": True, "compile": True},
+    "torch-paged-8bit-compile": {"backend": "torch", "optimizer_8bit": True, "paged_optimizer": True, "compile": True},
 }
 
 

@@ -8,6 +8,7 @@ from accelerate_rewrite.rules.amp_api import AmpApiMigration
 from accelerate_rewrite.rules.checkpointing import ActivationCheckpointing
 from accelerate_rewrite.rules.apex_amp import ApexAmpMigration
 from accelerate_rewrite.rules.clip_grad_norm import ClipGradNorm
+from accelerate_rewrite.rules.compile import Compile
 from accelerate_rewrite.rules.amp_bce_loss import AmpBceLoss
 from accelerate_rewrite.rules.amp_scaler_once import ScalerOnce
 from accelerate_rewrite.rules.amp_unscale_before_clip import UnscaleBeforeClip
@@ -58,6 +59,7 @@ ALL_RULES: tuple[Rule, ...] = (
     Freeze(),
     ActivationCheckpointing(),
     Optimizer8bit(),
+    Compile(),
     FastTokenizer(),
 )
 BY_CODE = {rule.code: rule for rule in ALL_RULES}
