@@ -328,7 +328,18 @@ def rules_command() -> None:
 
 
 def _options_text(options: dict) -> str:
-    return " ".join(f"--{key.replace('_', '-')} {value}" for key, value in options.items())
+    """An example's options as flags: ``--compile``, ``--freeze a --freeze b``, and the rules it
+    selects by code as ``--select AR404``."""
+    parts = []
+    for key, value in options.items():
+        flag = "--select" if key == "explicit" else f"--{key.replace('_', '-')}"
+        if value is True:
+            parts.append(flag)
+        elif isinstance(value, (tuple, list, set, frozenset)):
+            parts += [f"{flag} {v}" for v in sorted(value)]
+        elif value not in (False, None):
+            parts.append(f"{flag} {value}")
+    return " ".join(parts)
 
 
 @cli.command("explain", context_settings=CONTEXT_SETTINGS)

@@ -18,6 +18,7 @@ An unknown key, a bad value or an unknown rule is a ConfigError naming it and th
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import sys
 from dataclasses import dataclass, field
@@ -245,4 +246,8 @@ def choose(file: Path, cli: dict[str, Any], *, defaults: Optional[dict] = None,
     selected = select_rules(values["select"], opts)
     ignored = select_rules(values["ignore"], opts) if values.get("ignore") else set()
     rules = tuple(r for r in ALL_RULES if r.code in selected - ignored)
+    named = {str(s).strip() for s in values["select"]}
+    explicit = frozenset(r.code for r in rules if r.code in {n.upper() for n in named} or r.name in named)
+    if explicit:
+        opts = dataclasses.replace(opts, explicit=explicit)
     return Choice(opts, rules, excluded=config.excluded(file))

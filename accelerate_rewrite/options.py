@@ -229,6 +229,9 @@ class Options:
     optimizer_8bit: bool = False  # Adam/AdamW become bitsandbytes' 8-bit optimizers
     paged_optimizer: bool = False  # with optimizer_8bit: their paged variants
     compile: bool = False  # torch.compile the model
+    #: rules selected by their own code or name (not by "ALL" or a prefix): opt-in rules apply
+    #: their edits only then (set by config.choose from the selection, not an option of its own)
+    explicit: frozenset = frozenset()
 
     @classmethod
     def create(
@@ -249,6 +252,7 @@ class Options:
         optimizer_8bit: bool = False,
         paged_optimizer: bool = False,
         compile: bool = False,
+        explicit: tuple[str, ...] = (),
     ) -> "Options":
         """Validate and normalise raw values (from the command line or a test)."""
         backend = "fabric" if backend is None else normalize_backend(backend)
@@ -272,6 +276,7 @@ class Options:
             optimizer_8bit=bool(optimizer_8bit),
             paged_optimizer=bool(paged_optimizer),
             compile=bool(compile),
+            explicit=frozenset(str(code).strip().upper() for code in explicit),
             backend=backend,
             accumulate=None if accumulate is None else normalize_accumulate(accumulate),
             keep_effective_batch=bool(keep_effective_batch),

@@ -244,11 +244,13 @@ class Prepared:
 TRAINING_WORDS = ("backward", "optim", "amp", "autocast", "gradscaler", "half", "float16")
 
 
-def needs_analysis(text: str, options: Options) -> bool:
-    """Whether a rule could change the file (AR204, with --matmul-precision, applies to any
-    script that uses torch)."""
+def needs_analysis(text: str, options: Options, rules: Sequence = ()) -> bool:
+    """Whether a rule could change the file, or say something of it: a training script, or
+    one with a word a chosen rule looks for (AR204, with --matmul-precision, applies to any
+    script that uses torch; AR501 to tokenizers; AR404 to DataLoaders)."""
     lowered = text.lower()
     words = TRAINING_WORDS + (("torch",) if options.matmul_precision else ())
+    words += tuple(w for rule in rules for w in rule.words)
     return any(word in lowered for word in words)
 
 
@@ -274,7 +276,7 @@ def prepare(target: Target, settings: Settings) -> Prepared:
         out.source = source
         if path.suffix == ".ipynb":
             return _prepare_notebook(out, source, choice, settings)
-        if not needs_analysis(source.text, choice.options):
+        if not needs_analysis(source.text, choice.options, choice.rules):
             try:
                 compile(source.text, str(path), "exec", dont_inherit=True, flags=0x400)  # ast only
             except SyntaxError as exc:

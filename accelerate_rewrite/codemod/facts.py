@@ -201,6 +201,11 @@ class ScriptFacts:
         pos = self._get(PositionProvider, node)
         return pos.start.line if pos is not None else 1
 
+    def column(self, node: cst.CSTNode) -> int:
+        """The 0-based column where ``node`` starts."""
+        pos = self._get(PositionProvider, node)
+        return pos.start.column if pos is not None else 0
+
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         return self._get(ParentNodeProvider, node)
 

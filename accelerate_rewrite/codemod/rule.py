@@ -94,6 +94,12 @@ class Rule:
     #: a migration off a deprecated API or a fix of a bug, that needs no option: the rules the
     #: pre-commit hook applies by default (selector "fixes")
     fix: ClassVar[bool] = False
+    #: applied only when selected by its own code or name (``--select AR404``); on other runs it
+    #: only reports what it would do (``Options.explicit`` holds the rules selected so)
+    opt_in: ClassVar[bool] = False
+    #: words (lower case) that make a file worth analysing for this rule even when it has no
+    #: training words (backward, optim, amp, ...): the runner's fast path skips the others
+    words: ClassVar[tuple[str, ...]] = ()
     examples: ClassVar[tuple[Example, ...]] = ()
 
     @classmethod

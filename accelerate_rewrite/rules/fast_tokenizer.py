@@ -47,6 +47,7 @@ class FastTokenizer(Rule):
     code = "AR501"
     name = "fast-tokenizer"
     kind = Kind.APPROXIMATE
+    words = ("tokenizer", "use_fast")
     examples = (Example.from_files("AR501", options={"backend": "torch"}),)
 
     def rewrite(self, ctx: RuleContext) -> None:
