@@ -73,3 +73,16 @@ def test_what_it_leaves_alone():
     assert not sentencepiece.changed and "slow tokenizers only" in _notes(sentencepiece, True)
     other = _rewrite("from transformers import MarianTokenizer\n\ntok = MarianTokenizer.from_pretrained('x')\n")
     assert not other.changed  # no fast counterpart
+
+
+def test_a_tokenization_script_without_training_is_not_skipped_by_the_fast_path(tmp_path):
+    """The runner skips files without training words; AR501 names its own ("tokenizer")."""
+    from click.testing import CliRunner
+
+    from accelerate_rewrite.cli import cli
+
+    script = tmp_path / "prepare.py"
+    script.write_text('from transformers import BertTokenizer\n\ntok = BertTokenizer.from_pretrained("x")\n')
+    done = CliRunner().invoke(cli, [str(script), "--write", "--isolated"])
+    assert done.exit_code == 0, done.output
+    assert "BertTokenizerFast.from_pretrained" in script.read_text()
