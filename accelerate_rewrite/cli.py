@@ -21,6 +21,7 @@ import click
 from accelerate_rewrite.options import (
     ACCELERATORS,
     BACKENDS,
+    GROUP_BY_LENGTH,
     MATMUL_PRECISIONS,
     PRECISION_ALIASES,
     PRECISIONS,
@@ -175,6 +176,17 @@ def fabric_options(command):
             "--compile", is_flag=True,
             help="torch.compile the model (AR403): before fabric.setup with Fabric, model.compile() "
                  "in place without it.",
+        ),
+        click.option(
+            "--dynamic-padding", is_flag=True,
+            help="A dataset tokenized with padding=\"max_length\" into a TensorDataset: pad each "
+                 "batch to its own longest sequence instead, in the DataLoader's collate_fn (AR502).",
+        ),
+        click.option(
+            "--group-by-length", metavar="eval|all", shell_complete=_choices(GROUP_BY_LENGTH),
+            help="With --dynamic-padding: batches of similar lengths (AR503); eval: evaluation "
+                 "loaders, sorted by length; all: also training loaders (transformers' "
+                 "LengthGroupedSampler, shuffled).",
         ),
         click.option(
             "--matmul-precision", metavar="high|medium", shell_complete=_choices(MATMUL_PRECISIONS),

@@ -5,7 +5,7 @@ table, found by walking up from the file's folder (as ruff does). Keys (dashes o
 
     precision, devices, strategy, num-nodes, accelerator, backend, matmul-precision,
     clip-grad-norm, accumulate, keep-effective-batch, freeze, checkpointing,
-    optimizer-8bit, paged-optimizer, compile                                   the options
+    optimizer-8bit, paged-optimizer, compile, dynamic-padding, group-by-length the options
     select, ignore       rules by code ("AR201"), code prefix ("AR1"), name
                          ("amp-api-migration"), "fixes" or "ALL"
     exclude              globs of paths (relative to the config's folder) never rewritten
@@ -37,9 +37,10 @@ TABLE = "accelerate-rewrite"
 #: option keys, as Options.create names them
 OPTION_KEYS = ("precision", "devices", "strategy", "num_nodes", "accelerator", "backend",
                "matmul_precision", "clip_grad_norm", "accumulate", "keep_effective_batch", "freeze",
-               "checkpointing", "optimizer_8bit", "paged_optimizer", "compile")
+               "checkpointing", "optimizer_8bit", "paged_optimizer", "compile", "dynamic_padding",
+               "group_by_length")
 #: option keys that are flags: true or false in the configuration
-FLAG_KEYS = ("keep_effective_batch", "optimizer_8bit", "paged_optimizer", "compile")
+FLAG_KEYS = ("keep_effective_batch", "optimizer_8bit", "paged_optimizer", "compile", "dynamic_padding")
 SELECTION_KEYS = ("select", "ignore")
 KEYS = (*OPTION_KEYS, *SELECTION_KEYS, "exclude", "overrides")
 #: the selector of the migrations and bug fixes (the pre-commit hook's default)

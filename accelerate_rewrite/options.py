@@ -62,6 +62,9 @@ BACKENDS = ("fabric", "torch")
 #: Options that only Fabric can carry out (processes, strategies, accelerators).
 FABRIC_ONLY = ("devices", "strategy", "num_nodes", "accelerator")
 
+#: ``--group-by-length``: evaluation loaders only (training wants shuffled batches), or all
+GROUP_BY_LENGTH = ("eval", "all")
+
 #: ``torch.set_float32_matmul_precision`` values
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 
@@ -229,6 +232,8 @@ class Options:
     optimizer_8bit: bool = False  # Adam/AdamW become bitsandbytes' 8-bit optimizers
     paged_optimizer: bool = False  # with optimizer_8bit: their paged variants
     compile: bool = False  # torch.compile the model
+    dynamic_padding: bool = False  # pad each batch to its longest sequence, not to max_length
+    group_by_length: Optional[str] = None  # "eval": sort evaluation loaders by length; "all": also train
     #: rules selected by their own code or name (not by "ALL" or a prefix): opt-in rules apply
     #: their edits only then (set by config.choose from the selection, not an option of its own)
     explicit: frozenset = frozenset()
@@ -253,6 +258,8 @@ class Options:
         paged_optimizer: bool = False,
         compile: bool = False,
         explicit: tuple[str, ...] = (),
+        dynamic_padding: bool = False,
+        group_by_length: Optional[str] = None,
     ) -> "Options":
         """Validate and normalise raw values (from the command line or a test)."""
         backend = "fabric" if backend is None else normalize_backend(backend)
@@ -270,9 +277,15 @@ class Options:
         if paged_optimizer and not optimizer_8bit:
             raise OptionError("--paged-optimizer needs --optimizer-8bit: it picks bitsandbytes' "
                               "paged 8-bit optimizers")
+        if group_by_length is not None and not dynamic_padding:
+            raise OptionError("--group-by-length needs --dynamic-padding: batches of similar lengths "
+                              "only save work when each is padded to its own longest sequence")
         if isinstance(freeze, str):
             freeze = (freeze,)
         return cls(
+            dynamic_padding=bool(dynamic_padding),
+            group_by_length=None if group_by_length is None else _one_of("group-by-length", group_by_length,
+                                                                         GROUP_BY_LENGTH),
             optimizer_8bit=bool(optimizer_8bit),
             paged_optimizer=bool(paged_optimizer),
             compile=bool(compile),

@@ -10,6 +10,7 @@ from accelerate_rewrite.rules.apex_amp import ApexAmpMigration
 from accelerate_rewrite.rules.clip_grad_norm import ClipGradNorm
 from accelerate_rewrite.rules.compile import Compile
 from accelerate_rewrite.rules.dataloader_hints import DataLoaderHints
+from accelerate_rewrite.rules.dynamic_padding import DynamicPadding
 from accelerate_rewrite.rules.amp_bce_loss import AmpBceLoss
 from accelerate_rewrite.rules.amp_scaler_once import ScalerOnce
 from accelerate_rewrite.rules.amp_unscale_before_clip import UnscaleBeforeClip
@@ -63,6 +64,7 @@ ALL_RULES: tuple[Rule, ...] = (
     Compile(),
     DataLoaderHints(),
     FastTokenizer(),
+    DynamicPadding(),
 )
 BY_CODE = {rule.code: rule for rule in ALL_RULES}
 

@@ -118,10 +118,7 @@ class DataLoaderHints(Rule):
                 ctx.skip(call, f"hint: `{where}` could load batches faster with {listed} (select AR404, "
                                "dataloader-hints, to apply)")
                 continue
-            added_width = sum(len(f", {k}={v}") for k, v in new.items())
-            explode = "\n" not in code(call) and f.column(call) + len(code(call)) + added_width > MAX_WIDTH
-            ctx.edits.replace(call, lambda updated, new=new, explode=explode: _with_keywords(updated, dict(new),
-                                                                                             explode))
+            set_keywords(ctx, call, new)
             added |= set(new)
             why = "; persistent workers draw one seed less an epoch, so later shuffles differ" \
                 if "persistent_workers" in new else ""
@@ -167,6 +164,15 @@ def _random_datasets(f: ScriptFacts) -> list[str]:
                 if any(any(q.startswith(RANDOM) for q in f.qualnames(c.func)) for c in m.findall(item, m.Call())):
                     out.append(fn.name)
     return out
+
+
+def set_keywords(ctx: RuleContext, call: cst.Call, new: dict[str, str]) -> None:
+    """Set keyword arguments of a call (``name -> code``): replaced where given, added after the
+    last argument otherwise; a one-line call that would grow past MAX_WIDTH gets one argument
+    a line. Other rules' edits of the same call compose with it."""
+    added_width = sum(len(f", {k}={v}") for k, v in new.items())
+    explode = "\n" not in code(call) and ctx.facts.column(call) + len(code(call)) + added_width > MAX_WIDTH
+    ctx.edits.replace(call, lambda updated: _with_keywords(updated, dict(new), explode))
 
 
 def _with_keywords(call: cst.Call, new: dict[str, str], explode: bool) -> cst.Call:
