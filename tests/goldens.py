@@ -40,6 +40,8 @@ OPTION_SETS: dict[str, dict] = {
     "torch-freeze-forms": {"backend": "torch", "freeze": FREEZE_FORMS},
     "checkpointing-Block": {"checkpointing": "Block"},
     "optimizer-8bit-compile": {"optimizer_8bit": True, "compile": True},
+    "dynamic-padding-group-eval": {"dynamic_padding": True, "group_by_length": "eval"},
+    "torch-dynamic-padding-group-all": {"backend": "torch", "dynamic_padding": True, "group_by_length": "all"},
     "torch-dataloader-hints": {"backend": "torch", "explicit": ("AR404",)},
     "torch-paged-8bit-compile": {"backend": "torch", "optimizer_8bit": True, "paged_optimizer": True, "compile": True},
 }

@@ -24,6 +24,7 @@ from accelerate_rewrite.rules.fabric_launch import FabricLaunch
 from accelerate_rewrite.rules.fabric_print import FabricPrint
 from accelerate_rewrite.rules.fabric_setup import FabricSetup
 from accelerate_rewrite.rules.freeze import Freeze
+from accelerate_rewrite.rules.group_by_length import GroupByLength
 from accelerate_rewrite.rules.fast_tokenizer import FastTokenizer
 from accelerate_rewrite.rules.float32_matmul_precision import Float32MatmulPrecision
 from accelerate_rewrite.rules.half_adam_eps import HalfAdamEps
@@ -65,6 +66,7 @@ ALL_RULES: tuple[Rule, ...] = (
     DataLoaderHints(),
     FastTokenizer(),
     DynamicPadding(),
+    GroupByLength(),
 )
 BY_CODE = {rule.code: rule for rule in ALL_RULES}
 

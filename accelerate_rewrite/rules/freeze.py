@@ -202,6 +202,15 @@ def add_helper(ctx: RuleContext, helper: cst.BaseStatement) -> None:
     helper = helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
     if last_import is not None:
         ctx.edits.insert_after(last_import, helper)
+        following = body[body.index(last_import) + 1] if body.index(last_import) + 1 < len(body) else None
+        blanks = 0
+        for line in getattr(following, "leading_lines", ()):
+            if line.comment is not None:
+                break
+            blanks += 1
+        if following is not None and blanks < 2:  # two blank lines after a def or class, as before one
+            ctx.edits.replace(following, lambda updated, n=2 - blanks: updated.with_changes(
+                leading_lines=[cst.EmptyLine()] * n + list(updated.leading_lines)))
     else:
         ctx.edits.insert_before(body[0], helper.with_changes(leading_lines=[]))
 
