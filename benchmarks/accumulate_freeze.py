@@ -43,6 +43,37 @@ def _arg(args: list[str], name: str, default: int) -> int:
     return int(args[args.index(name) + 1]) if name in args else default
 
 
+def measure(source: str, configs: list, script_args: list[str], batch: int, steps: int, env: dict,
+            samples_flag: str = "--samples") -> list[str]:
+    """Rewrite ``source`` with each configuration's options, run it for ``steps`` optimizer
+    steps under the verifier's instrumentation, and return one markdown table row each."""
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for label, options, size in configs:
+            script = Path(folder) / "t.py"
+            text = source if not options else rewrite(source, Options.create(**options)).output
+            script.write_text(text, encoding="utf-8")
+            args = [*script_args, "--batch-size", str(size)]
+            if samples_flag:
+                args += [samples_flag, str(batch * (steps + 5))]
+            print(f"running {label} (batch {size})", file=sys.stderr)
+            record = run_script(script, args, label=label, max_steps=steps, cwd=Path(folder), env=env)
+            if not record.ok:
+                rows.append(f"| {label} | {size} | failed: {str(record.error)[-200:]} | | | | |")
+                continue
+            warm = max(1, len(record.step_times_s) // 10)
+            step = median(record.step_times_s[warm:]) if len(record.step_times_s) > warm else None
+            losses = [x for x in record.losses if x is not None]
+            rows.append(f"| {label} | {size} x {batch // size} | {record.precision} | {_mib(record.peak_memory_bytes)} | "
+                        f"{'-' if step is None else f'{step * 1000:.1f} ms'} | "
+                        f"{losses[0]:.4f} | {losses[-1]:.4f} |")
+    return rows
+
+
+HEADER = ("| configuration | batch x micro-batches | precision used | peak memory | time / optimizer step "
+          "| first loss | last loss |\n|---|---|---|---|---|---|---|")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
@@ -64,28 +95,9 @@ def main() -> int:
         ("--checkpointing blocks.layers", {"backend": "torch", "checkpointing": "blocks.layers"}, batch),
     ]
     env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if ns.run_on == "cpu" else {})}
-    rows = []
-    with tempfile.TemporaryDirectory() as folder:
-        for label, options, size in configs:
-            script = Path(folder) / "t.py"
-            text = source if not options else rewrite(source, Options.create(**options)).output
-            script.write_text(text, encoding="utf-8")
-            args = [*ns.script_args, "--batch-size", str(size), "--samples", str(batch * (ns.steps + 5))]
-            print(f"running {label} (batch {size})", file=sys.stderr)
-            record = run_script(script, args, label=label, max_steps=ns.steps, cwd=Path(folder), env=env)
-            if not record.ok:
-                rows.append(f"| {label} | {size} | failed: {str(record.error)[-200:]} | | | | |")
-                continue
-            warm = max(1, len(record.step_times_s) // 10)
-            step = median(record.step_times_s[warm:]) if len(record.step_times_s) > warm else None
-            losses = [x for x in record.losses if x is not None]
-            rows.append(f"| {label} | {size} x {batch // size} | {record.precision} | {_mib(record.peak_memory_bytes)} | "
-                        f"{'-' if step is None else f'{step * 1000:.1f} ms'} | "
-                        f"{losses[0]:.4f} | {losses[-1]:.4f} |")
+    rows = measure(source, configs, ns.script_args, batch, ns.steps, env)
     print(f"\n{machine()}; transformer_lm {' '.join(ns.script_args)}; {ns.steps} optimizer steps\n")
-    print("| configuration | batch x micro-batches | precision used | peak memory | time / optimizer step "
-          "| first loss | last loss |")
-    print("|---|---|---|---|---|---|---|")
+    print(HEADER)
     print("\n".join(rows))
     return 0
 

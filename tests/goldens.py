@@ -39,11 +39,13 @@ OPTION_SETS: dict[str, dict] = {
     "freeze-forms": {"freeze": FREEZE_FORMS},
     "torch-freeze-forms": {"backend": "torch", "freeze": FREEZE_FORMS},
     "checkpointing-Block": {"checkpointing": "Block"},
-    "optimizer-8bit-compile": {"optimizer_8bit": True, "compile": True},
-    "dynamic-padding-group-eval": {"dynamic_padding": True, "group_by_length": "eval"},
-    "torch-dynamic-padding-group-all": {"backend": "torch", "dynamic_padding": True, "group_by_length": "all"},
-    "torch-dataloader-hints": {"backend": "torch", "explicit": ("AR404",)},
-    "torch-paged-8bit-compile": {"backend": "torch", "optimizer_8bit": True, "paged_optimizer": True, "compile": True},
+    # the memory and throughput rules of issue 7, all at once: with Fabric, and with the torch
+    # backend (paged optimizers, length-grouped training batches, the opt-in DataLoader hints)
+    "8bit-compile-padding": {"optimizer_8bit": True, "compile": True, "dynamic_padding": True,
+                             "group_by_length": "eval"},
+    "torch-8bit-compile-padding-hints": {"backend": "torch", "optimizer_8bit": True, "paged_optimizer": True,
+                                         "compile": True, "dynamic_padding": True, "group_by_length": "all",
+                                         "explicit": ("AR404",)},
 }
 
 

@@ -29,7 +29,7 @@ def _notes(result, skipped: bool) -> str:
 
 
 def test_with_fabric_it_compiles_before_setup_and_after_freezing():
-    out = run("finetune_encoder", "optimizer-8bit-compile").output
+    out = run("finetune_encoder", "8bit-compile-padding").output
     assert out.index("model = torch.compile(model)") < out.index("fabric.setup(model, optimizer)")
     frozen = rewrite((FIXTURES / "finetune_encoder" / "input.py").read_text(),
                      Options.create(compile=True, freeze=("embeddings",), checkpointing="Block")).output

@@ -94,14 +94,15 @@ def test_embeddings_are_registered_once_before_the_optimizer():
 
 @pytest.mark.runs
 def test_the_rewritten_example_keeps_8bit_state_and_32bit_embeddings(tmp_path):
-    """bitsandbytes on the CPU: the head's state is uint8, the embedding's float32."""
+    """bitsandbytes on the CPU, the paged form: the head's state is uint8, the embedding's float32."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("bitsandbytes")
     example = BY_CODE["AR402"].examples[0]
     script = tmp_path / "lm.py"
-    script.write_text(rewrite(example.before, Options.create(backend="torch", optimizer_8bit=True)).output)
+    options = Options.create(backend="torch", optimizer_8bit=True, paged_optimizer=True)
+    script.write_text(rewrite(example.before, options).output)
     done = runpy.run_path(str(script), run_name="__main__")
     model, optimizer = done["model"], done["optimizer"]
-    assert type(optimizer).__name__ == "AdamW8bit"
+    assert type(optimizer).__name__ == "PagedAdamW8bit"  # on a CPU it pages nothing
     assert optimizer.state[model.head.weight]["state1"].dtype == torch.uint8
     assert optimizer.state[model.embed.weight]["state1"].dtype == torch.float32
