@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Optional, Sequence
 
 import libcst as cst
@@ -54,6 +55,14 @@ def _dependents(dropped: str, rules: Sequence[Rule], options: Options) -> set[st
     return out
 
 
+@lru_cache(maxsize=4)
+def _analyse(source: str) -> ScriptFacts:
+    """The facts of a source, kept for the next rewrites of the same text: the facts are read,
+    never changed, by the rules (the plans they draw from them are memoised per options), and
+    the test suite rewrites each fixture with many sets of options."""
+    return ScriptFacts(cst.parse_module(source))
+
+
 def rewrite(
     source: str,
     options: Options,
@@ -66,7 +75,7 @@ def rewrite(
 
         rules = ALL_RULES
     try:
-        module = cst.parse_module(source)
+        facts = _analyse(source)
     except cst.ParserSyntaxError as exc:
         # Python's own parser names the place best (1-based line and column)
         try:
@@ -82,8 +91,6 @@ def rewrite(
         result.notes.append(Note("file", skip_line, "`# accelerate-rewrite: skip-file`: the file is "
                                                     "left alone", skipped=True))
         return result
-    facts = ScriptFacts(module)
-
     contexts: dict[str, RuleContext] = {}
     for rule in rules:
         if not rule.applies(options):

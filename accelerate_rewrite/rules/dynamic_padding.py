@@ -4,7 +4,6 @@ from pathlib import Path
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.facts import code
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._padding import padded_sets
