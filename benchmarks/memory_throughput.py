@@ -32,6 +32,42 @@ LM = ROOT / "fixtures" / "transformer_lm" / "input.py"
 TEXT = ROOT / "fixtures" / "text_classification" / "input.py"
 
 
+def optimizer_state(d_model: int, layers: int, heads: int, vocab: int = 256, seq_len: int = 64) -> str:
+    """The bytes of optimizer state after one step of transformer_lm's TinyGPT: torch's AdamW,
+    and AR402's AdamW8bit with the embeddings registered for 32-bit state (as the rewrite does)."""
+    import runpy
+
+    import torch
+
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        return "(bitsandbytes is not installed: no optimizer-state figures)"
+    tiny = runpy.run_path(str(LM), run_name="benchmark")["TinyGPT"]
+
+    def after_one_step(make) -> tuple[int, int]:
+        torch.manual_seed(0)
+        model = tiny(vocab, d_model, heads, layers, seq_len)
+        optimizer = make(model)
+        model(torch.randint(0, vocab, (2, seq_len))).float().mean().backward()
+        optimizer.step()
+        tensors = [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+        return sum(p.numel() for p in model.parameters()), sum(t.numel() * t.element_size() for t in tensors)
+
+    def eight_bit(model):
+        for module in model.modules():
+            if isinstance(module, torch.nn.Embedding):
+                bnb.optim.GlobalOptimManager.get_instance().register_module_override(
+                    module, "weight", {"optim_bits": 32})
+        return bnb.optim.AdamW8bit(model.parameters(), lr=1e-3)
+
+    params, full = after_one_step(lambda model: torch.optim.AdamW(model.parameters(), lr=1e-3))
+    _, small = after_one_step(eight_bit)
+    return (f"TinyGPT d_model {d_model}, {layers} layers: {params / 1e6:.2f}M parameters; optimizer state "
+            f"after one step: AdamW {full / 2**20:.1f} MiB, AdamW8bit {small / 2**20:.1f} MiB "
+            f"({small / full:.0%})")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
@@ -62,7 +98,11 @@ def main() -> int:
     text_args = ["--epochs", str(epochs), "--max-length", str(ns.max_length)]
     text_rows = measure(TEXT.read_text(encoding="utf-8"), text_configs, text_args, ns.text_batch_size,
                         ns.steps, env, samples_flag="")
+    arg = dict(zip(ns.script_args[::2], ns.script_args[1::2]))
+    state = optimizer_state(int(arg.get("--d-model", 64)), int(arg.get("--layers", 2)), int(arg.get("--heads", 4)),
+                            seq_len=int(arg.get("--seq-len", 32)))
     print(f"\n{machine()}; {ns.steps} optimizer steps\n")
+    print(state + "\n")
     print(f"transformer_lm {' '.join(ns.script_args)}\n")
     print(HEADER)
     print("\n".join(lm_rows))
