@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Optional
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -189,16 +191,22 @@ class Freeze(Rule):
             ctx.change(opt.call, f"`{short(opt.call)}` takes the trainable parameters only")
 
 
-def add_helper(ctx: RuleContext, helper: cst.BaseStatement) -> None:
-    """Put a function the rewrite needs into the script: after the imports at its top, with
-    two blank lines around it."""
-    body = list(ctx.facts.module.body)
+def last_top_import(body: list) -> Optional[cst.BaseStatement]:
+    """The last import of the block of imports at the top of a module (after its docstring)."""
     last_import = None
     for s in body:
         if m.matches(s, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])):
             last_import = s
         elif not m.matches(s, m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])) or last_import:
             break
+    return last_import
+
+
+def add_helper(ctx: RuleContext, helper: cst.BaseStatement) -> None:
+    """Put a function the rewrite needs into the script: after the imports at its top, with
+    two blank lines around it."""
+    body = list(ctx.facts.module.body)
+    last_import = last_top_import(body)
     helper = helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
     if last_import is not None:
         ctx.edits.insert_after(last_import, helper)

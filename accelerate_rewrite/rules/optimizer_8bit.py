@@ -9,6 +9,7 @@ from accelerate_rewrite.codemod.facts import Optimizer, ScriptFacts, code
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._fabric import expr, stmt
+from accelerate_rewrite.rules.freeze import last_top_import
 
 #: torch's Adam/AdamW and bitsandbytes' 8-bit forms (plain, paged); the same arguments in the
 #: same places: params, lr, betas, eps, weight_decay, amsgrad
@@ -174,12 +175,7 @@ def _may_embed(f: ScriptFacts, model: str) -> bool:
 def _add_import(ctx: RuleContext) -> None:
     """``try: import bitsandbytes as bnb`` after the imports at the top of the script."""
     body = list(ctx.facts.module.body)
-    last_import = None
-    for s in body:
-        if m.matches(s, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])):
-            last_import = s
-        elif not m.matches(s, m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])) or last_import:
-            break
+    last_import = last_top_import(body)
     block = stmt(IMPORT).with_changes(leading_lines=[cst.EmptyLine()])
     if last_import is not None:
         ctx.edits.insert_after(last_import, block)
