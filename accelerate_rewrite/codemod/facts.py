@@ -75,6 +75,7 @@ HAND_DDP = {
 }
 DATA_PARALLEL = ("torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                  "torch.nn.parallel.data_parallel.DataParallel")
+DATALOADERS = ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader")
 CLIP_NORM = ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_norm_")
 CLIP_VALUE = ("torch.nn.utils.clip_grad_value_", "torch.nn.utils.clip_grad.clip_grad_value_")
 APEX_INITIALIZE = ("apex.amp.initialize", "apex.amp.frontend.initialize")
@@ -667,7 +668,7 @@ class _Collector(cst.CSTVisitor):
             f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, qual, models=models))
         elif qual in GRAD_SCALERS:
             f.bindings.append(Binding(key, SCALER, stmt, value, core, qual))
-        elif qual in ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"):
+        elif qual in DATALOADERS:
             f.bindings.append(Binding(key, LOADER, stmt, value, core, qual))
         elif self._is_module_ctor(core, qual):
             f.bindings.append(Binding(key, MODULE, stmt, value, core, qual or _callee_text(core)))

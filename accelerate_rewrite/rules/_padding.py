@@ -20,10 +20,9 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import ScriptFacts, code
+from accelerate_rewrite.codemod.facts import DATALOADERS, ScriptFacts, code
 
 TENSOR_DATASETS = ("torch.utils.data.TensorDataset", "torch.utils.data.dataset.TensorDataset")
-DATALOADERS = ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader")
 #: ``padding=`` values that pad every sequence of the call to one length: the dataset's longest
 #: (True, "longest": the whole dataset is one call) or max_length
 STATIC = ('"max_length"', "'max_length'", "True", '"longest"', "'longest'")

@@ -5,19 +5,17 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import ScriptFacts, code
+from accelerate_rewrite.codemod.facts import DATALOADERS, ScriptFacts, code
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
+from accelerate_rewrite.rules._calls import set_keywords
 from accelerate_rewrite.rules._fabric import short
 
-DATALOADERS = ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader")
 PIN = "torch.cuda.is_available()"
 WORKERS = "min(4, os.cpu_count() or 1)"
 #: calls that draw random numbers: a dataset's ``__getitem__`` that makes them gets other numbers
 #: in worker processes (each worker has its own seed)
 RANDOM = ("torch.rand", "torch.randn", "torch.randint", "torch.randperm", "torch.bernoulli",
           "torch.normal", "torch.multinomial", "random.", "numpy.random.")
-#: a call longer than this once the keywords are in gets one argument a line (as black would)
-MAX_WIDTH = 99
 SPAWN = ("worker processes re-run the script's module-level code where they start by spawn or "
          "forkserver (macOS, Windows, Linux from Python 3.14)")
 
@@ -164,40 +162,3 @@ def _random_datasets(f: ScriptFacts) -> list[str]:
                 if any(any(q.startswith(RANDOM) for q in f.qualnames(c.func)) for c in m.findall(item, m.Call())):
                     out.append(fn.name)
     return out
-
-
-def set_keywords(ctx: RuleContext, call: cst.Call, new: dict[str, str]) -> None:
-    """Set keyword arguments of a call (``name -> code``): replaced where given, added after the
-    last argument otherwise; a one-line call that would grow past MAX_WIDTH gets one argument
-    a line. Other rules' edits of the same call compose with it."""
-    added_width = sum(len(f", {k}={v}") for k, v in new.items())
-    explode = "\n" not in code(call) and ctx.facts.column(call) + len(code(call)) + added_width > MAX_WIDTH
-    ctx.edits.replace(call, lambda updated: _with_keywords(updated, dict(new), explode))
-
-
-def _with_keywords(call: cst.Call, new: dict[str, str], explode: bool) -> cst.Call:
-    """The call with ``new`` keywords set: a ``num_workers=0`` replaced, the others added after
-    the last argument; one argument a line when the call has them so, or when ``explode``."""
-    args = list(call.args)
-    for i, a in enumerate(args):
-        if a.keyword is not None and a.keyword.value in new:
-            args[i] = a.with_changes(value=cst.parse_expression(new.pop(a.keyword.value)))
-    equal = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
-    args += [cst.Arg(cst.parse_expression(v), keyword=cst.Name(k), equal=equal) for k, v in new.items()]
-    if explode:
-        def line(indent: str) -> cst.ParenthesizedWhitespace:
-            return cst.ParenthesizedWhitespace(last_line=cst.SimpleWhitespace(indent), indent=True)
-        args = [a.with_changes(comma=cst.Comma(whitespace_after=line("" if i == len(args) - 1 else "    ")))
-                for i, a in enumerate(args)]
-        return call.with_changes(args=args, whitespace_before_args=line("    "))
-    if len(args) == len(call.args):
-        return call.with_changes(args=args)
-    last = call.args[-1]
-    multiline = isinstance(last.comma, cst.Comma) and isinstance(last.comma.whitespace_after,
-                                                                  cst.ParenthesizedWhitespace)
-    between = call.args[-2].comma if multiline and len(call.args) >= 2 else cst.Comma(
-        whitespace_after=cst.SimpleWhitespace(" "))
-    n = len(call.args)
-    args = [a.with_changes(comma=between) if i >= n - 1 and i < len(args) - 1 else a for i, a in enumerate(args)]
-    args[-1] = args[-1].with_changes(comma=last.comma)
-    return call.with_changes(args=args)

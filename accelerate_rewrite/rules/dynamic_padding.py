@@ -6,8 +6,8 @@ import libcst as cst
 
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
+from accelerate_rewrite.rules._calls import set_keywords, without_keywords
 from accelerate_rewrite.rules._padding import padded_sets
-from accelerate_rewrite.rules.dataloader_hints import set_keywords
 from accelerate_rewrite.rules.freeze import add_helper
 
 HELPER = "PadToLongest"
@@ -68,7 +68,7 @@ class DynamicPadding(Rule):
                 ctx.skip(*padded.refusal)
                 continue
             call = padded.tokenize
-            ctx.edits.replace(call, lambda updated: _without(updated, DROPPED))
+            ctx.edits.replace(call, lambda updated: without_keywords(updated, DROPPED))
             ctx.edits.replace(padded.dataset_call, lambda updated: cst.Call(
                 func=cst.Name("list"), args=[cst.Arg(cst.Call(func=cst.Name("zip"), args=updated.args))]))
             fields = "(" + ", ".join(repr(k) if k else "None" for k in padded.fields).replace("'", '"') \
@@ -83,11 +83,3 @@ class DynamicPadding(Rule):
             ctx.edits.add_import("torch")
             add_helper(ctx, cst.parse_module(HELPER_CODE).body[0])
 
-
-def _without(call: cst.Call, names: tuple[str, ...]) -> cst.Call:
-    """The call without the keyword arguments ``names``; the last one left keeps the call's
-    own ending (no trailing comma, or one)."""
-    args = [a for a in call.args if a.keyword is None or a.keyword.value not in names]
-    if args and args[-1] is not call.args[-1]:
-        args[-1] = args[-1].with_changes(comma=call.args[-1].comma)
-    return call.with_changes(args=args)

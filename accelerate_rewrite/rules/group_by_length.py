@@ -7,9 +7,9 @@ import libcst as cst
 from accelerate_rewrite.codemod.facts import code
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
+from accelerate_rewrite.rules._calls import set_keywords
 from accelerate_rewrite.rules._fabric import plan, short
 from accelerate_rewrite.rules._padding import padded_sets
-from accelerate_rewrite.rules.dataloader_hints import set_keywords
 
 SAMPLER = "LengthGroupedSampler"
 

@@ -8,6 +8,7 @@ import libcst.matchers as m
 from accelerate_rewrite.codemod.facts import Optimizer, ScriptFacts, code
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
+from accelerate_rewrite.rules._calls import without_keywords
 from accelerate_rewrite.rules._fabric import expr, stmt
 from accelerate_rewrite.rules.freeze import last_top_import
 
@@ -115,10 +116,8 @@ class Optimizer8bit(Rule):
             return False
         dropped = [k for k in (*IMPLEMENTATION, *OFF_ONLY) if k in keywords]
         new_name = OPTIMIZERS[opt.qualname][1 if ctx.options.paged_optimizer else 0]
-        args = [a for a in opt.call.args if a.keyword is None or a.keyword.value not in dropped]
-        if args and len(args) < len(opt.call.args):  # the last argument keeps the call's own ending
-            args[-1] = args[-1].with_changes(comma=opt.call.args[-1].comma)
-        ctx.edits.replace(opt.call, opt.call.with_changes(func=expr(f"{ALIAS}.optim.{new_name}"), args=args))
+        ctx.edits.replace(opt.call, without_keywords(opt.call, dropped).with_changes(
+            func=expr(f"{ALIAS}.optim.{new_name}")))
         gone = f"; {', '.join(f'`{k}=`' for k in dropped)} dropped" if dropped else ""
         ctx.change(opt.call, f"{name} -> bitsandbytes {new_name}: optimizer state in 8 bits "
                              f"(2 bytes a parameter instead of 8){gone}")
