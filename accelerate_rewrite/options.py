@@ -305,11 +305,29 @@ class Options:
             else normalize_matmul_precision(matmul_precision),
         )
 
+    @property
+    def effective_devices(self) -> Devices:
+        """The devices written into ``Fabric(...)``: those asked for; without ``--devices``,
+        one (as the original ran), unless a strategy or several nodes ask for more, where
+        Fabric's "auto" (every device) stays."""
+        if self.devices is not None:
+            return self.devices
+        if self.strategy in (None, "auto") and (self.num_nodes or 1) == 1:
+            return 1
+        return "auto"
+
+    @property
+    def many_devices(self) -> bool:
+        """The converted script may run as several processes (each one sees a shard of the
+        data): anything but exactly one device on one node."""
+        return not (self.effective_devices == 1 and (self.num_nodes or 1) == 1)
+
     def fabric_kwargs(self) -> dict[str, object]:
-        """The ``Fabric(...)`` keyword arguments that differ from Fabric's defaults, in order."""
+        """The ``Fabric(...)`` keyword arguments that differ from Fabric's defaults, in order
+        (``devices`` always: see ``effective_devices``)."""
         out: dict[str, object] = {}
         for name in ("accelerator", "strategy", "devices", "num_nodes", "precision"):
-            value = getattr(self, name)
+            value = self.effective_devices if name == "devices" else getattr(self, name)
             if value is not None and value != FABRIC_DEFAULTS[name]:
                 out[name] = value
         return out

@@ -126,6 +126,10 @@ def numerics(result: "Result", options: Options) -> str:
     if options.mixed_or_low_precision and any(n.rule == "AR101" for n in result.changes):
         by_kind.setdefault(Kind.APPROXIMATE, []).insert(0, f"Fabric at {options.precision}")
     parts = []
+    if options.fabric and options.many_devices and any(n.rule == "AR101" for n in result.changes):
+        parts.append(f"devices={options.effective_devices}: with several processes each trains on "
+                     "its shard of the training data, so a step sees N times the batch (the loss "
+                     "curve changes); evaluation loaders are not sharded")
     if Kind.CHANGES_TRAINING in by_kind:
         parts.append(f"changes training on purpose ({', '.join(by_kind[Kind.CHANGES_TRAINING])}): "
                      "the rewritten script is not expected to match the original step for step")

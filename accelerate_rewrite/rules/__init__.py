@@ -22,6 +22,7 @@ from accelerate_rewrite.rules.fabric_dataloaders import FabricDataloaders
 from accelerate_rewrite.rules.fabric_device import FabricDevice
 from accelerate_rewrite.rules.fabric_launch import FabricLaunch
 from accelerate_rewrite.rules.fabric_print import FabricPrint
+from accelerate_rewrite.rules.fabric_rank_zero import FabricRankZero
 from accelerate_rewrite.rules.fabric_setup import FabricSetup
 from accelerate_rewrite.rules.freeze import Freeze
 from accelerate_rewrite.rules.group_by_length import GroupByLength
@@ -45,6 +46,7 @@ ALL_RULES: tuple[Rule, ...] = (
     FabricClipGradients(),
     FabricPrint(),
     FabricCheckpoint(),
+    FabricRankZero(),
     AmpApiMigration(),
     UnscaleBeforeClip(),
     ScalerOnce(),

@@ -31,6 +31,7 @@ from accelerate_rewrite.codemod.facts import (
     positional_params,
     root_of,
 )
+from accelerate_rewrite.codemod.loops import EVAL, for_loops, loader_role, unwrap_iter
 from accelerate_rewrite.codemod.rule import Rule
 from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.rules._half import half_casts, strip_half
@@ -85,6 +86,18 @@ class SetupGroup:
 
 
 @dataclass
+class LoaderGroup:
+    """One ``fabric.setup_dataloaders(...)`` call, right after ``after``."""
+
+    loaders: list[Binding]
+    after: cst.BaseStatement
+    ref: str
+    #: evaluation loaders (codemod/loops.py): every process iterates all of them
+    #: (``use_distributed_sampler=False``), so the metrics the script computes stay whole
+    evaluation: bool = False
+
+
+@dataclass
 class MoveDecision:
     move: DeviceMove
     action: str  # "remove" | "fabric-device"
@@ -105,7 +118,7 @@ class FabricPlan:
     threaded_attrs: dict[int, str] = field(default_factory=dict)  # id(ClassDef) -> "self.device"
     setups: list[SetupGroup] = field(default_factory=list)
     setup_skips: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
-    loader_groups: list[tuple[list[Binding], cst.BaseStatement, str]] = field(default_factory=list)
+    loader_groups: list["LoaderGroup"] = field(default_factory=list)
     loader_skips: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
     moves: list[MoveDecision] = field(default_factory=list)
     move_skips: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
@@ -455,14 +468,15 @@ class _Planner:
     # -- fabric.setup_dataloaders(...) --
     def _loaders(self) -> None:
         f, p = self.f, self.p
-        groups: dict[int, list[Binding]] = {}
+        groups: dict[tuple[int, bool], list[Binding]] = {}
         for loader in f.loaders:
             ref = p.ref_at(f, loader.stmt)
             if ref is None:
                 p.loader_skips.append((loader.stmt, f"`{loader.path}` is built where `fabric` can't be reached"))
                 continue
-            groups.setdefault(id(f.block(loader.stmt)), []).append(loader)
-        for loaders in groups.values():
+            evaluation = loader_role(f, loader) == EVAL
+            groups.setdefault((id(f.block(loader.stmt)), evaluation), []).append(loader)
+        for (_, evaluation), loaders in groups.items():
             loaders.sort(key=lambda b: f.line(b.stmt))
             last = loaders[-1].stmt
             block = f.block(last)
@@ -473,7 +487,7 @@ class _Planner:
                         p.loader_skips.append((b.stmt, f"`{b.path}` is built before Fabric exists"))
                     continue
                 last = p.anchor
-            p.loader_groups.append((loaders, last, p.ref_at(f, loaders[-1].stmt)))
+            p.loader_groups.append(LoaderGroup(loaders, last, p.ref_at(f, loaders[-1].stmt), evaluation))
 
     # -- devices: moves, uses, threading --
     def _set_up(self, key: Optional[Key], kind: str) -> bool:
@@ -482,14 +496,14 @@ class _Planner:
             return False
         if kind == MODEL:
             return any(f.same_object(key, k) for k in self.p.setup_model_keys)
-        return any(f.same_object(key, b.key) for group, _, _ in self.p.loader_groups for b in group)
+        return any(f.same_object(key, b.key) for group in self.p.loader_groups for b in group.loaders)
 
     def _batch_moves(self) -> set[int]:
         """ids of device moves whose receiver is a batch from a loader that Fabric set up."""
         f = self.f
         out: set[int] = set()
-        for loop in m.findall(f.module, m.For()):
-            source = _unwrap_iter(loop.iter)
+        for loop in for_loops(f):
+            source = unwrap_iter(loop.iter)
             if not self._set_up(f.key_of(source), LOADER):
                 continue
             names = {n.value for n in m.findall(loop.target, m.Name())}
@@ -518,7 +532,7 @@ class _Planner:
             if loop is None or id(loop) in seen:
                 continue
             seen.add(id(loop))
-            source = _unwrap_iter(loop.iter)
+            source = unwrap_iter(loop.iter)
             if not self._set_up(f.key_of(source), LOADER):
                 p.loader_skips.append((loop, f"batches come from `{short(source)}`, not from a "
                                              "DataLoader built in this script: they keep their "
@@ -652,17 +666,9 @@ class _Planner:
         return None
 
 
-def _unwrap_iter(source: cst.BaseExpression) -> cst.BaseExpression:
-    """``enumerate(tqdm(loader))`` -> ``loader``."""
-    while m.matches(source, m.Call(func=m.Name("enumerate") | m.Name("tqdm") | m.Attribute(attr=m.Name("tqdm")))) \
-            and source.args:
-        source = source.args[0].value
-    return source
-
-
 def _is_counter(source: cst.BaseExpression) -> bool:
     """``range(epochs)``, ``enumerate(range(n))``, ``itertools.count()``: not data."""
-    source = _unwrap_iter(source)
+    source = unwrap_iter(source)
     return m.matches(source, m.Call(func=m.Name("range") | m.Attribute(attr=m.Name("count"))))
 
 

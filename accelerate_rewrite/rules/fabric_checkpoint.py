@@ -8,6 +8,84 @@ from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, code, expr, plan
 
 _RANK_WORDS = ("rank", "is_main", "main_process", "is_master", "global_zero")
+TORCH_SAVE = ("torch.save", "torch.serialization.save")
+FABRIC, RANK_ZERO, SKIP = "fabric", "rank-zero", "skip"
+
+
+def rank_guard(f, node):
+    """The ``if`` around ``node`` (within its function) that tests a rank, if any."""
+    for parent in f.ancestors(node):
+        if isinstance(parent, (cst.If, cst.IfExp)) and any(w in code(parent.test).lower() for w in _RANK_WORDS):
+            return parent
+        if isinstance(parent, cst.FunctionDef):
+            return None
+    return None
+
+
+def classify_save(f, p, call: cst.Call, options):
+    """What becomes of a ``torch.save(obj, path)``: (FABRIC, which dict values lose their
+    ``.state_dict()``), (RANK_ZERO, None) when AR110 keeps it and writes it on rank 0 only
+    (a whole model, or another object), or (SKIP, why)."""
+    return f.memo(("torch-save", id(call), options), lambda: _classify_save(f, p, call, options))
+
+
+def _classify_save(f, p, call: cst.Call, options):
+    sharded = (options.strategy or "").startswith(("fsdp", "deepspeed"))
+    ref = p.ref_at(f, call)
+    if ref is None or not p.after_creation(f, call):
+        return SKIP, "torch.save left as is: `fabric` can't be reached here"
+    if len(call.args) != 2 or any(a.keyword for a in call.args):
+        return SKIP, "torch.save with extra arguments left as is"
+    guard = rank_guard(f, call)
+    if guard is not None:
+        return SKIP, (f"torch.save inside a rank check (line {f.line(guard)}) left as is: "
+                      "fabric.save must run on every rank (it waits for all of them)")
+    obj = call.args[0].value
+    if file_object(f, call.args[1].value):
+        return RANK_ZERO, None  # fabric.save takes a path, not an open file
+    if sharded:
+        return SKIP, (f"torch.save left as is: under {options.strategy}, fabric.save writes a "
+                      "sharded checkpoint that this script's loading code could not read; "
+                      "convert saving and loading together by hand")
+    if isinstance(obj, cst.Dict):
+        return FABRIC, [_state_object(f, p, el) for el in obj.elements]
+    if _is_state_dict_of(f, p, obj):
+        return FABRIC, None
+    return RANK_ZERO, None
+
+
+def file_object(f, node) -> bool:
+    """``open(...)``, ``io.BytesIO()``, or a name bound to one (``with open(p, "wb") as fh``)."""
+    if isinstance(node, cst.Call):
+        return f.qualname(node) in ("builtins.open", "io.open", "io.BytesIO")
+    if not isinstance(node, cst.Name):
+        return False
+    scope = f.scope(node)
+    for assignment in (scope[node.value] if scope is not None else ()):
+        target = getattr(assignment, "node", None)
+        parent = f.parent(target) if isinstance(target, cst.CSTNode) else None
+        if isinstance(parent, cst.AsName) and isinstance(f.parent(parent), cst.WithItem):
+            return file_object(f, f.parent(parent).item)
+    value = f.assigned_value(node)
+    return value is not None and file_object(f, value)
+
+
+def _is_state_dict_of(f, p, node) -> bool:
+    if not m.matches(node, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[])):
+        return False
+    key = f.key_of(root_of(node.func.value))
+    return p.group_of(f, key) is not None and root_of(node.func.value) is node.func.value
+
+
+def _state_object(f, p, element) -> bool:
+    """Whether ``"model": model.state_dict()`` becomes ``"model": model``: for set-up models
+    and optimizers."""
+    if not isinstance(element, cst.DictElement):
+        return False
+    value = element.value
+    if m.matches(value, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[])):
+        return _is_state_dict_of(f, p, value) or OPTIMIZER in f.kinds_of(value.func.value)
+    return False
 
 
 class FabricCheckpoint(FabricRule):
@@ -27,7 +105,9 @@ class FabricCheckpoint(FabricRule):
     Kind: safe.
 
     Leaves alone (and says why): saves inside a rank check (`fabric.save` has a barrier: it
-    must run on every rank, or the run hangs); `torch.save(model)` of a whole model; every save
+    must run on every rank, or the run hangs); loads from an open file (`fabric.load` takes a
+    path); `torch.save(model)` of a whole model, of other objects or into an open file, which
+    AR110 writes on rank 0 (saving the original module, not Fabric's wrapper); every save
     and load under FSDP or DeepSpeed (Fabric writes sharded checkpoints there, which the
     script's own loading code could not read: convert both together by hand); loads with other
     arguments than the path, `map_location` and `weights_only`.
@@ -45,36 +125,17 @@ class FabricCheckpoint(FabricRule):
         if p.refusal is not None:
             return
         sharded = (ctx.options.strategy or "").startswith(("fsdp", "deepspeed"))
-        for site in f.calls_to("torch.save", "torch.serialization.save"):
+        for site in f.calls_to(*TORCH_SAVE):
             call = site.call
+            action, detail = classify_save(f, p, call, ctx.options)
+            if action == RANK_ZERO:
+                continue  # AR110 writes it on rank 0
+            if action == SKIP:
+                ctx.skip(call, detail)
+                continue
             ref = p.ref_at(f, call)
-            if ref is None or not p.after_creation(f, call):
-                ctx.skip(call, "torch.save left as is: `fabric` can't be reached here")
-                continue
-            if len(call.args) != 2 or any(a.keyword for a in call.args):
-                ctx.skip(call, "torch.save with extra arguments left as is")
-                continue
-            guard = self._rank_guard(f, call)
-            if guard is not None:
-                ctx.skip(call, f"torch.save inside a rank check (line {f.line(guard)}) left as is: "
-                               "fabric.save must run on every rank (it waits for all of them)")
-                continue
-            obj = call.args[0].value
-            if sharded:
-                ctx.skip(call, f"torch.save left as is: under {ctx.options.strategy}, fabric.save writes a "
-                               "sharded checkpoint that this script's loading code could not read; "
-                               "convert saving and loading together by hand")
-                continue
-            if isinstance(obj, cst.Dict):
-                unwrap = [self._state_object(f, p, el) for el in obj.elements]
-            elif self._is_state_dict_of(f, p, obj):
-                unwrap = None
-            else:
-                ctx.skip(call, "torch.save left as is: it saves something other than a state dict "
-                               "(a whole model, or an expression)")
-                continue
             # built from the updated call: edits inside it (AR211's `amp.state_dict()`) are kept
-            ctx.edits.replace(call, lambda u, r=ref, w=unwrap: expr(
+            ctx.edits.replace(call, lambda u, r=ref, w=detail: expr(
                 f"{r}.save({code(u.args[1].value)}, {code(_unwrapped(u.args[0].value, w))})"))
             ctx.change(call, f"torch.save became {ref}.save (written once, by rank 0)")
         for site in f.calls_to("torch.load", "torch.serialization.load"):
@@ -88,36 +149,13 @@ class FabricCheckpoint(FabricRule):
             if ref is None or not p.after_creation(f, call) or not call.args or extra:
                 ctx.skip(call, "torch.load left as is: " + ("extra arguments" if extra else "`fabric` can't be reached here"))
                 continue
+            if file_object(f, call.args[0].value):
+                ctx.skip(call, "torch.load left as is: it reads an open file, and fabric.load takes a path")
+                continue
             keep = [code(a) for a in call.args[1:] if a.keyword is not None and a.keyword.value == "weights_only"]
             ctx.edits.replace(call, lambda u, r=ref, k=keep: expr(
                 f"{r}.load({', '.join([code(u.args[0].value), *k])})"))
             ctx.change(call, f"torch.load became {ref}.load (loads on the CPU, Fabric places the state)")
-
-    @staticmethod
-    def _rank_guard(f, call):
-        for parent in f.ancestors(call):
-            if isinstance(parent, (cst.If, cst.IfExp)) and any(w in code(parent.test).lower() for w in _RANK_WORDS):
-                return parent
-            if isinstance(parent, cst.FunctionDef):
-                return None
-        return None
-
-    @staticmethod
-    def _is_state_dict_of(f, p, node) -> bool:
-        if not m.matches(node, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[])):
-            return False
-        key = f.key_of(root_of(node.func.value))
-        return p.group_of(f, key) is not None and root_of(node.func.value) is node.func.value
-
-    def _state_object(self, f, p, element) -> bool:
-        """Whether ``"model": model.state_dict()`` becomes ``"model": model``: for set-up models
-        and optimizers."""
-        if not isinstance(element, cst.DictElement):
-            return False
-        value = element.value
-        if m.matches(value, m.Call(func=m.Attribute(attr=m.Name("state_dict")), args=[])):
-            return self._is_state_dict_of(f, p, value) or OPTIMIZER in f.kinds_of(value.func.value)
-        return False
 
 
 def _unwrapped(state: cst.BaseExpression, unwrap) -> cst.BaseExpression:

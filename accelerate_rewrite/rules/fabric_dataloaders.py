@@ -14,6 +14,15 @@ class FabricDataloaders(FabricRule):
     can go) and, with several devices, gives each process its own shard through a
     DistributedSampler (and calls `set_epoch` for you).
 
+    Evaluation loaders (iterated only by loops that don't train: under `torch.no_grad()` or
+    `torch.inference_mode()`, after `model.eval()`, or named test/val) are set up with
+    `use_distributed_sampler=False`: with several devices every process evaluates the whole
+    set, so `test_loss /= len(test_loader.dataset)`, a best-accuracy test and the printed
+    figures equal those of one device (rank 0 prints). Sharding them would make each process
+    divide the sum of its shard by the full size (and a DistributedSampler pads the set with
+    repeated samples to a multiple of the process count). The cost: evaluation is not faster
+    on N devices.
+
     Kind: safe (one device sees the same batches in the same order).
 
     Leaves alone: loaders built where `fabric` can't be reached, or before Fabric exists in
@@ -30,9 +39,15 @@ class FabricDataloaders(FabricRule):
         p = plan(ctx.facts, ctx.options)
         if p.refusal is not None:
             return
-        for loaders, after, ref in p.loader_groups:
-            names = ", ".join(b.path for b in loaders)
-            ctx.edits.insert_after(after, stmt(f"{names} = {ref}.setup_dataloaders({names})\n"))
-            ctx.change(after, f"set up `{names}` with Fabric")
+        for group in p.loader_groups:
+            names = ", ".join(b.path for b in group.loaders)
+            extra = ", use_distributed_sampler=False" if group.evaluation else ""
+            ctx.edits.insert_after(group.after, stmt(f"{names} = {group.ref}.setup_dataloaders({names}{extra})\n"))
+            if group.evaluation:
+                ctx.change(group.after, f"set up `{names}` with Fabric for evaluation: not sharded, so with "
+                                        "several devices every process evaluates all of it and the metrics "
+                                        "the script computes stay those of the whole set")
+            else:
+                ctx.change(group.after, f"set up `{names}` with Fabric")
         for node, why in p.loader_skips:
             ctx.skip(node, why)

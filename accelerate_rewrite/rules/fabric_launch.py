@@ -10,8 +10,10 @@ class FabricLaunch(FabricRule):
     """Create `Fabric(...)` with the options given, and launch it.
 
     What it does: imports `Fabric` from `lightning.fabric`, creates `fabric = Fabric(...)` with
-    only the options that differ from Fabric's defaults (accelerator, strategy, devices,
-    num_nodes, precision), and calls `fabric.launch()` right after, before any set-up call
+    the options that differ from Fabric's defaults (accelerator, strategy, devices, num_nodes,
+    precision) and always `devices`: without `--devices` it is 1, the one device the original
+    ran on (Fabric's own default, "auto", would take every GPU of the machine), unless a
+    strategy or several nodes ask for more; and calls `fabric.launch()` right after, before any set-up call
     (unless `--devices 1`). The lines go where the script starts to deal with the device, the
     model or the data; a device definition that the conversion makes unused is replaced by them.
 

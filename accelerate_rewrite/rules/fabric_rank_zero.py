@@ -1,0 +1,180 @@
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from accelerate_rewrite.codemod.facts import ScriptFacts
+from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
+from accelerate_rewrite.rules._fabric import FABRIC_CORE, FabricRule, expr, plan, short
+from accelerate_rewrite.rules.fabric_checkpoint import RANK_ZERO, TORCH_SAVE, classify_save, rank_guard
+
+#: calls that write files or folders: on several processes each would write (the same file)
+WRITERS = (
+    "torchvision.utils.save_image", "matplotlib.pyplot.savefig", "os.mkdir", "os.makedirs",
+    "shutil.copy", "shutil.copyfile", "shutil.copy2", "shutil.rmtree", "shutil.move",
+    "numpy.save", "numpy.savez", "numpy.savetxt", "json.dump", "pickle.dump", "yaml.dump",
+)
+#: methods that write, whatever their receiver: a figure, a path, a TensorBoard writer, a model
+WRITER_METHODS = (
+    "savefig", "mkdir", "write_text", "write_bytes", "to_csv", "save_pretrained",
+    "add_scalar", "add_scalars", "add_image", "add_images", "add_histogram", "add_figure",
+    "add_text", "add_graph",
+)
+_WRITE_MODES = ("w", "a", "x", "+")
+_COLLECTIVE_CALLS = ("torch.load", "torch.serialization.load", "torch.distributed")
+
+
+def _is_writer(f: ScriptFacts, call: cst.Call, options) -> bool:
+    names = f.qualnames(call)
+    if names & set(WRITERS):
+        return True
+    if names & set(TORCH_SAVE):
+        return classify_save(f, plan(f, options), call, options)[0] == RANK_ZERO
+    if names & {"builtins.open", "io.open"}:
+        mode = call.args[1].value if len(call.args) > 1 and call.args[1].keyword is None else next(
+            (a.value for a in call.args if a.keyword is not None and a.keyword.value == "mode"), None)
+        return isinstance(mode, cst.SimpleString) and any(c in str(mode.evaluated_value) for c in _WRITE_MODES)
+    return isinstance(call.func, cst.Attribute) and call.func.attr.value in WRITER_METHODS and not names & {
+        "builtins.print"}
+
+
+def _downloads(call: cst.Call) -> bool:
+    return any(a.keyword is not None and a.keyword.value == "download" and m.matches(a.value, m.Name("True"))
+               for a in call.args)
+
+
+class FabricRankZero(FabricRule):
+    """Write files once: side effects on rank 0, downloads on rank 0 first, whole models saved
+    unwrapped.
+
+    What it does: in the code that runs after Fabric is created,
+    - a statement that writes a file or folder (`torch.save` of something other than a state
+      dict, `save_image`, `plt.savefig`, `open(..., "w")`, `os.makedirs`, `json.dump`,
+      TensorBoard's `writer.add_scalar`, ...) goes under `if fabric.is_global_zero:`
+      (consecutive ones under one `if`);
+    - `torch.save(model, path)` of a set-up model saves `model.module`, the script's own
+      module, not Fabric's wrapper (which the script's loading code could not read back);
+    - a statement that builds a dataset with `download=True` goes under
+      `with fabric.rank_zero_first():`, so rank 0 downloads while the others wait, then read it.
+
+    Why: with several devices every process runs the script: without it, each process writes
+    the same files at once (and a checkpoint saved from each rank overwrites the others').
+
+    Kind: safe (one device does the same).
+
+    Leaves alone (and says why, with several devices): statements that also bind a name the
+    rest of the script reads (`writer = SummaryWriter()`), statements already under a rank
+    check, and writes where `fabric` can't be reached or that run before Fabric exists.
+    """
+
+    code = "AR110"
+    name = "fabric-rank-zero"
+    kind = Kind.SAFE
+    requires = FABRIC_CORE
+    examples = (Example.from_files("AR110", options={"devices": 2}),)
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        f, o = ctx.facts, ctx.options
+        p = plan(f, o)
+        if p.refusal is not None:
+            return
+        guarded: dict[int, tuple[cst.BaseStatement, str, str]] = {}  # id(stmt) -> (stmt, ref, what)
+        calls = {id(c): c for c in [*(s.call for s in f.calls), *f.attribute_calls]}
+        for call in sorted(calls.values(), key=f.line):
+            download = _downloads(call)
+            if not download and not _is_writer(f, call, o):
+                continue
+            what = "download" if download else "write"
+            ref = p.ref_at(f, call)
+            if ref is None or not p.after_creation(f, call):
+                if o.many_devices:
+                    ctx.skip(call, f"`{short(call)}` runs on every process: `fabric` can't be reached "
+                                   "here (guard it with a rank check by hand)")
+                continue
+            if rank_guard(f, call) is not None:
+                continue
+            target = self._statement(f, call)
+            if target is None:
+                if o.many_devices:
+                    ctx.skip(call, f"`{short(call)}` runs on every process: its statement binds a name "
+                                   "that later code reads, so it can't go under a rank check")
+                continue
+            if f.qualnames(call) & set(TORCH_SAVE):
+                self._unwrap_model(ctx, p, call)
+            previous = guarded.get(id(target))
+            if previous is None or previous[2] == "write":
+                guarded[id(target)] = (target, ref, what)
+        self._apply(ctx, [v for v in guarded.values() if not self._inside_other(f, v[0], guarded)])
+
+    @staticmethod
+    def _statement(f: ScriptFacts, call: cst.Call) -> Optional[cst.BaseStatement]:
+        """The statement to guard: the outermost ``with`` whose items open the file, or the
+        simple statement; None when it binds names (they would be unbound on other ranks)."""
+        stmt = f.statement(call)
+        for parent in f.ancestors(call):
+            if isinstance(parent, cst.With) and any(call is item.item or call in m.findall(item, m.Call())
+                                                    for item in parent.items):
+                stmt = parent
+                break
+            if parent is stmt:
+                break
+        if isinstance(stmt, cst.SimpleStatementLine):
+            if _downloads(call):
+                return stmt  # under a `with`, the names it binds stay bound
+            if all(isinstance(s, cst.Expr) for s in stmt.body):
+                return stmt
+            return None
+        if isinstance(stmt, cst.With):
+            binds = m.findall(stmt.body, m.Assign() | m.AugAssign() | m.AnnAssign() | m.For() | m.FunctionDef())
+            if binds or any(f.qualnames(c) & set(_COLLECTIVE_CALLS) for c in m.findall(stmt.body, m.Call())):
+                return None
+            return stmt
+        return None
+
+    @staticmethod
+    def _inside_other(f: ScriptFacts, stmt: cst.BaseStatement, guarded) -> bool:
+        return any(id(a) in guarded for a in f.ancestors(stmt))
+
+    @staticmethod
+    def _unwrap_model(ctx: RuleContext, p, call: cst.Call) -> None:
+        f = ctx.facts
+        obj = call.args[0].value if call.args else None
+        if obj is None or p.group_of(f, f.key_of(obj)) is None:
+            return
+        ctx.edits.replace(obj, lambda u: cst.Attribute(value=u, attr=cst.Name("module")))
+        ctx.change(call, f"`torch.save({short(obj)}, ...)` saves `{short(obj)}.module`, the script's own "
+                         "module: Fabric's wrapper would not load back")
+
+    def _apply(self, ctx: RuleContext, guarded) -> None:
+        f = ctx.facts
+        guarded.sort(key=lambda g: (f.line(g[0])))
+        runs: list[list[tuple[cst.BaseStatement, str, str]]] = []
+        for item in guarded:
+            last = runs[-1][-1] if runs else None
+            if last is not None and last[2] == item[2] == "write" and last[1] == item[1] \
+                    and f.block(last[0]) is f.block(item[0]) \
+                    and _next_in_block(f, last[0]) is item[0]:
+                runs[-1].append(item)
+            else:
+                runs.append([item])
+        for run in runs:
+            stmts = [s for s, _, _ in run]
+            ref, what = run[0][1], run[0][2]
+            if what == "download":
+                ctx.edits.wrap(stmts, lambda inner, r=ref: cst.With(
+                    items=[cst.WithItem(expr(f"{r}.rank_zero_first()"))], body=cst.IndentedBlock(body=inner)))
+                ctx.change(stmts[0], f"the download runs on rank 0 first (`with {ref}.rank_zero_first():`), "
+                                     "the other processes read what it fetched")
+            else:
+                ctx.edits.wrap(stmts, lambda inner, r=ref: cst.If(
+                    test=expr(f"{r}.is_global_zero"), body=cst.IndentedBlock(body=inner)))
+                lines = ", ".join(str(f.line(s)) for s in stmts)
+                ctx.change(stmts[0], f"writes on rank 0 only (`if {ref}.is_global_zero:`): line(s) {lines}")
+
+
+def _next_in_block(f: ScriptFacts, stmt: cst.BaseStatement) -> Optional[cst.BaseStatement]:
+    body = list(f.block(stmt).body)
+    index = body.index(stmt)
+    return body[index + 1] if index + 1 < len(body) else None
