@@ -54,6 +54,9 @@ class EditSet:
     imports: list[tuple[str, Optional[str], Optional[str]]] = field(default_factory=list)
     unused_imports: list[tuple[str, Optional[str]]] = field(default_factory=list)
     wraps: list[tuple[list[int], Wrapper]] = field(default_factory=list)  # ids of statements, maker
+    #: removed statements whose blank lines go with them (an unused import, as LibCST's
+    #: RemoveImportsVisitor dropped it); comments standing apart above them still stay
+    quiet_removals: set[int] = field(default_factory=set)
     # id() keys are only meaningful while the nodes are alive: keep them referenced.
     _keep: list[cst.CSTNode] = field(default_factory=list)
 
@@ -98,6 +101,8 @@ def _merge(edit_sets: Sequence[EditSet]) -> EditSet:
         for key, fns in edits.replacements.items():
             merged.replacements.setdefault(key, []).extend(fns)
         merged.removals |= edits.removals
+        merged.quiet_removals |= edits.quiet_removals
+        merged._keep.extend(edits._keep)
         for key, stmts in edits.before.items():
             merged.before.setdefault(key, []).extend(stmts)
         for key, stmts in edits.after.items():
@@ -144,6 +149,11 @@ class _Apply(cst.CSTTransformer):
                 self.moved[key] = stmt
             if key in self.edits.removals or _emptied_if(orig_stmt, stmt):
                 placed = before + after
+                if key in self.edits.quiet_removals:
+                    kept = _detached_lines(stmt.leading_lines)
+                    if not any(not _is_blank(line) for line in kept):
+                        kept = []
+                    stmt = stmt.with_changes(leading_lines=kept)
                 if placed:
                     placed[0] = placed[0].with_changes(
                         leading_lines=[*carried, *stmt.leading_lines, *placed[0].leading_lines]
@@ -378,6 +388,14 @@ class _Names(cst.CSTVisitor):
     def visit_Name(self, node: cst.Name) -> None:
         self.names.add(node.value)
 
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)  # ``torch.amp.GradScaler`` reads ``torch``, not ``GradScaler``
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)  # a keyword's name is no name the code reads
+        return False
+
 
 class _Imports(cst.CSTVisitor):
     """The import statements of a module, with the block that holds each."""
@@ -446,6 +464,7 @@ def _plan_unused_imports(module: cst.Module, result: cst.Module, edits: EditSet)
             edits.replace(stmt, lambda u: u.with_changes(body=[cst.Pass()]))  # a block can't be empty
         else:
             edits.remove(stmt)
+            edits.quiet_removals.add(id(stmt))
     return planned
 
 
