@@ -78,7 +78,7 @@ def test_to_int_and_to_cuda_string_on_model_and_batches():
     """)
     assert body(result) == textwrap.dedent("""\
 
-        fabric = Fabric()
+        fabric = Fabric(devices=1)
         fabric.launch()
 
         model = nn.Linear(4, 1)
@@ -141,7 +141,7 @@ def test_cuda_on_a_tensor_that_is_not_a_batch_becomes_fabric_device():
     assert "torch.zeros(2, dtype=torch.long).to(fabric.device)" in out
     assert ".cuda()" not in out
     # Fabric exists before the first tensor it places
-    assert out.index("fabric = Fabric()") < out.index("mask = ")
+    assert out.index("fabric = Fabric(devices=1)") < out.index("mask = ")
 
 
 def test_metric_to_device_and_tensors_created_on_the_device():
@@ -560,7 +560,7 @@ def test_fabric_goes_after_argument_parsing_and_before_the_first_device_use():
         args = parser.parse_args()
         torch.manual_seed(0)
 
-        fabric = Fabric()
+        fabric = Fabric(devices=1)
         fabric.launch()
         model = torch.nn.Linear(4, 1)
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
@@ -699,7 +699,7 @@ def test_grad_scaler_backward_and_own_autocast():
             scaler.update()
     """, precision="bf16-mixed")
     out = result.output
-    assert "fabric = Fabric()\n" in out  # the script's own AMP stays; no second one on top
+    assert "fabric = Fabric(devices=1)\n" in out  # the script's own AMP stays; no second one on top
     assert "fabric.backward(scaler.scale(loss))" in out
     assert any("GradScaler" in m for m in skips(result, "AR101"))
 
@@ -771,11 +771,12 @@ def test_save_inside_a_rank_check_is_left_with_a_reason():
     assert note.rule == "AR109" and note.line == 12 and "every rank" in note.message
 
 
-def test_save_of_a_whole_model_is_left_with_a_reason():
+def test_save_of_a_whole_model_saves_the_original_module_on_rank_zero():
     result = convert(CHECKPOINTS)
-    assert '    torch.save(model, "whole.pt")\n' in result.output
-    [note] = [n for n in result.skips if n.line == 13]
-    assert note.rule == "AR109" and "whole model" in note.message
+    assert '        torch.save(model.module, "whole.pt")\n' in result.output
+    assert "    if fabric.is_global_zero:\n" in result.output
+    assert any(n.rule == "AR110" and "model.module" in n.message for n in result.changes)
+    assert not [n for n in result.skips if n.line == 13]
 
 
 def test_save_of_training_state_goes_through_fabric():
@@ -923,7 +924,7 @@ def test_lightning_imported_only_for_seed_everything_is_converted():
         optimizer.step()
     """)
     out = result.output
-    assert "L.seed_everything(42)\nfabric = Fabric()\nfabric.launch()\n" in out
+    assert "L.seed_everything(42)\nfabric = Fabric(devices=1)\nfabric.launch()\n" in out
     assert "fabric.backward(loss)" in out
 
 

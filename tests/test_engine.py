@@ -291,7 +291,7 @@ def test_line_endings_tabs_and_final_newline_are_kept():
     for line in body.split("\r\n"):
         if line.strip() and not line.startswith("main()"):
             assert line.startswith("\t") and not line.startswith(" "), repr(line)
-    assert "\tfabric = Fabric()\r\n\tfabric.launch()\r\n" in out
+    assert "\tfabric = Fabric(devices=1)\r\n\tfabric.launch()\r\n" in out
     assert "\tmodel, optimizer = fabric.setup(model, optimizer)\r\n" in out
     assert "from lightning.fabric import Fabric\r\n" in out
     ast.parse(out)

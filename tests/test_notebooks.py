@@ -63,7 +63,7 @@ def test_cells_are_rewritten_as_one_program_and_everything_else_is_kept(run, not
     assert after.cells[3].execution_count == 4
     setup, loop = after.cells[1].source, after.cells[3].source
     assert "%matplotlib inline\n!nvidia-smi -L\n" in setup
-    assert "fabric = Fabric()" in setup and "model, optimizer = fabric.setup(model, optimizer)" in setup
+    assert "fabric = Fabric(devices=1)" in setup and "model, optimizer = fabric.setup(model, optimizer)" in setup
     assert "fabric.backward(loss)" in loop and ".to(device)" not in loop
     # the cells, joined, are what the script gives
     joined = rewrite(SCRIPT, Options()).output
