@@ -179,7 +179,13 @@ class ScriptFacts:
         self._aliases: list[tuple[Key, cst.BaseExpression]] = []
         self._memo: dict[object, object] = {}
         self._self_attrs: list[cst.Attribute] = []
+        #: keys of loaders built in a helper that returns them (codemod/returns.py): they are
+        #: set up where the helper's result is bound, which holds their own bindings
+        self.returned_loaders: set[Key] = set()
         _Collector(self).collect()
+        from accelerate_rewrite.codemod.returns import find_returned_loaders
+
+        find_returned_loaders(self)
         self._flow()
 
     def memo(self, key: object, compute):

@@ -83,6 +83,9 @@ class SetupGroup:
     ref: str
     model_key: Key
     after: cst.BaseStatement  # the setup call goes right after this statement
+    #: methods of the model's class, other than forward, that the script calls on the set-up
+    #: model: with a strategy that wraps it (DDP, FSDP) Fabric raises unless they are marked
+    forward_methods: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -459,17 +462,37 @@ class _Planner:
             unique: dict[str, Optimizer] = {}
             for o in opts:  # the same optimizer built in an if/else: one setup after both
                 unique.setdefault(o.path, o)
-            p.setups.append(SetupGroup(model_key[1], list(unique.values()), ref, model_key, after))
+            p.setups.append(SetupGroup(model_key[1], list(unique.values()), ref, model_key, after,
+                                       self._forward_methods(model_key)))
         if p.setup_skips:
             node, why = p.setup_skips[0]
             self.refuse(node, f"{why}; without setting every trained model up, Fabric can't apply "
                               "its precision or strategy, so nothing was converted")
+
+    def _forward_methods(self, model_key: Key) -> list[str]:
+        """``model.decode(z)``, ``model.sample(n)``: methods defined in the model's class in this
+        file, other than ``forward``, called on the model."""
+        f = self.f
+        classes = [f.functions[b.call.func.value].node for b in f.bindings_of("module")
+                   if f.same_object(b.key, model_key) and b.call is not None
+                   and isinstance(b.call.func, cst.Name) and b.call.func.value in f.functions]
+        defined = {s.name.value for cls in classes if isinstance(cls, cst.ClassDef)
+                   for s in cls.body.body if isinstance(s, cst.FunctionDef)}
+        out: list[str] = []
+        for call in f.attribute_calls:
+            name = call.func.attr.value
+            if name in defined and name != "forward" and not name.startswith("__") and name not in out \
+                    and f.same_object(f.key_of(call.func.value), model_key):
+                out.append(name)
+        return out
 
     # -- fabric.setup_dataloaders(...) --
     def _loaders(self) -> None:
         f, p = self.f, self.p
         groups: dict[tuple[int, bool], list[Binding]] = {}
         for loader in f.loaders:
+            if loader.key in f.returned_loaders:
+                continue  # set up where the helper that returns it is called
             ref = p.ref_at(f, loader.stmt)
             if ref is None:
                 p.loader_skips.append((loader.stmt, f"`{loader.path}` is built where `fabric` can't be reached"))
@@ -522,27 +545,45 @@ class _Planner:
         return out
 
     def _unsharded_loops(self) -> None:
-        """Training loops over something that is not a loader Fabric sets up: say so, since
-        with several devices every process would then see every batch."""
-        f, p = self.f, self.p
+        """Training loops over something that is not a loader Fabric sets up: with several
+        devices every process would then train on every batch (N times the work, no speed-up),
+        so the conversion to several devices is refused; on one device it is said."""
+        f, p, o = self.f, self.p, self.o
         seen: set[int] = set()
         for site in f.backward_sites:
             loop = next((a for a in f.ancestors(site.call) if isinstance(a, cst.For)
                          and not _is_counter(a.iter)), None)
-            if loop is None or id(loop) in seen:
+            key = id(loop) if loop is not None else id(site.stmt)
+            if key in seen:
                 continue
-            seen.add(id(loop))
+            seen.add(key)
+            if loop is None:
+                if o.many_devices:
+                    self.refuse(site.call, f"`{short(site.call)}` is not in a loop over a DataLoader: with "
+                                           f"devices={o.effective_devices} every process would train on the "
+                                           "same data; refused for several devices (--devices 1 converts it)")
+                    return
+                continue
             source = unwrap_iter(loop.iter)
-            if not self._set_up(f.key_of(source), LOADER):
-                p.loader_skips.append((loop, f"batches come from `{short(source)}`, not from a "
-                                             "DataLoader built in this script: they keep their "
-                                             "explicit move, and with several devices every "
-                                             "process would see all of them (set the loader up "
-                                             "with fabric.setup_dataloaders by hand)"))
+            if self._set_up(f.key_of(source), LOADER):
+                continue
+            if o.many_devices:
+                self.refuse(loop, f"batches come from `{short(source)}`, which the rewrite can't show to be "
+                                  f"a DataLoader it sets up: with devices={o.effective_devices} every process "
+                                  "would train on all of them; refused for several devices (--devices 1 "
+                                  "converts it; or build the loader where the rewrite can see it)")
+                return
+            p.loader_skips.append((loop, f"batches come from `{short(source)}`, not from a "
+                                         "DataLoader built in this script: they keep their "
+                                         "explicit move, and with several devices every "
+                                         "process would see all of them (set the loader up "
+                                         "with fabric.setup_dataloaders by hand)"))
 
     def _devices(self) -> None:
         f, p = self.f, self.p
         self._unsharded_loops()
+        if p.refusal is not None:
+            return
         batches = self._batch_moves()
         handled: set[int] = set()  # ids of device Name/Attribute nodes taken care of
         for move in f.device_moves:

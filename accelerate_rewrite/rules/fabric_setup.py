@@ -12,6 +12,11 @@ class FabricSetup(FabricRule):
     fsdp`, the model is set up before its optimizer is built (`fabric.setup_module`, then
     `fabric.setup_optimizers`), as FSDP prefers.
 
+    Methods of the model's class other than `forward` that the script calls on the model
+    (`model.decode(z)`, `model.sample(n)`) are marked: `model.mark_forward_method("decode")`
+    right after the setup (with DDP or FSDP, Fabric raises on an unmarked one that runs the
+    model's layers).
+
     Why: set-up moves the model to the device, wraps it for the strategy (DDP, FSDP, ...) and
     the precision (autocast in forward), and wraps the optimizer so that steps go through them.
 
@@ -36,12 +41,19 @@ class FabricSetup(FabricRule):
         for group in p.setups:
             opts = [o.path for o in group.optimizers]
             ref = group.ref
+            marks = [stmt(f'{group.model}.mark_forward_method("{name}")\n') for name in group.forward_methods]
+            if marks:
+                listed = ", ".join(f"`{n}`" for n in group.forward_methods)
+                ctx.change(group.after, f"marked {listed} of `{group.model}` as forward methods: the script "
+                                        "calls them on the set-up model, and with DDP or FSDP Fabric only "
+                                        "lets marked methods run the wrapped module")
             if fsdp and len(group.optimizers) == 1 and group.after is group.optimizers[0].stmt:
                 opt = group.optimizers[0]
-                ctx.edits.insert_before(opt.stmt, stmt(f"{group.model} = {ref}.setup_module({group.model})\n"))
+                ctx.edits.insert_before(opt.stmt, stmt(f"{group.model} = {ref}.setup_module({group.model})\n"),
+                                        *marks)
                 ctx.edits.insert_after(opt.stmt, stmt(f"{opt.path} = {ref}.setup_optimizers({opt.path})\n"))
                 ctx.change(opt.stmt, f"set `{group.model}` up before its optimizer is built (FSDP), then `{opt.path}`")
                 continue
             names = ", ".join([group.model, *opts])
-            ctx.edits.insert_after(group.after, stmt(f"{names} = {ref}.setup({names})\n"))
+            ctx.edits.insert_after(group.after, stmt(f"{names} = {ref}.setup({names})\n"), *marks)
             ctx.change(group.after, f"set up `{names}` with Fabric")

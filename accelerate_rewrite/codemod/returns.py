@@ -1,0 +1,97 @@
+"""Objects that a function of the script builds and returns: ``train_loader, val_loader =
+make_loaders(args)`` binds two DataLoaders, although no ``DataLoader(...)`` stands there.
+
+Run once by ScriptFacts, after the collector and before the flow of kinds, so that the names a
+helper's result is unpacked into are loaders everywhere they go (into ``train(model, loader)``).
+The loaders built inside the helper are kept in ``returned``: they are set up where the result
+lands, not where they are built (``fabric`` is rarely in reach there).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from accelerate_rewrite.codemod import facts as F
+
+
+def _returns(func: cst.FunctionDef) -> list[cst.Return]:
+    """The function's own returns (not those of functions or classes defined in it)."""
+    out: list[cst.Return] = []
+
+    class _Visitor(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is func
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            return False
+
+        def visit_Return(self, node: cst.Return) -> None:
+            out.append(node)
+
+    func.visit(_Visitor())
+    return out
+
+
+def _loader_positions(f: "F.ScriptFacts", func: cst.FunctionDef) -> Optional[tuple[Optional[F.Key], ...]]:
+    """For each element of what ``func`` returns: the key of the loader built in it (or None
+    for a DataLoader(...) returned directly, or for a non-loader); None when no element is a
+    loader or the returns disagree."""
+    shapes = []
+    for ret in _returns(func):
+        value = ret.value
+        if value is None:
+            return None
+        elements = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+        shape = []
+        for element in elements:
+            if isinstance(element, cst.Call) and f.qualnames(element) & set(F.DATALOADERS):
+                shape.append(("call", None))
+            elif isinstance(element, cst.Name):
+                key = f.key_of(element)
+                inner = [b for b in f.bindings if b.kind == F.LOADER and b.key == key]
+                shape.append(("name", key) if inner else (None, None))
+            else:
+                shape.append((None, None))
+        shapes.append(shape)
+    if not shapes or any(len(s) != len(shapes[0]) or [k for k, _ in s] != [k for k, _ in shapes[0]]
+                         for s in shapes):
+        return None
+    if not any(kind for kind, _ in shapes[0]):
+        return None
+    return tuple(key if kind == "name" else (() if kind == "call" else None) for kind, key in shapes[0])
+
+
+def find_returned_loaders(f: "F.ScriptFacts") -> None:
+    for fn in f.functions.values():
+        if not isinstance(fn.node, cst.FunctionDef) or not fn.calls:
+            continue
+        positions = _loader_positions(f, fn.node)
+        if positions is None:
+            continue
+        for call in fn.calls:
+            assign = f.parent(call)
+            if not isinstance(assign, cst.Assign) or assign.value is not call or len(assign.targets) != 1:
+                continue
+            target = assign.targets[0].target
+            elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) \
+                else [target]
+            if len(positions) > 1 and len(elements) != len(positions):
+                continue
+            if len(positions) == 1 and len(elements) != 1:
+                continue
+            stmt = f.statement(call)
+            for element, inner in zip(elements, positions):
+                if inner is None or not isinstance(element, (cst.Name, cst.Attribute)):
+                    continue
+                key = f.key_of(element)
+                if key is None:
+                    continue
+                f.bindings.append(F.Binding(key, F.LOADER, stmt, call, None, f"{fn.name}()"))
+                if inner:
+                    f.returned_loaders.add(inner)
