@@ -558,11 +558,11 @@ class _Planner:
                 continue
             seen.add(key)
             if loop is None:
-                if o.many_devices:
-                    self.refuse(site.call, f"`{short(site.call)}` is not in a loop over a DataLoader: with "
-                                           f"devices={o.effective_devices} every process would train on the "
-                                           "same data; refused for several devices (--devices 1 converts it)")
-                    return
+                if o.many_devices:  # synthetic data, a benchmark: nothing to shard, but say so
+                    p.loader_skips.append((site.call, f"`{short(site.call)}` is not in a loop over data: with "
+                                                      f"devices={o.effective_devices} every process trains on "
+                                                      "whatever it makes itself (the same data, if it is "
+                                                      "seeded alike)"))
                 continue
             source = unwrap_iter(loop.iter)
             if self._set_up(f.key_of(source), LOADER):
