@@ -229,7 +229,13 @@ def _join_lines(carried: list[cst.EmptyLine], own: Sequence[cst.EmptyLine]) -> l
     return list(own) if own else carried[-1:]
 
 
-def apply_edits(module: cst.Module, edit_sets: Iterable[EditSet]) -> cst.Module:
+def apply_edits(
+    module: cst.Module,
+    edit_sets: Iterable[EditSet],
+    touched: Optional[list[tuple[cst.CSTNode, bool]]] = None,
+) -> cst.Module:
+    """The module with the edits applied; ``touched`` (if given) gets every node of ``module``
+    an edit is keyed on, with whether the edit removes it."""
     edits = _merge(list(edit_sets))
     if not edits and not edits.unused_imports:
         return module
@@ -239,6 +245,12 @@ def apply_edits(module: cst.Module, edit_sets: Iterable[EditSet]) -> cst.Module:
         new = module.visit(_Apply(edits))
     if added:
         new = _blank_line_after(new, added)
+    if touched is not None:
+        seen: set[int] = set()
+        for node in edits._keep:
+            if id(node) not in seen:
+                seen.add(id(node))
+                touched.append((node, id(node) in edits.removals))
     return new
 
 

@@ -6,11 +6,16 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Optional, Sequence
 
+import difflib
+import os
+
 import libcst as cst
+from libcst.metadata import PositionProvider
 
 from accelerate_rewrite.codemod.checks import check
 from accelerate_rewrite.codemod.edits import apply_edits
 from accelerate_rewrite.codemod.facts import ScriptFacts
+from accelerate_rewrite.codemod.preserve import Region, lost_trivia, restore, split_tail
 from accelerate_rewrite.codemod.rule import Note, Rule, RuleContext
 from accelerate_rewrite.codemod.suppress import applies_to, changed_lines, protected_lines, skip_file_line
 from accelerate_rewrite.options import Options
@@ -63,7 +68,102 @@ def _analyse(source: str) -> ScriptFacts:
     return ScriptFacts(cst.parse_module(source))
 
 
+#: set to 1 (the tests, benchmarks/fuzz.py) to make every rewrite of a file under
+#: IDEMPOTENCE_MAX_LINES lines rewrite its own result too, and fail loudly if that changes it
+IDEMPOTENCE_ENV = "ACCELERATE_REWRITE_CHECK_IDEMPOTENCE"
+IDEMPOTENCE_MAX_LINES = 3000
+
+
+def _parse(source: str, path: str) -> tuple[ScriptFacts, str, str]:
+    """The facts, and the source as ``head`` (what LibCST reads) + ``tail`` (trailing lines
+    LibCST can't read, such as a last line that is a lone backslash, put back afterwards)."""
+    try:
+        return _analyse(source), source, ""
+    except cst.ParserSyntaxError as exc:
+        # Python's own parser names the place best (1-based line and column)
+        try:
+            compile(source, path, "exec", dont_inherit=True)
+        except SyntaxError as py_exc:
+            raise RewriteError(
+                f"{path}:{py_exc.lineno}:{py_exc.offset}: syntax error: {py_exc.msg}"
+            ) from None
+        except ValueError as py_exc:  # e.g. "source code string cannot contain null bytes"
+            raise RewriteError(f"{path}: {py_exc}") from None
+        for split in split_tail(source):
+            try:
+                return _analyse(split[0]), split[0], split[1]
+            except cst.ParserSyntaxError:
+                continue
+        raise RewriteError(
+            f"{path}: valid Python that LibCST's parser can't read ({exc.message}); file left as is"
+        ) from None
+
+
+def _regions(facts: ScriptFacts, touched: Sequence[tuple[cst.CSTNode, bool]]) -> list[Region]:
+    """The lines of the input the edits may change: each edited statement with its leading
+    lines (and, for a removed one, the leading lines of the statement after it, whose spacing
+    the removal adjusts; an ``if`` whose whole body goes goes too)."""
+    out: list[Region] = []
+    removed = {id(node) for node, gone in touched if gone}
+    todo = list(touched)
+    while todo:
+        node, gone = todo.pop()
+        if isinstance(node, cst.Module):
+            return [(1, 1 << 30)]
+        try:
+            stmt = node if isinstance(node, cst.BaseStatement) and isinstance(
+                facts.parent(node), (cst.Module, cst.IndentedBlock)) else facts.statement(node)
+        except (ValueError, KeyError):
+            if isinstance(node, cst.IndentedBlock) and facts.parent(node) is not None:
+                todo.append((facts.parent(node), False))
+            continue
+        pos = facts._get(PositionProvider, stmt)
+        if pos is None:
+            continue
+        start = pos.start.line - len(getattr(stmt, "leading_lines", ()))
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and stmt.decorators:
+            first = facts._get(PositionProvider, stmt.decorators[0])
+            if first is not None:
+                start = min(start, first.start.line - len(stmt.leading_lines))
+        end = pos.end.line
+        block = facts.parent(stmt)
+        if gone and isinstance(block, (cst.Module, cst.IndentedBlock)):
+            body = list(block.body)
+            index = next((i for i, s in enumerate(body) if s is stmt), None)
+            if index is not None and index + 1 < len(body):
+                following = facts._get(PositionProvider, body[index + 1])
+                if following is not None:
+                    end = max(end, following.start.line - 1)
+            owner = facts.parent(block) if isinstance(block, cst.IndentedBlock) else None
+            if isinstance(owner, cst.If) and owner.orelse is None and id(owner) not in removed \
+                    and all(id(s) in removed for s in body):
+                removed.add(id(owner))
+                todo.append((owner, True))
+        out.append((max(1, start), end))
+    return out
+
+
 def rewrite(
+    source: str,
+    options: Options,
+    *,
+    path: str = "<string>",
+    rules: Optional[Sequence[Rule]] = None,
+    check_idempotence: Optional[bool] = None,
+) -> Result:
+    result = _rewrite(source, options, path=path, rules=rules)
+    if check_idempotence is None:
+        check_idempotence = os.environ.get(IDEMPOTENCE_ENV, "") == "1"
+    if check_idempotence and result.changed and source.count("\n") < IDEMPOTENCE_MAX_LINES:
+        again = _rewrite(result.output, options, path=path, rules=rules).output
+        if again != result.output:
+            diff = "".join(difflib.unified_diff(result.output.splitlines(True), again.splitlines(True),
+                                                "first run", "second run"))
+            raise AssertionError(f"{path}: a second run changes the result:\n{diff}")
+    return result
+
+
+def _rewrite(
     source: str,
     options: Options,
     *,
@@ -74,17 +174,8 @@ def rewrite(
         from accelerate_rewrite.rules import ALL_RULES
 
         rules = ALL_RULES
-    try:
-        facts = _analyse(source)
-    except cst.ParserSyntaxError as exc:
-        # Python's own parser names the place best (1-based line and column)
-        try:
-            compile(source, path, "exec", dont_inherit=True)
-        except SyntaxError as py_exc:
-            raise RewriteError(
-                f"{path}:{py_exc.lineno}:{py_exc.offset}: syntax error: {py_exc.msg}"
-            ) from None
-        raise RewriteError(f"{path}:{exc.raw_line}:{exc.raw_column + 1}: syntax error: {exc.message}") from None
+    facts, head, tail = _parse(source, path)
+    roundtrip = facts.memo("roundtrip", lambda: facts.module.code)
     result = Result(path=path, source=source, output=source)
     skip_line = skip_file_line(source)
     if skip_line is not None:
@@ -122,7 +213,7 @@ def rewrite(
             edits = contexts[rule.code].edits
             if not edits:
                 continue
-            alone = apply_edits(facts.module, [edits]).code
+            alone = restore(head, roundtrip, apply_edits(facts.module, [edits]).code) + tail
             hit = next(((n, c) for n in sorted(changed_lines(source, alone))
                         for c in [applies_to(protected, n, rule.code)] if c is not None), None)
             if hit is None:
@@ -140,9 +231,26 @@ def rewrite(
     original_undefined = facts.undefined_names()
 
     def attempt(selected: Sequence[Rule]) -> tuple[str, list[str]]:
-        new = apply_edits(facts.module, [contexts[r.code].edits for r in selected])
-        code = new.code
-        return code, ([] if code == source else check(original_undefined, code, facts.first_read))
+        edit_sets = [contexts[r.code].edits for r in selected]
+        if not any(e or e.unused_imports for e in edit_sets):
+            return source, []  # no rule applied: the input itself, whatever LibCST would print
+        touched: list[tuple[cst.CSTNode, bool]] = []
+        new = apply_edits(facts.module, edit_sets, touched)
+        head_code = restore(head, roundtrip, new.code)
+        code = head_code + tail
+        if code == source:
+            return code, []
+        problems = check(original_undefined, head_code, facts.first_read)
+        if not problems and tail:
+            try:
+                compile(code, "<rewritten>", "exec", dont_inherit=True)
+            except (SyntaxError, ValueError) as exc:
+                problems.append(f"the result does not compile ({exc})")
+        if not problems:
+            lost = lost_trivia(source, code, _regions(facts, touched))
+            if lost is not None:
+                problems.append(lost + " outside the statements the rules edit")
+        return code, problems
 
     output, problems = attempt(active)
     while problems:

@@ -83,14 +83,37 @@ def _find(f: ScriptFacts) -> ApexUse:
             out.problem = (call, f"`{short(call)}` outside `with ... as scaled_loss:`: convert by hand")
             return out
         withs[id(node)] = (node, call, node.items[0].asname.name.value)
+    counts: dict[int, int] = {}
     for site in f.backward_sites:
         found = next((withs[id(a)] for a in f.ancestors(site.call) if id(a) in withs), None)
-        if found is None or not m.matches(site.loss, m.Name(found[2])):
+        if found is not None:
+            counts[id(found[0])] = counts.get(id(found[0]), 0) + 1
+    for site in f.backward_sites:
+        found = next((withs[id(a)] for a in f.ancestors(site.call) if id(a) in withs), None)
+        if found is None:
             continue
-        node, call, _ = found
-        if len(node.body.body) != 1 or len(node.items) != 1:
+        node, call, name = found
+        statement = f.statement(site.call)
+        if not m.matches(site.loss, m.Name(name)):
+            # e.g. ``(scaled_loss / 4).backward()``: converting the block would drop the division
+            out.problem = (site.call, f"`{short(site.call)}` inside `with {short(call)} as {name}:` "
+                                      f"is not `{name}.backward()`: convert by hand")
+            return out
+        if counts[id(node)] > 1:
             out.problem = (node, "an apex `scale_loss` block that does more than one backward: "
                                  "convert by hand")
+            return out
+        if len(node.items) != 1:
+            out.problem = (node, f"`with {short(call)}` opens other contexts too: convert by hand")
+            return out
+        others = [s for s in node.body.body if s is not statement and not _is_pass(s)]
+        if not any(s is statement for s in node.body.body):
+            out.problem = (node, f"the backward in `with {short(call)}` is nested in another "
+                                 "statement of the block: convert by hand")
+            return out
+        if others:
+            out.problem = (others[0], f"an apex `scale_loss` block that does more than its backward "
+                                      f"(`{short(others[0])}`): convert by hand")
             return out
         out.blocks[id(site.call)] = (node, call.args[0].value)
     out.master_params = f.calls_named(*APEX_MASTER_PARAMS)
@@ -100,6 +123,11 @@ def _find(f: ScriptFacts) -> ApexUse:
         if not m.matches(f.statement(call), m.SimpleStatementLine(body=[m.Expr(value=m.Call())])):
             out.problem = (call, f"`{short(call)}` is used as a value: convert by hand")
     return out
+
+
+def _is_pass(stmt: cst.BaseStatement) -> bool:
+    """A statement that does nothing: ``pass`` (or ``...``), which a converted block can drop."""
+    return m.matches(stmt, m.SimpleStatementLine(body=[m.AtLeastN(m.Pass() | m.Expr(m.Ellipsis()), n=1)]))
 
 
 def _flat(node: cst.BaseExpression) -> list[str]:
