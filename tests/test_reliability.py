@@ -230,3 +230,56 @@ def test_the_engine_checks_its_own_idempotence_in_test_mode(monkeypatch):
 def test_apex_and_amp_scripts_are_idempotent_under_accumulate_and_freeze(fixture, options):
     source = (FIXTURES / fixture / "input.py").read_text()
     rewrite(source, Options.create(**options), check_idempotence=True)
+
+
+# ---- 8: temporary files left by kill -9 --------------------------------------------------------
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_write_killed_before_its_rename_leaves_a_temp_file_the_next_write_removes(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(LOOP)
+    stuck = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from accelerate_rewrite.codemod import source\n"
+        "os.replace = lambda *args: time.sleep(120)  # killed between the write and the rename\n"
+        f"source.write_atomic(Path({str(path)!r}), b'x = 1\\n')\n"
+    )
+    writer = subprocess.Popen([sys.executable, "-c", stuck], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob(".train.py.accelerate-rewrite-*.tmp")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = list(tmp_path.glob(".train.py.accelerate-rewrite-*.tmp"))
+        assert len(left) == 1 and f"-{writer.pid}-" in left[0].name
+    finally:
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.wait()
+    assert path.read_text() == LOOP  # the file itself was never touched
+    stale_of_other = tmp_path / f".other.py.accelerate-rewrite-{_dead_pid()}-abcdefgh.tmp"
+    stale_of_other.write_text("")
+    live = tmp_path / f".train.py.accelerate-rewrite-{os.getpid()}-abcdefgh.tmp"  # a live writer's
+    live.write_text("")
+    done = CliRunner().invoke(cli, [str(path), "--write"])
+    assert done.exit_code == 0, done.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["train.py", stale_of_other.name, live.name])
+    assert "fabric.backward" in path.read_text()
+
+
+def test_temp_files_of_other_names_are_never_touched(tmp_path):
+    target = tmp_path / "a.py"
+    target.write_text("x = 1\n")
+    dead = _dead_pid()
+    mine = tmp_path / f".a.py.accelerate-rewrite-{dead}-abc_1234.tmp"
+    lookalikes = [tmp_path / ".a.py.12345.tmp", tmp_path / f".ab.py.accelerate-rewrite-{dead}-x.tmp",
+                  tmp_path / f".a.py.accelerate-rewrite-{dead}-x.tmp.bak"]
+    for p in [mine, *lookalikes]:
+        p.write_text("")
+    write_atomic(target, b"x = 2\n")
+    assert target.read_bytes() == b"x = 2\n"
+    assert not mine.exists() and all(p.exists() for p in lookalikes)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import stat
 import tempfile
 import tokenize
@@ -58,13 +59,52 @@ def read_source(path: Path) -> SourceFile:
     return decode(path, raw)
 
 
+#: the temporary files write_atomic makes: ``.NAME.accelerate-rewrite-PID-XXXXXXXX.tmp``
+TEMP_MARK = ".accelerate-rewrite-"
+_TEMP = re.compile(r"\.(?P<name>.+)\.accelerate-rewrite-(?P<pid>\d+)-[A-Za-z0-9_]+\.tmp")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # someone else's process: alive
+    return True
+
+
+def remove_stale_temps(target: Path) -> list[Path]:
+    """Remove the temporary files an earlier run left beside ``target`` (killed between writing
+    and renaming: ``kill -9``, a power cut): ours by their name, stale when the process that
+    made them is gone. A run writing the same file right now keeps its own."""
+    removed = []
+    try:
+        entries = list(target.parent.glob(f".{target.name}{TEMP_MARK}*.tmp"))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMP.fullmatch(entry.name)
+        if match is None or match.group("name") != target.name or _alive(int(match.group("pid"))):
+            continue
+        try:
+            entry.unlink()
+            removed.append(entry)
+        except OSError:
+            pass
+    return removed
+
+
 def write_atomic(path: Path, data: bytes, *, expected: bytes | None = None) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
 
     The file's mode is kept; a symlink is followed to its target (the link stays a link).
     With ``expected``, a file whose bytes changed since they were read is not overwritten.
+    The temporary file is named ``.NAME.accelerate-rewrite-PID-XXXXXXXX.tmp``, so that one left
+    by a killed run is recognised, and removed by the next write of the same file.
     """
     target = Path(os.path.realpath(path))
+    remove_stale_temps(target)
     if expected is not None:
         try:
             current = target.read_bytes()
@@ -81,7 +121,8 @@ def write_atomic(path: Path, data: bytes, *, expected: bytes | None = None) -> N
     if target.exists() and (not mode & 0o222 or not os.access(target, os.W_OK)):
         raise SourceError(f"{path}: is read-only; not written")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}{TEMP_MARK}{os.getpid()}-", suffix=".tmp",
+                                   dir=target.parent)
     except OSError as exc:
         raise SourceError(
             f"{path}: cannot write in {target.parent} ({exc.strerror}); not written"
