@@ -53,7 +53,8 @@ class FabricRankZero(FabricRule):
     - a statement that writes a file or folder (`torch.save` of something other than a state
       dict, `save_image`, `plt.savefig`, `open(..., "w")`, `os.makedirs`, `json.dump`,
       TensorBoard's `writer.add_scalar`, ...) goes under `if fabric.is_global_zero:`
-      (consecutive ones under one `if`);
+      (consecutive ones under one `if`); so does the call of a function of the script that
+      writes where `fabric` can't be reached (`save_checkpoint(state, is_best)`);
     - `torch.save(model, path)` of a set-up model saves `model.module`, the script's own
       module, not Fabric's wrapper (which the script's loading code could not read back);
     - a statement that builds a dataset with `download=True` goes under
@@ -82,10 +83,21 @@ class FabricRankZero(FabricRule):
             return
         guarded: dict[int, tuple[cst.BaseStatement, str, str]] = {}  # id(stmt) -> (stmt, ref, what)
         calls = {id(c): c for c in [*(s.call for s in f.calls), *f.attribute_calls]}
-        for call in sorted(calls.values(), key=f.line):
+        writes = [c for c in calls.values() if _downloads(c) or _is_writer(f, c, o)]
+        # a function of the script that writes, where `fabric` can't be reached: its callers
+        # that can reach it guard the call (``save_checkpoint(state, is_best)``)
+        writers: dict[int, list[cst.Call]] = {}
+        for call in writes:
+            func = f.function(call)
+            fn = f.functions.get(func.name.value) if func is not None else None
+            if fn is not None and fn.node is func and p.ref_at(f, call) is None and fn.calls \
+                    and not fn.other_uses and not _downloads(call) and all(
+                        p.ref_at(f, c) is not None and p.after_creation(f, c) for c in fn.calls):
+                writers.setdefault(id(func), fn.calls)
+        covered = {id(c) for c in writes if f.function(c) is not None and id(f.function(c)) in writers}
+        for call in sorted([c for c in writes if id(c) not in covered]
+                           + [c for cs in writers.values() for c in cs], key=f.line):
             download = _downloads(call)
-            if not download and not _is_writer(f, call, o):
-                continue
             what = "download" if download else "write"
             ref = p.ref_at(f, call)
             if ref is None or not p.after_creation(f, call):
@@ -153,7 +165,7 @@ class FabricRankZero(FabricRule):
         runs: list[list[tuple[cst.BaseStatement, str, str]]] = []
         for item in guarded:
             last = runs[-1][-1] if runs else None
-            if last is not None and last[2] == item[2] == "write" and last[1] == item[1] \
+            if last is not None and last[2] == item[2] and last[1] == item[1] \
                     and f.block(last[0]) is f.block(item[0]) \
                     and _next_in_block(f, last[0]) is item[0]:
                 runs[-1].append(item)

@@ -1,0 +1,128 @@
+"""Issue 13: on 2 devices (2 gloo processes on CPU) a converted script computes what it
+computed on one.
+
+For fixtures in the shapes of real repositories, the rewrite with ``--devices 2 --accelerator
+cpu`` is run as 2 processes with ``--lr 0`` (so that the weights stay those of the start, and a
+1-process run of the original has the same weights), and:
+
+- it runs and ends cleanly;
+- its evaluation lines (the figures over the whole evaluation set) equal the original's, line
+  for line, and each is printed once (rank 0): evaluation loaders are not sharded;
+- the files it writes are written once (rank 0), and a checkpoint it wrote loads back with the
+  original script's own ``--resume`` code.
+
+The other runnable fixtures run on 2 processes too, in the ``slow`` set
+(``pytest -m slow tests/test_multi_device.py``): each must run and end cleanly.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("lightning")
+
+from accelerate_rewrite.codemod.engine import rewrite  # noqa: E402
+from accelerate_rewrite.options import Options  # noqa: E402
+from tests.goldens import FIXTURES, fixture_names  # noqa: E402
+
+pytestmark = pytest.mark.runs
+
+TWO = Options.create(devices=2, accelerator="cpu")
+#: fixture -> (arguments that keep the weights at their start, the evaluation lines' pattern)
+EVALUATED = {
+    "imagenet_style": (["--lr", "0"], r"^ \* Acc@1 "),
+    "mnist_style": (["--lr", "0"], r"^Test set: "),
+    "vae": (["--lr", "0"], r"^====> Test set loss"),
+}
+
+
+def _run(script: Path, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env.pop("LT_DEVICES", None)
+    return subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@lru_cache(maxsize=None)
+def _both(name: str, tmp: str) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess, Path]:
+    """The original (1 process) and the 2-device rewrite, each in its own folder."""
+    args = EVALUATED.get(name, ([], ""))[0]
+    source = (FIXTURES / name / "input.py").read_text(encoding="utf-8")
+    result = rewrite(source, TWO, path=f"fixtures/{name}/input.py")
+    assert result.changed and not result.dropped, result.dropped
+    root = Path(tmp) / name
+    (root / "original").mkdir(parents=True)
+    (root / "rewritten").mkdir()
+    (root / "original" / "input.py").write_text(source, encoding="utf-8")
+    (root / "rewritten" / "input.py").write_text(result.output, encoding="utf-8")
+    original = _run(root / "original" / "input.py", args, root / "original")
+    rewritten = _run(root / "rewritten" / "input.py", args, root / "rewritten")
+    return original, rewritten, root
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("two-devices"))
+
+
+def _lines(text: str, pattern: str) -> list[str]:
+    return [line for line in text.splitlines() if re.search(pattern, line)]
+
+
+@pytest.mark.parametrize("name", sorted(EVALUATED))
+def test_evaluation_on_two_processes_equals_the_original(name, work):
+    original, rewritten, _ = _both(name, work)
+    assert original.returncode == 0, original.stderr[-2000:]
+    assert rewritten.returncode == 0, rewritten.stderr[-2000:]
+    assert "Starting with 2 processes" in rewritten.stderr + rewritten.stdout
+    pattern = EVALUATED[name][1]
+    expected = _lines(original.stdout, pattern)
+    assert expected, original.stdout
+    # whole-set figures, printed once (rank 0): not one shard's sum divided by the full size
+    assert _lines(rewritten.stdout, pattern) == expected
+
+
+def test_files_are_written_once_and_the_checkpoint_loads_with_the_original_code(work):
+    _, rewritten, root = _both("imagenet_style", work)
+    assert rewritten.returncode == 0, rewritten.stderr[-2000:]
+    folder = root / "rewritten" / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["checkpoint.pth.tar", "model_best.pth.tar"]
+    resume = root / "resume"
+    resume.mkdir()
+    shutil.copy(FIXTURES / "imagenet_style" / "input.py", resume / "input.py")
+    again = _run(resume / "input.py", ["--resume", str(folder / "model_best.pth.tar"), "--epochs", "3"], resume)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "=> loaded checkpoint" in again.stdout
+
+
+def test_the_model_s_other_methods_run_on_two_processes(work):
+    _, rewritten, root = _both("vae", work)
+    assert rewritten.returncode == 0, rewritten.stderr[-2000:]  # model.decode: marked as forward
+    assert sorted(p.name for p in (root / "rewritten" / "results").iterdir()) == ["sample_1.pt", "sample_2.pt"]
+
+
+def _runnable() -> list[str]:
+    out = []
+    for name in fixture_names():
+        if name in EVALUATED or name in ("pure_half", "hf_finetune", "accumulates_already"):
+            continue
+        result = rewrite((FIXTURES / name / "input.py").read_text(encoding="utf-8"), TWO)
+        if any(n.rule == "AR101" for n in result.changes):
+            out.append(name)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _runnable())
+def test_every_converted_fixture_runs_on_two_processes(name, work):
+    _, rewritten, _ = _both(name, work)
+    assert rewritten.returncode == 0, rewritten.stderr[-2000:]
