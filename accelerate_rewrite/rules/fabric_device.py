@@ -71,6 +71,10 @@ class FabricDevice(FabricRule):
         for b in p.removed_device_defs:
             e.remove(b.stmt)
             ctx.change(b.stmt, f"removed `{b.path} = ...`: Fabric chooses the device")
+        for call, flag in _flags_feeding(f, [b.value for b in p.removed_device_defs]):
+            ctx.skip(call, f"the command-line flag `{flag}` no longer chooses the device (the line that "
+                           "read it for that is gone): Fabric does; to run on the CPU, give "
+                           "Fabric(accelerator=\"cpu\") or set LT_ACCELERATOR=cpu")
         reported: set[str] = set()
         for node, why in p.device_keeps:
             if why not in reported:
@@ -78,6 +82,48 @@ class FabricDevice(FabricRule):
                 ctx.skip(node, why)
         for node, why in p.move_skips:
             ctx.skip(node, why)
+
+
+def _flags_feeding(f, values):
+    """``parser.add_argument("--no-cuda", ...)`` calls whose value fed the removed device
+    definitions: ``args.no_cuda`` read there, or in the value of a name read there
+    (``use_cuda = not args.no_cuda and ...``)."""
+    import libcst.matchers as m
+    from libcst.metadata.scope_provider import ImportAssignment
+
+    attrs: set[str] = set()
+    seen: set[int] = set()
+    todo = list(values)
+    while todo:
+        value = todo.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        for node in m.findall(value, m.Attribute(value=m.Name()) | m.Name()):
+            if isinstance(node, cst.Attribute):
+                scope = f.scope(node.value)
+                imported = scope is not None and any(
+                    isinstance(a, ImportAssignment) for a in scope[node.value.value])
+                if not imported:  # ``args.no_cuda``, not ``torch.cuda``
+                    attrs.add(node.attr.value)
+            else:
+                assigned = f.assigned_value(node)
+                if assigned is not None:
+                    todo.append(assigned)
+    out = []
+    for call in f.attribute_calls:
+        if call.func.attr.value != "add_argument" or not call.args:
+            continue
+        flags = [a.value.evaluated_value for a in call.args
+                 if a.keyword is None and isinstance(a.value, cst.SimpleString)]
+        flags = [x for x in flags if isinstance(x, str)]
+        dest = next((a.value.evaluated_value for a in call.args if a.keyword is not None
+                     and a.keyword.value == "dest" and isinstance(a.value, cst.SimpleString)), None)
+        longs = [x for x in flags if x.startswith("--")]
+        name = dest or (longs[0][2:] if longs else (flags[0].lstrip("-") if flags else None))
+        if name and name.replace("-", "_") in attrs:
+            out.append((call, (longs or flags)[0]))
+    return out
 
 
 def _attr_assignments(facts, cls_id: int, attr: str):
