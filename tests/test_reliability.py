@@ -222,7 +222,7 @@ def test_the_engine_checks_its_own_idempotence_in_test_mode(monkeypatch):
     assert rewrite("x = 1\n", Options.create(), rules=[AppendLine()]).output == "x = 1\ny = 2\n"
 
 
-@pytest.mark.parametrize("fixture", ["apex_o1", "apex_o2_two_losses", "cuda_amp", "pure_half"])
+@pytest.mark.parametrize("fixture", ["apex_o2_two_losses", "cuda_amp"])
 @pytest.mark.parametrize("options", [
     {"accumulate": 4}, {"freeze": ("0",)}, {"backend": "torch", "precision": "16-mixed", "accumulate": 3},
     {"backend": "torch", "freeze": ("0",), "accumulate": 2, "clip_grad_norm": 1.0},

@@ -94,6 +94,14 @@ def compare(
         return verdict(ERROR, "the original script steps its optimizer without calling backward "
                               "(gradients from torch.autograd.grad?): the verifier records losses "
                               "at backward, so there is nothing to compare")
+    bad = [i for i, x in enumerate(original.losses) if x is not None and not math.isfinite(x)]
+    if bad:
+        finite = rewritten.ok and rewritten.losses and all(
+            x is not None and math.isfinite(x) for x in rewritten.losses)
+        after = (f" (the rewritten run's losses stay finite over its {len(rewritten.losses)} steps)"
+                 if finite else "")
+        return verdict(ERROR, f"the original itself does not train: its loss is {original.losses[bad[0]]} "
+                              f"at step {bad[0] + 1}{after}; there is nothing to compare the rewrite with")
     if not rewritten.ok:
         return verdict(FAIL, f"the rewrite broke the script: it failed where the original ran: "
                              f"{rewritten.error}")
@@ -125,12 +133,10 @@ def compare(
     if missing:
         return verdict(FAIL, f"the rewritten script's step {missing[0] + 1} came with no backward call "
                              "(the original's did)")
-    for run in (original, rewritten):
-        bad = [i for i, x in enumerate(run.losses) if x is not None and not math.isfinite(x)]
-        if bad:
-            itself = " (the original itself diverges)" if run is original else ""
-            return verdict(FAIL, f"the {run.label} run's loss is {run.losses[bad[0]]} at step "
-                                 f"{bad[0] + 1}{itself}")
+    bad = [i for i, x in enumerate(rewritten.losses) if x is not None and not math.isfinite(x)]
+    if bad:
+        return verdict(FAIL, f"the {rewritten.label} run's loss is {rewritten.losses[bad[0]]} at step "
+                             f"{bad[0] + 1}")
     if tolerance.kind == CHANGES_TRAINING:
         processes = (f"; the rewritten run used {rewritten.world_size} processes, each with its "
                      f"share of the data ({len(rewritten.losses)} steps against {len(original.losses)})"

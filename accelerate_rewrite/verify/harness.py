@@ -22,7 +22,9 @@ torch, random and numpy, and hooks the places every variant of a training loop p
   machine without CUDA disables itself; Fabric turns 16-mixed into bf16 on CPU).
 
 After ``max_steps`` steps of the first optimizer it stops the script cleanly (SystemExit(0)).
-At exit it writes ``rank{R}-{pid}.json`` into the run's folder. Only the standard library is
+At exit it writes ``rank{R}-{pid}.json`` into the run's folder; also during the run (at most
+every SNAPSHOT_EVERY_S seconds of steps) and on SIGTERM (the verifier's timeout), so that a
+script that hangs or is killed still reports the steps it made. Only the standard library is
 imported before torch is.
 """
 
@@ -32,12 +34,15 @@ import atexit
 import importlib.abc
 import json
 import os
+import signal
 import sys
 import time
 import traceback
 from typing import Any, Callable, Optional
 
 CONFIG_ENV = "ACCELERATE_REWRITE_VERIFY"
+#: the record is written again after a step when this long has passed since the last write
+SNAPSHOT_EVERY_S = 0.5
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -95,6 +100,7 @@ class Recorder:
         self.error: Optional[str] = None
         self.written = False
         self._inside_backward = False
+        self._last_snapshot = 0.0
 
     # ---- installation ----------------------------------------------------------------------
     def boot(self) -> None:
@@ -107,6 +113,19 @@ class Recorder:
 
         sys.excepthook = excepthook
         atexit.register(self.write)
+        try:
+            previous = signal.getsignal(signal.SIGTERM)
+
+            def on_term(signum, frame):
+                # killed for a timeout: record the steps made, then die as SIGTERM would have
+                self._snapshot()
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+            if previous == signal.SIG_DFL:  # a script's own handler (or SIG_IGN) stays
+                signal.signal(signal.SIGTERM, on_term)
+        except (ValueError, OSError):  # not the main thread of the main interpreter
+            pass
 
     def install(self, torch) -> None:
         import random
@@ -263,6 +282,9 @@ class Recorder:
             self.stopped = True
             self.write()
             raise SystemExit(0)
+        if index == 0 and time.monotonic() - self._last_snapshot >= SNAPSHOT_EVERY_S:
+            self._snapshot()
+            self.last_time = self._now()  # the write is not the next step's time
 
     # ---- output ------------------------------------------------------------------------------
     def _rank_and_world(self) -> tuple[int, int]:
@@ -288,6 +310,11 @@ class Recorder:
         if self.written:
             return
         self.written = True
+        self._snapshot()
+
+    def _snapshot(self) -> None:
+        """Write what was recorded so far (the final write, or one during the run)."""
+        self._last_snapshot = time.monotonic()
         rank, world = self._rank_and_world()
         memory, memory_kind = self._peak_memory()
         record = {
@@ -308,9 +335,12 @@ class Recorder:
             "error": self.error,
         }
         path = os.path.join(self.out_dir, f"rank{rank}-{os.getpid()}.json")
-        with open(path + ".tmp", "w") as handle:
-            json.dump(record, handle)
-        os.replace(path + ".tmp", path)
+        try:
+            with open(path + ".tmp", "w") as handle:
+                json.dump(record, handle)
+            os.replace(path + ".tmp", path)
+        except OSError:  # the run's folder is gone (the verifier gave up on this process)
+            pass
 
 
 def boot() -> None:

@@ -35,13 +35,16 @@ def render(console, v: Verification) -> None:
     table.add_column("")
     table.add_column("original", justify="right")
     table.add_column("rewritten", justify="right")
-    table.add_row("steps run", str(len(o.losses)), str(len(r.losses)))
+    def ran(run) -> bool:
+        return not (run.error or "").startswith("not run")
+
+    table.add_row("steps run", *(str(len(run.losses)) if ran(run) else "not run" for run in (o, r)))
     table.add_row("loss at start", _loss(o.losses[0] if o.losses else None),
                   _loss(r.losses[0] if r.losses else None))
     table.add_row("loss at end", _loss(o.losses[-1] if o.losses else None),
                   _loss(r.losses[-1] if r.losses else None))
     table.add_row("device", f"{o.device or '-'} x{o.world_size}", f"{r.device or '-'} x{r.world_size}")
-    table.add_row("precision used", o.precision, r.precision)
+    table.add_row("precision used", *(run.precision if ran(run) else "-" for run in (o, r)))
     table.add_row("peak memory", _memory(o), _memory(r))
     table.add_section()
     if c.get("max_rel_diff") is not None:

@@ -1,8 +1,12 @@
 """Runs one training script as a subprocess under the harness, and reads what it recorded.
 
 The script runs as ``PYTHON script.py args`` in its own process group (so that DDP workers go
-with it), with a timeout; on a timeout or Ctrl-C the whole group is killed. What every process
-recorded is merged: per optimizer step, the loss averaged over the ranks.
+with it), with a timeout; on a timeout or Ctrl-C the whole group is killed. Processes that leave
+the group (``start_new_session=True``, a daemon's double fork) are ended too: the run's
+descendants are tracked while it runs (psutil's process tree), and every process that inherited
+the run's marker (``ACCELERATE_REWRITE_VERIFY_RUN`` in its environment) is found at the end,
+even one whose parent is gone. Nothing of a run is left behind when ``run_script`` returns.
+What every process recorded is merged: per optimizer step, the loss averaged over the ranks.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
@@ -23,6 +28,10 @@ from accelerate_rewrite.verify.harness import CONFIG_ENV
 
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
 TAIL_LINES = 15
+#: set in the environment of a run to a value of its own: whatever inherits it belongs to the run
+RUN_MARKER_ENV = "ACCELERATE_REWRITE_VERIFY_RUN"
+#: how often the run's process tree is read while it runs
+POLL_S = 0.2
 
 
 @dataclass
@@ -125,6 +134,81 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
+class _Descendants:
+    """Every process of one run, whatever group or session it moved to (psutil; without it,
+    the process group alone)."""
+
+    def __init__(self, root: int, marker: str) -> None:
+        self.marker = marker
+        self.seen: dict[int, object] = {}  # pid -> psutil.Process (its start time guards pid reuse)
+        try:
+            import psutil
+        except ImportError:  # the verify extra brings it; without it, the group is all we end
+            self.psutil = None
+            return
+        self.psutil = psutil
+        try:
+            self.root = psutil.Process(root)
+        except psutil.Error:
+            self.root = None
+
+    def poll(self) -> None:
+        if self.psutil is None or self.root is None:
+            return
+        try:
+            for child in self.root.children(recursive=True):
+                self.seen.setdefault(child.pid, child)
+        except self.psutil.Error:
+            pass
+
+    def _marked(self) -> list:
+        """Processes that inherited the run's marker, even those whose parent is gone."""
+        psutil, out = self.psutil, []
+        me = os.getpid()
+        for proc in psutil.process_iter():
+            if proc.pid == me:
+                continue
+            try:
+                if proc.environ().get(RUN_MARKER_ENV) == self.marker:
+                    out.append(proc)
+            except (psutil.Error, OSError):
+                continue
+        return out
+
+    def alive(self) -> list:
+        if self.psutil is None:
+            return []
+        self.poll()
+        for proc in self._marked():
+            self.seen.setdefault(proc.pid, proc)
+        out = []
+        for proc in self.seen.values():
+            try:
+                if proc.is_running() and proc.status() != self.psutil.STATUS_ZOMBIE:
+                    out.append(proc)
+            except self.psutil.Error:
+                continue
+        return out
+
+    def end(self) -> None:
+        """SIGTERM, a moment's grace, then SIGKILL for whatever of the run is still alive."""
+        if self.psutil is None:
+            return
+        left = self.alive()
+        for proc in left:
+            try:
+                proc.terminate()
+            except self.psutil.Error:
+                pass
+        _, left = self.psutil.wait_procs(left, timeout=3)
+        for proc in left:
+            try:
+                proc.kill()
+            except self.psutil.Error:
+                pass
+        self.psutil.wait_procs(left, timeout=3)
+
+
 def _tail(text: str, lines: int = TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
@@ -153,6 +237,7 @@ def run_script(
             [str(BOOT_DIR), *filter(None, [run_env.get("PYTHONPATH")])]
         )
         run_env.setdefault("PYTHONHASHSEED", "0")
+        marker = run_env[RUN_MARKER_ENV] = uuid.uuid4().hex
         log = out_dir / "output.log"
         with open(log, "wb") as handle:
             process = subprocess.Popen(
@@ -160,25 +245,41 @@ def run_script(
                 stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+            family = _Descendants(process.pid, marker)
             try:
-                record.exit_code = process.wait(timeout=timeout)
+                deadline = time.monotonic() + timeout
+                while True:
+                    family.poll()
+                    try:
+                        record.exit_code = process.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
+                        break
+                    except subprocess.TimeoutExpired:
+                        if time.monotonic() >= deadline:
+                            raise
             except subprocess.TimeoutExpired:
                 record.timed_out = True
+                family.poll()
                 _kill_group(process)
                 record.exit_code = process.returncode
             except BaseException:  # Ctrl-C: no orphaned DDP workers
+                family.poll()
                 _kill_group(process)
+                family.end()
                 raise
             # DDP workers finish their own last step a moment after rank 0
             deadline = time.monotonic() + 30
             while _group_alive(process.pid) and time.monotonic() < deadline:
+                family.poll()
                 time.sleep(0.1)
             if _group_alive(process.pid):
                 _kill_group(process)
+            family.end()  # what left the group: a child in its own session, a daemon
         record.output_tail = _tail(log.read_text(errors="replace"), 40)
         _merge(record, out_dir)
         if record.timed_out:
-            record.error = f"timed out after {timeout:g} s"
+            made = f", after {len(record.losses)} optimizer step(s)" if record.losses else \
+                ", before its first optimizer step"
+            record.error = f"timed out after {timeout:g} s{made}"
         elif record.exit_code != 0:
             record.error = _tail(record.error or record.output_tail) or f"exit code {record.exit_code}"
         else:

@@ -138,10 +138,14 @@ def verify(
     common = dict(max_steps=steps, cwd=Path.cwd(), timeout=timeout, python=python, threads=threads)
     on_start("original")
     original = run_script(script, script_args, label="original", env=env, **common)
-    on_start("rewritten")
-    if against is not None:  # the user's own file, run where it is
+    if original.timed_out:  # no verdict can come of it: don't wait a second timeout
+        rewritten = RunRecord(label="rewritten", error="not run: the original timed out")
+        notes.append(f"the rewritten script was not run: the original timed out after {timeout:g} s")
+    elif against is not None:  # the user's own file, run where it is
+        on_start("rewritten")
         rewritten = run_script(Path(against), script_args, label="rewritten", env=rewritten_env, **common)
     else:
+        on_start("rewritten")
         with _rewritten_file(script, rewritten_source) as rewritten_path:
             if rewritten_path.parent != script.parent:  # the script's folder was read-only
                 rewritten_env["PYTHONPATH"] = os.pathsep.join(
