@@ -283,3 +283,19 @@ def test_temp_files_of_other_names_are_never_touched(tmp_path):
     write_atomic(target, b"x = 2\n")
     assert target.read_bytes() == b"x = 2\n"
     assert not mine.exists() and all(p.exists() for p in lookalikes)
+
+
+# ---- a few fuzz programs (benchmarks/fuzz.py; docs/reliability.md has the long runs) -------------
+
+def test_a_few_fuzz_programs_break_nothing(monkeypatch):
+    import importlib.util
+
+    pytest.importorskip("hypothesmith")
+    spec = importlib.util.spec_from_file_location("accelerate_rewrite_fuzz", ROOT / "benchmarks" / "fuzz.py")
+    fuzz = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, fuzz)  # its dataclasses look their module up
+    spec.loader.exec_module(fuzz)
+    tally, _ = fuzz.run(6, seed=18, mutated_share=0.5, time_limit=None, progress=False)
+    assert tally.counts["programs"] == 6
+    assert {k: tally.counts[k] for k in fuzz.FAILURES} == dict.fromkeys(fuzz.FAILURES, 0), \
+        {k: v[:1] for k, v in tally.examples.items()}
