@@ -178,6 +178,7 @@ def test_byte_exact_outside_the_edited_places(run, tmp_path, transform):
 hypothesis = pytest.importorskip("hypothesis")
 hypothesmith = pytest.importorskip("hypothesmith")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 #: a training script the generated code is appended to, so that the rules have work to do
 HEAD = GOOD.read_text()
@@ -217,10 +218,25 @@ def test_generated_programs_never_crash_and_stay_valid(source):
     _holds(source, Options())
 
 
+#: training scripts the generated code goes into: plain, and apex and torch.cuda.amp ones
+HEADS = [HEAD, (FIXTURES / "apex_o1" / "input.py").read_text(), (FIXTURES / "cuda_amp" / "input.py").read_text()]
+#: the option sets the generated code is rewritten with (one drawn per example)
+GENERATED_OPTIONS = [
+    {"backend": "torch", "precision": "16-mixed"},
+    {"accumulate": 4},
+    {"backend": "torch", "precision": "bf16-mixed", "accumulate": 2, "clip_grad_norm": 1.0},
+    {"freeze": ("0",), "accumulate": 3},
+    {"backend": "torch", "freeze": ("0",)},
+    {"precision": "bf16-mixed", "devices": 2},
+]
+
+
 @_settings(TRAINING_EXAMPLES)
-@given(hypothesmith.from_node())
-def test_generated_code_in_a_training_script(source):
-    _holds(HEAD + "\n" + source, Options.create(backend="torch", precision="16-mixed"))
+@given(hypothesmith.from_node(), st.sampled_from(HEADS), st.sampled_from(GENERATED_OPTIONS))
+def test_generated_code_in_a_training_script(source, head, options):
+    """A second run changes nothing, for every option set (``_check``), with --accumulate and
+    --freeze on scripts with apex and AMP blocks too."""
+    _holds(head + "\n" + source, Options.create(**options))
 
 
 def test_zz_generated_programs_were_really_rewritten():
