@@ -243,20 +243,22 @@ def mutated_programs(seed: int) -> Iterator[tuple[str, str]]:
         yield f"{path.parent.name} + {', '.join(applied) or 'nothing'}", text
 
 
-def generated_programs(seed: int, count: int) -> Iterator[tuple[str, str]]:
-    """hypothesmith programs, alone and appended to a training script (in turn)."""
+def generated_programs(seed: int, count: int, batch: int = 100) -> Iterator[tuple[str, str]]:
+    """hypothesmith programs, alone and appended to a training script (in turn), drawn in
+    batches (a run cut short by ``--time-limit`` has drawn no more than it checked)."""
     import hypothesmith
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as seeded
 
-    found: list[str] = []
-    for strategy, share in ((hypothesmith.from_grammar(), count - count // 2),
-                            (hypothesmith.from_node(), count // 2)):
-        if share <= 0:
-            continue
+    strategies = (hypothesmith.from_grammar(), hypothesmith.from_node())
+    made = 0
+    for n in range(0, count, batch):
+        found: list[str] = []
+        size = min(batch, count - n)
+        strategy = strategies[(n // batch) % 2]
 
-        @seeded(seed)
-        @settings(max_examples=share, deadline=None, database=None, phases=[Phase.generate],
+        @seeded(seed * 100_003 + n)
+        @settings(max_examples=size, deadline=None, database=None, phases=[Phase.generate],
                   suppress_health_check=list(HealthCheck))
         @given(strategy)
         def collect(source):
@@ -265,9 +267,10 @@ def generated_programs(seed: int, count: int) -> Iterator[tuple[str, str]]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             collect()
-    for i, source in enumerate(found):
-        yield (f"hypothesmith #{i}", source) if i % 2 == 0 else (f"hypothesmith #{i} in a script",
-                                                               HEAD + "\n" + source)
+        for source in found[:size]:
+            yield (f"hypothesmith #{made}", source) if made % 2 == 0 else (
+                f"hypothesmith #{made} in a script", HEAD + "\n" + source)
+            made += 1
 
 
 # ---- checks --------------------------------------------------------------------------------------
@@ -383,35 +386,32 @@ def check_one(name: str, source: str, option_set: str, tally: Tally) -> None:
 
 
 def run(programs: int, seed: int, mutated_share: float, time_limit: Optional[float],
-        progress: bool = True) -> tuple[Tally, float]:
+        progress: bool = True, label: str = "") -> tuple[Tally, float]:
+    """``programs`` programs, mutated and generated ones interleaved (``mutated_share`` of them
+    mutated), each with the next option set."""
     tally = Tally()
     n_mutated = round(programs * mutated_share)
-    n_generated = programs - n_mutated
     sets = list(OPTION_SETS)
     start = time.monotonic()
-    sources: list[Iterator[tuple[str, str]]] = []
-    if n_mutated:
-        mutated = mutated_programs(seed)
-        sources.append(iter([next(mutated) for _ in range(n_mutated)]))
-    if n_generated:
-        sources.append(generated_programs(seed, n_generated))
-    i = 0
-    for source in sources:
-        for name, text in source:
-            check_one(name, text, sets[i % len(sets)], tally)
-            i += 1
-            if progress and i % 100 == 0:
-                elapsed = time.monotonic() - start
-                print(f"  {i}/{programs} programs, {elapsed:.0f} s, "
-                      f"{sum(tally.counts[k] for k in FAILURES)} failures", file=sys.stderr)
-            if time_limit is not None and time.monotonic() - start > time_limit:
-                return tally, time.monotonic() - start
+    mutated = mutated_programs(seed)
+    generated = generated_programs(seed, programs - n_mutated)
+    for i in range(programs):
+        # the i-th program is mutated when that keeps the share: interleaved, not in two runs
+        use_mutated = (i + 1) * n_mutated // programs > i * n_mutated // programs
+        name, text = next(mutated) if use_mutated else next(generated)
+        check_one(name, text, sets[i % len(sets)], tally)
+        if progress and (i + 1) % 100 == 0:
+            elapsed = time.monotonic() - start
+            print(f"  {label}{i + 1}/{programs} programs, {elapsed:.0f} s, "
+                  f"{sum(tally.counts[k] for k in FAILURES)} failures", file=sys.stderr, flush=True)
+        if time_limit is not None and time.monotonic() - start > time_limit:
+            break
     return tally, time.monotonic() - start
 
 
 def _worker(args: tuple) -> tuple[dict, dict, float]:
-    programs, seed, share, time_limit = args
-    tally, took = run(programs, seed, share, time_limit, progress=False)
+    programs, seed, share, time_limit, label = args
+    tally, took = run(programs, seed, share, time_limit, label=label)
     return dict(tally.counts), dict(tally.examples), took
 
 
@@ -424,8 +424,8 @@ def run_parallel(programs: int, seed: int, mutated_share: float, time_limit: Opt
     tally = Tally()
     start = time.monotonic()
     with ProcessPoolExecutor(jobs) as pool:
-        for counts, examples, _ in pool.map(_worker, [(n, seed * 1000 + k, mutated_share, time_limit)
-                                                      for k, n in enumerate(shares)]):
+        for counts, examples, _ in pool.map(_worker, [(n, seed * 1000 + k, mutated_share, time_limit,
+                                                       f"[{k}] ") for k, n in enumerate(shares)]):
             tally.counts.update(counts)
             for kind, items in examples.items():
                 tally.examples[kind].extend(items[:20 - len(tally.examples[kind])])
