@@ -181,7 +181,10 @@ for _fuzz_step in range(2):
 
 
 def add_second_model(text: str) -> str:
-    return text + SECOND_MODEL if "import torch\n" in text else text
+    """Only where torch is imported at module level: after a wrap, a module-level loop would read
+    a name the script never binds (a script that can't run, whose second rewrite may differ once
+    a rule imports torch at the top)."""
+    return text + SECOND_MODEL if re.search(r"^import torch\r?$", text, re.M) else text
 
 
 def trailing_whitespace(text: str, rng: random.Random) -> str:
