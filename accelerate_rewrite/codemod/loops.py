@@ -17,12 +17,10 @@ Computed once per file (``facts.memo``) and shared by the rules.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import LOADER, MODEL, OPTIMIZER, Binding, Key, ScriptFacts
+from accelerate_rewrite.codemod.facts import MODEL, OPTIMIZER, Binding, Key, ScriptFacts
 
 TRAIN, EVAL, UNKNOWN = "train", "eval", "unknown"
 
@@ -111,10 +109,3 @@ def loader_role(f: ScriptFacts, loader: Binding) -> str:
         return UNKNOWN
     return f.memo(("loader-role", loader.key), compute)
 
-
-def iterated_loader(f: ScriptFacts, loop: cst.For) -> Optional[Binding]:
-    """The loader of the script a loop iterates, if it is one."""
-    key = f.key_of(unwrap_iter(loop.iter))
-    if key is None or LOADER not in f.kinds.get(key, set()):
-        return None
-    return next((b for b in f.loaders if f.same_object(b.key, key)), None)
