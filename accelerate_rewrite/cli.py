@@ -418,6 +418,8 @@ def explain_command(code: str) -> None:
               help="Mixed precision: largest mean relative difference.")
 @click.option("--last-rtol", type=float, default=3e-2, show_default=True,
               help="Mixed precision: largest relative difference of the mean of the last 10% of steps.")
+@click.option("--grad-rtol", type=float, default=1e-1, show_default=True,
+              help="Mixed precision: largest mean relative difference of the gradient norms.")
 @click.option("--warmup-steps", type=click.IntRange(min=0), metavar="N",
               help="Steps left out of the speed figure [default: 10% of the steps, at least 1].")
 @click.option("--threads", type=click.IntRange(min=1), metavar="N",
@@ -431,7 +433,7 @@ def explain_command(code: str) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress display and no table: the verdict only.")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
 def verify_command(script, option_values, against, steps,
-                   run_on, run_devices, timeout, rtol, mean_rtol, last_rtol, warmup_steps, threads,
+                   run_on, run_devices, timeout, rtol, mean_rtol, last_rtol, grad_rtol, warmup_steps, threads,
                    python, json_path, plot_path, quiet, script_args) -> None:
     """Rewrite SCRIPT with the given options (or take --against FILE), run both with the same
     arguments and seeds, stop each after --steps optimizer steps, and compare the losses.
@@ -480,7 +482,7 @@ def verify_command(script, option_values, against, steps,
                 run_on=None if run_on == "auto" else run_on, run_devices=run_devices,
                 timeout=timeout, python=python or sys.executable, threads=threads,
                 tolerance=Tolerance(max_rel=rtol, mean_rel=mean_rtol, last_rel=last_rtol,
-                                    warmup_steps=warmup_steps),
+                                    grad_rel=grad_rtol, warmup_steps=warmup_steps),
                 on_start=on_start, rules=choice.rules,
             )
         finally:

@@ -33,7 +33,7 @@ def migrate(source: str):
         ("import torch\nfrom torch.cuda import amp\ns = amp.GradScaler(enabled=False)\n",
          'import torch\ns = torch.amp.GradScaler("cuda", enabled=False)\n'),
         ("from torch.cuda.amp import autocast\nwith autocast(False):\n    pass\n",
-         'import torch\n\nwith torch.amp.autocast("cuda", enabled=False):\n    pass\n'),
+         'import torch\nwith torch.amp.autocast("cuda", enabled=False):\n    pass\n'),
     ],
 )
 def test_migrations(before, after):

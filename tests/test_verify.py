@@ -683,6 +683,24 @@ def test_compare_fails_a_rewrite_whose_steps_lost_their_backward():
     assert v.verdict == "fail" and "no backward" in v.reason
 
 
+@pytest.mark.parametrize("grad_scale,verdict", [(1.05, "pass"), (1.5, "fail")])
+def test_mixed_precision_gradient_norms_have_their_own_tolerance(grad_scale, verdict):
+    """Gradient norms under mixed precision: 5 % off is rounding (a bf16 CNN with dropout is ~2 %),
+    50 % off is a bug (a loss not divided under accumulation); the failure names the flag."""
+    from accelerate_rewrite.verify.compare import APPROXIMATE, Tolerance, compare
+    from accelerate_rewrite.verify.runner import RunRecord
+
+    original = RunRecord("original", exit_code=0, losses=[1.0, 0.9], grad_norms=[1.0, 1.0],
+                         step_times_s=[0.1, 0.1])
+    rewritten = RunRecord("rewritten", exit_code=0, losses=[1.0, 0.9], grad_norms=[grad_scale] * 2,
+                          step_times_s=[0.1, 0.1])
+    v = compare(original, rewritten, Tolerance(kind=APPROXIMATE))
+    assert v.verdict == verdict, v.reason
+    assert v.comparison["mean_grad_norm_rel_diff"] == pytest.approx(grad_scale - 1)
+    if verdict == "fail":
+        assert "gradient" in v.reason and "--grad-rtol" in v.reason and "0.1 allowed" in v.reason
+
+
 @pytest.mark.parametrize("options", [{"precision": "bf16-mixed"},
                                      {"backend": "torch", "precision": "16-mixed"}],
                          ids=["fabric-bf16-mixed", "torch-16-mixed"])

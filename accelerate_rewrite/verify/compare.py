@@ -2,9 +2,16 @@
 
 - keeps the math (32-true Fabric, API migrations): every step's loss, and the norm of the
   gradient it applies, within 1e-5 relative (CPU);
-- approximate (mixed or low precision): the mean relative difference of the losses (and of the
-  gradient norms) under 2e-2, and the mean loss of the last 10 % of the steps within 3 % of the
-  original's (adjustable);
+- approximate (mixed or low precision): the mean relative difference of the losses under 2e-2,
+  the mean loss of the last 10 % of the steps within 3 % of the original's, and the mean
+  relative difference of the gradient norms under 1e-1 (adjustable: --mean-rtol, --last-rtol,
+  --grad-rtol). Gradients have their own, looser tolerance because mixed precision perturbs
+  them more than the losses it feeds: every gradient element goes through the low-precision
+  backward (bf16 keeps 8 bits of mantissa: a relative error of 2**-8 = 3.9e-3 per rounding,
+  which accumulates over the layers), while a loss is a mean over many elements whose rounding
+  errors cancel. A correct bf16 rewrite of a small CNN with dropout differs by ~2e-2 in the
+  gradient norms with losses within 3e-3; the bugs this figure is there to catch (a loss not
+  divided under accumulation, a gradient scaled twice, clipping lost) change it by 50 % or more;
 - changes training (freezing, a larger effective batch, more processes): shown side by side,
   no pass/fail on the curves; a crash, a NaN or an inf still fails.
 
@@ -31,6 +38,7 @@ class Tolerance:
     max_rel: float = 1e-5  # exact: every step
     mean_rel: float = 2e-2  # approximate: the mean over the steps
     last_rel: float = 3e-2  # approximate: the mean of the last 10 % of the steps
+    grad_rel: float = 1e-1  # approximate: the mean over the steps of the gradient norms
     warmup_steps: Optional[int] = None  # steps left out of the timing (default: 10 %, at least 1)
 
 
@@ -171,16 +179,18 @@ def compare(
     comparison["last_rel_diff"] = last_rel
     mean_rel = comparison["mean_rel_diff"]
     mean_grad = comparison["mean_grad_norm_rel_diff"]
-    if mean_grad is not None and mean_grad > tolerance.mean_rel:
+    if mean_grad is not None and mean_grad > tolerance.grad_rel:
         return verdict(FAIL, f"the gradients the steps apply differ by {mean_grad:.2e} on average "
-                             f"(norms), over the {tolerance.mean_rel:g} allowed for "
-                             f"{rewritten.precision}")
+                             f"(norms), over the {tolerance.grad_rel:g} allowed for "
+                             f"{rewritten.precision} (--grad-rtol)")
     if mean_rel > tolerance.mean_rel:
-        return verdict(FAIL, f"mean relative difference {mean_rel:.2e} is over the {tolerance.mean_rel:g} "
-                             f"allowed for {rewritten.precision}")
+        return verdict(FAIL, f"the losses differ by {mean_rel:.2e} on average, over the "
+                             f"{tolerance.mean_rel:g} allowed for {rewritten.precision} (--mean-rtol)")
     if last_rel > tolerance.last_rel:
         return verdict(FAIL, f"the last {tail} step(s) differ by {last_rel:.2%} on average, over the "
-                             f"{tolerance.last_rel:.0%} allowed")
+                             f"{tolerance.last_rel:.0%} allowed (--last-rtol)")
+    grads = (f", gradient norms {mean_grad:.2e} (allowed {tolerance.grad_rel:g})"
+             if mean_grad is not None else "")
     return verdict(PASS, f"{rewritten.precision} within tolerance: mean relative difference "
                          f"{mean_rel:.2e} (allowed {tolerance.mean_rel:g}), last {tail} step(s) "
-                         f"{last_rel:.2%} (allowed {tolerance.last_rel:.0%})")
+                         f"{last_rel:.2%} (allowed {tolerance.last_rel:.0%}){grads}")

@@ -52,6 +52,7 @@ def render(console, v: Verification) -> None:
         table.add_row("", "mean", f"{c['mean_rel_diff']:.2e}")
     if c.get("max_grad_norm_rel_diff") is not None:
         table.add_row("gradient norm difference", "max", f"{c['max_grad_norm_rel_diff']:.2e}")
+        table.add_row("", "mean", f"{c['mean_grad_norm_rel_diff']:.2e}")
     table.add_row("speedup (median step)", "", _ratio(c.get("speedup")))
     table.add_row("memory ratio", "", _ratio(c.get("memory_ratio")))
     table.add_row("tolerance", "", c["tolerance"]["kind"])

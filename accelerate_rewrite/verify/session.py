@@ -9,7 +9,7 @@ import os
 import sys
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
@@ -156,7 +156,7 @@ def verify(
 
     kind = tolerance_kind(options, rule_kinds, max(rewritten.world_size, run_devices or 1))
     base = tolerance or Tolerance()
-    tol = Tolerance(kind, base.max_rel, base.mean_rel, base.last_rel, base.warmup_steps)
+    tol = replace(base, kind=kind)
     verdict = compare(original, rewritten, tol, requested_precision=options.precision)
     return Verification(script, options, verdict, original, rewritten, against, notes)
 
