@@ -152,6 +152,12 @@ def fabric_options(command):
                  "optimizer step sees as many samples as before.",
         ),
         click.option(
+            "--shard-eval", is_flag=True,
+            help="With several devices: shard the evaluation loaders too (faster evaluation) and "
+                 "fabric.all_reduce the sums and counts the evaluation loop accumulates. Default: "
+                 "every process evaluates the whole set (the script's figures, unchanged).",
+        ),
+        click.option(
             "--freeze", metavar="PATTERN", multiple=True,
             help="Don't train the parameters PATTERN names (AR303; repeatable): a module path "
                  "(encoder.layer.0), a slice (encoder.layer[:2]) or a glob (encoder.layer.[01].*).",

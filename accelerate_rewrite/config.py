@@ -38,9 +38,10 @@ TABLE = "accelerate-rewrite"
 OPTION_KEYS = ("precision", "devices", "strategy", "num_nodes", "accelerator", "backend",
                "matmul_precision", "clip_grad_norm", "accumulate", "keep_effective_batch", "freeze",
                "checkpointing", "optimizer_8bit", "paged_optimizer", "compile", "dynamic_padding",
-               "group_by_length")
+               "group_by_length", "shard_eval")
 #: option keys that are flags: true or false in the configuration
-FLAG_KEYS = ("keep_effective_batch", "optimizer_8bit", "paged_optimizer", "compile", "dynamic_padding")
+FLAG_KEYS = ("keep_effective_batch", "optimizer_8bit", "paged_optimizer", "compile", "dynamic_padding",
+             "shard_eval")
 SELECTION_KEYS = ("select", "ignore")
 KEYS = (*OPTION_KEYS, *SELECTION_KEYS, "exclude", "overrides")
 #: the selector of the migrations and bug fixes (the pre-commit hook's default)

@@ -234,6 +234,7 @@ class Options:
     compile: bool = False  # torch.compile the model
     dynamic_padding: bool = False  # pad each batch to its longest sequence, not to max_length
     group_by_length: Optional[str] = None  # "eval": sort evaluation loaders by length; "all": also train
+    shard_eval: bool = False  # several devices: shard evaluation loaders, all_reduce what the loop sums
     #: rules selected by their own code or name (not by "ALL" or a prefix): opt-in rules apply
     #: their edits only then (set by config.choose from the selection, not an option of its own)
     explicit: frozenset = frozenset()
@@ -260,6 +261,7 @@ class Options:
         explicit: tuple[str, ...] = (),
         dynamic_padding: bool = False,
         group_by_length: Optional[str] = None,
+        shard_eval: bool = False,
     ) -> "Options":
         """Validate and normalise raw values (from the command line or a test)."""
         backend = "fabric" if backend is None else normalize_backend(backend)
@@ -283,6 +285,7 @@ class Options:
         if isinstance(freeze, str):
             freeze = (freeze,)
         return cls(
+            shard_eval=bool(shard_eval),
             dynamic_padding=bool(dynamic_padding),
             group_by_length=None if group_by_length is None else _one_of("group-by-length", group_by_length,
                                                                          GROUP_BY_LENGTH),

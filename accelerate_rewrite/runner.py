@@ -129,7 +129,9 @@ def numerics(result: "Result", options: Options) -> str:
     if options.fabric and options.many_devices and any(n.rule == "AR101" for n in result.changes):
         parts.append(f"devices={options.effective_devices}: with several processes each trains on "
                      "its shard of the training data, so a step sees N times the batch (the loss "
-                     "curve changes); evaluation loaders are not sharded")
+                     "curve changes); "
+                     + ("evaluation loaders are sharded, their sums all-reduced (--shard-eval)"
+                        if options.shard_eval else "evaluation loaders are not sharded"))
     if Kind.CHANGES_TRAINING in by_kind:
         parts.append(f"changes training on purpose ({', '.join(by_kind[Kind.CHANGES_TRAINING])}): "
                      "the rewritten script is not expected to match the original step for step")

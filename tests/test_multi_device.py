@@ -41,6 +41,7 @@ TWO = Options.create(devices=2, accelerator="cpu")
 EVALUATED = {
     "imagenet_style": (["--lr", "0"], r"^ \* Acc@1 "),
     "mnist_style": (["--lr", "0"], r"^Test set: "),
+    "rnn_classifier": (["--lr", "0"], r"^Test Accuracy "),
     "vae": (["--lr", "0"], r"^====> Test set loss"),
 }
 
@@ -53,13 +54,13 @@ def _run(script: Path, args: list[str], cwd: Path) -> subprocess.CompletedProces
 
 
 @lru_cache(maxsize=None)
-def _both(name: str, tmp: str) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess, Path]:
+def _both(name: str, tmp: str, options: Options = TWO) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess, Path]:
     """The original (1 process) and the 2-device rewrite, each in its own folder."""
     args = EVALUATED.get(name, ([], ""))[0]
     source = (FIXTURES / name / "input.py").read_text(encoding="utf-8")
-    result = rewrite(source, TWO, path=f"fixtures/{name}/input.py")
+    result = rewrite(source, options, path=f"fixtures/{name}/input.py")
     assert result.changed and not result.dropped, result.dropped
-    root = Path(tmp) / name
+    root = Path(tmp) / (name if options is TWO else f"{name}-shard-eval")
     (root / "original").mkdir(parents=True)
     (root / "rewritten").mkdir()
     (root / "original" / "input.py").write_text(source, encoding="utf-8")
@@ -89,6 +90,23 @@ def test_evaluation_on_two_processes_equals_the_original(name, work):
     assert expected, original.stdout
     # whole-set figures, printed once (rank 0): not one shard's sum divided by the full size
     assert _lines(rewritten.stdout, pattern) == expected
+
+
+#: --shard-eval: the evaluation sets of these divide by 2 (no padding), and their evaluation
+#: draws no random numbers (the VAE's does: its shards draw other noise than the whole set)
+SHARDED = ["imagenet_style", "mnist_style"]
+
+
+@pytest.mark.parametrize("name", SHARDED)
+def test_sharded_evaluation_sums_over_the_processes(name, work):
+    """--shard-eval: each process evaluates half the set, and the sums all-reduced after the loop
+    give the figures of the whole set, as the original printed them."""
+    original, rewritten, root = _both(name, work, Options.create(devices=2, accelerator="cpu", shard_eval=True))
+    assert 'all_reduce(correct, reduce_op="sum").item()' in (root / "rewritten" / "input.py").read_text()
+    assert rewritten.returncode == 0, rewritten.stderr[-2000:]
+    pattern = EVALUATED[name][1]
+    expected = _lines(original.stdout, pattern)
+    assert expected and _lines(rewritten.stdout, pattern) == expected
 
 
 def test_files_are_written_once_and_the_checkpoint_loads_with_the_original_code(work):
@@ -121,8 +139,20 @@ def _runnable() -> list[str]:
     return out
 
 
+#: the fixtures (besides EVALUATED) that convert to 2 devices: a list, so that collecting the
+#: tests (once per xdist worker) rewrites nothing; the test below keeps it current
+RUNNABLE = ["accelerator_api", "already_autocast", "apex_o1", "apex_o2_two_losses", "checkpointing",
+            "cuda_amp", "data_parallel", "finetune_encoder", "gan", "gan_bce", "lbfgs", "module_loop",
+            "text_classification", "torchmetrics_metrics", "train_function", "trainer_class",
+            "transformer_lm"]
+
+
+def test_the_list_of_converted_fixtures_is_current():
+    assert _runnable() == RUNNABLE
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", _runnable())
+@pytest.mark.parametrize("name", RUNNABLE)
 def test_every_converted_fixture_runs_on_two_processes(name, work):
     _, rewritten, _ = _both(name, work)
     assert rewritten.returncode == 0, rewritten.stderr[-2000:]

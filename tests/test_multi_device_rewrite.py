@@ -61,6 +61,41 @@ def test_data_that_is_not_a_set_up_loader_refuses_several_devices_only():
     assert "fabric.backward(loss)" in convert(source, devices=1).output
 
 
+HELPER_MODULE = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def make_loaders():
+    train = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=2, shuffle=True)
+    return train, DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=2)
+
+
+def make_arrays():
+    return torch.randn(8, 4), torch.randn(8, 4)
+"""
+
+
+def test_loaders_from_a_module_next_to_the_script_are_set_up(tmp_path):
+    """``from data import make_loaders``: data.py, next to the script, is read (never changed)
+    far enough to see that make_loaders returns two DataLoaders."""
+    (tmp_path / "data.py").write_text(HELPER_MODULE)
+    source = textwrap.dedent(LOOPS).split("def main():")[1]
+    source = "import torch\nfrom data import make_loaders\n\ndef main():" + source
+    out = rewrite(source, Options.create(devices=2), path=str(tmp_path / "train.py"))
+    assert "    train_loader = fabric.setup_dataloaders(train_loader)\n" in out.output
+    assert "    eval_loader = fabric.setup_dataloaders(eval_loader, use_distributed_sampler=False)\n" in out.output
+    assert (tmp_path / "data.py").read_text() == HELPER_MODULE
+    # a helper there that returns something else, a module that is not next to the script, and
+    # a source with no file: nothing shows the data is a loader, so several devices are refused
+    for src, path in ((source.replace("make_loaders", "make_arrays"), tmp_path / "train.py"),
+                      (source, tmp_path / "elsewhere" / "train.py"), (source, None)):
+        kwargs = {"path": str(path)} if path else {}
+        refused = rewrite(src, Options.create(devices=2), **kwargs)
+        assert not refused.changed, src
+        assert any("refused for several devices" in n.message for n in refused.skips)
+
+
 def test_side_effects_go_to_rank_zero_and_downloads_go_first():
     out = convert("""
         import os
@@ -147,3 +182,108 @@ def test_a_flag_that_no_longer_chooses_the_device_is_named():
     notes = [n for n in result.skips if "command-line flag" in n.message]
     assert [(n.line, n.rule) for n in notes] == [(5, "AR105")]
     assert "`--no-cuda`" in notes[0].message
+
+
+CLEANUPS = """
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    try:
+        from apex import amp
+    except ImportError:
+        raise ImportError("Please install apex from https://www.github.com/nvidia/apex")
+
+    use_cuda = torch.cuda.is_available()
+    if use_cuda:
+        device = torch.device("cuda")
+    elif torch.backends.mps.is_available():
+        device = torch.device("mps")
+    else:
+        device = torch.device("cpu")
+
+
+    class RNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.GRU(4, 8, batch_first=True)
+            self.register_buffer("scale", torch.ones(8))
+
+        def forward(self, x):
+            h0 = torch.zeros(1, x.size(0), 8)
+            out, _ = self.rnn(x, h0.to(x.device))
+            return (out[:, -1] * torch.ones(8)).sum(-1)
+
+
+    model = RNN().to(device).to(torch.bfloat16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    loader = DataLoader(TensorDataset(torch.randn(8, 5, 4)), batch_size=2)
+    for (x,) in loader:
+        loss = model(x.to(device).to(torch.bfloat16)).sum()
+        optimizer.zero_grad()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+"""
+
+
+def test_branches_and_trys_left_empty_go_whole():
+    """No ``if use_cuda: pass / else: pass`` and no ``try: pass / except ImportError:`` left
+    behind once the device lines and the apex import went."""
+    result = convert(CLEANUPS, precision="bf16-mixed", devices=2)
+    out = result.output
+    assert "pass" not in out and "try:" not in out and "ImportError" not in out
+    assert "if use_cuda" not in out and "mps" not in out
+    assert "use_cuda = torch.cuda.is_available()" in out  # the condition's name stays (it is the user's)
+    assert not [s for s in result.skips if "x.device" in s.message and "left as is" in s.message]
+    assert rewrite(out, Options.create(precision="bf16-mixed", devices=2)).output == out
+
+
+def test_an_if_whose_condition_does_something_stays():
+    source = CLEANUPS.replace("if use_cuda:", "if setup_cuda():").replace(
+        "use_cuda = torch.cuda.is_available()", "def setup_cuda():\n        return True")
+    out = convert(source, precision="bf16-mixed", devices=2).output
+    assert "if setup_cuda():\n    pass\n" in out
+
+
+def test_weights_cast_to_bf16_go_under_a_mixed_precision():
+    """bf16-mixed keeps fp32 master weights: the script's own bf16 casts of the model and its
+    batches go (AR209), and say so; at bf16-true they stay (the weights are meant to be bf16)."""
+    result = convert(CLEANUPS, precision="bf16-mixed", devices=2)
+    assert "bfloat16" not in result.output
+    assert any(c.rule == "AR209" and "bf16 cast" in c.message for c in result.changes)
+    kept = convert(CLEANUPS, precision="bf16-true", devices=2)
+    assert "model = RNN().to(torch.bfloat16)" in kept.output
+
+
+def test_tensors_a_forward_makes_without_a_device_are_named():
+    result = convert(CLEANUPS, precision="bf16-mixed", devices=2)
+    notes = [s for s in result.skips if s.rule == "AR105" and "makes its tensor on the CPU" in s.message]
+    assert [(s.line, s.message.split("`")[1]) for s in notes] == [(27, "torch.zeros(1, x.size(0), 8)"),
+                                                                  (29, "torch.ones(8)")]
+    assert "`RNN.forward`" in notes[0].message and "x.device" in notes[0].message
+
+
+def test_shard_eval_reduces_the_sums_after_the_evaluation_loop():
+    out = convert(LOOPS, devices=2, shard_eval=True)
+    assert "train_loader, eval_loader = fabric.setup_dataloaders(train_loader, eval_loader)\n" in out.output
+    assert '    total = fabric.all_reduce(total, reduce_op="sum").item()\n' \
+           '    fabric.print(total / len(eval_loader.dataset))' in out.output
+    assert any("--shard-eval" in c.message and "`total`" in c.message for c in out.changes)
+    # one device: nothing to shard, the option changes nothing
+    assert convert(LOOPS, devices=1, shard_eval=True).output == convert(LOOPS, devices=1).output
+
+
+def test_shard_eval_leaves_what_it_cannot_reduce_unsharded_and_says_why():
+    appended = LOOPS.replace("total = 0.0", "outputs = []").replace(
+        "total += model(x.to(device)).sum().item()", "outputs.append(model(x.to(device)))").replace(
+        "print(total / len(eval_loader.dataset))", "print(sum(o.sum() for o in outputs))")
+    per_batch = LOOPS.replace("len(eval_loader.dataset)", "len(eval_loader)")
+    for source, why in ((appended, "`outputs.append(...)` collects results per process"),
+                        (per_batch, "`len(eval_loader)` divides by the number of batches")):
+        out = convert(source, devices=2, shard_eval=True)
+        assert "setup_dataloaders(eval_loader, use_distributed_sampler=False)" in out.output
+        assert "all_reduce" not in out.output
+        [note] = [s for s in out.skips if "--shard-eval" in s.message]
+        assert why in note.message and "every process evaluates all of it" in note.message

@@ -53,8 +53,12 @@ DIVERGING = {"pure_half"}
 #: fixtures whose point is a refusal, in a style another fixture already runs (module_loop), and
 #: hf_finetune, which downloads its weights (text_classification is the runnable NLP fixture)
 NOT_RUN = {"accumulates_already", "hf_finetune"}
-RUNNABLE = [name for name in fixture_names()
-            if name not in DIVERGING | NOT_RUN and rewrite(_source(name), Options()).changed]
+#: (a list, so that collecting the tests, once per xdist worker, rewrites nothing; the first
+#: test keeps it current)
+RUNNABLE = ["accelerator_api", "already_autocast", "apex_o1", "apex_o2_two_losses", "checkpointing",
+            "cuda_amp", "data_parallel", "finetune_encoder", "gan", "gan_bce", "imagenet_style", "lbfgs",
+            "mnist_style", "module_loop", "rnn_classifier", "text_classification", "torchmetrics_metrics",
+            "train_function", "trainer_class", "transformer_lm", "vae"]
 #: fixtures whose rewrite refuses bf16-mixed (the script's own autocast; LBFGS) and says why
 REFUSE_BF16 = {"already_autocast", "cuda_amp", "lbfgs"}  # their own autocast; LBFGS
 #: the tolerance kind of the rewrites whose rules are not all "safe" at 32-true: the GradScaler
@@ -109,6 +113,8 @@ def _finite(losses) -> bool:
 
 
 def test_the_fixture_lists_are_current():
+    assert RUNNABLE == [name for name in fixture_names()
+                        if name not in DIVERGING | NOT_RUN and rewrite(_source(name), Options()).changed]
     assert len(RUNNABLE) >= 10
     assert REFUSE_BF16 <= set(RUNNABLE) and set(TWO_PROCESSES) <= set(RUNNABLE)
     for name in RUNNABLE:
@@ -141,7 +147,18 @@ BF16_COVERED_ELSEWHERE = {"gan_bce", "apex_o2_two_losses", "finetune_encoder", "
                           "mnist_style", "data_parallel", "accelerator_api"}
 
 
-@pytest.mark.parametrize("name", [n for n in RUNNABLE if n not in BF16_COVERED_ELSEWHERE])
+#: in the default run (CI): the refusals, and one fixture of each style; the others are in the
+#: ``slow`` set (pytest -m slow), as are the native 16-mixed runs of NATIVE_SLOW below
+BF16_SLOW = {"module_loop", "train_function", "trainer_class", "torchmetrics_metrics", "imagenet_style",
+             "rnn_classifier"}
+
+
+def _slow_if(names, slow):
+    return [pytest.param(*(n if isinstance(n, tuple) else (n,)), marks=pytest.mark.slow)
+            if (n[0] if isinstance(n, tuple) else n) in slow else n for n in names]
+
+
+@pytest.mark.parametrize("name", _slow_if([n for n in RUNNABLE if n not in BF16_COVERED_ELSEWHERE], BF16_SLOW))
 def test_fixture_at_bf16_mixed(name, fixture_script):
     v = verify(fixture_script(name), Options.create(precision="bf16-mixed"), **RUN)
     _show(name, "bf16-mixed", v)
@@ -172,9 +189,12 @@ NATIVE = [name for name in RUNNABLE if name not in REFUSE_NATIVE and not name.st
 #: alone) on four of different styles, to keep the suite short
 NATIVE_CASES = [(name, "16-mixed") for name in NATIVE] + [
     (name, "bf16-mixed") for name in TWO_PROCESSES]
+#: models and loops that other fixtures in the default run already cover at 16-mixed
+NATIVE_SLOW = {"accelerator_api", "checkpointing", "data_parallel", "finetune_encoder",
+               "imagenet_style", "rnn_classifier", "torchmetrics_metrics", "trainer_class"}
 
 
-@pytest.mark.parametrize("name,precision", NATIVE_CASES)
+@pytest.mark.parametrize("name,precision", _slow_if(NATIVE_CASES, NATIVE_SLOW))
 def test_fixture_with_native_mixed_precision(name, precision, fixture_script):
     """--backend torch: autocast (and, at 16-mixed, a GradScaler on CPU: fp16 really runs) within
     the mixed-precision tolerance of the original."""

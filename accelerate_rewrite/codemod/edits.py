@@ -155,9 +155,10 @@ class _Apply(cst.CSTTransformer):
                         kept = []
                     stmt = stmt.with_changes(leading_lines=kept)
                 if placed:
-                    placed[0] = placed[0].with_changes(
-                        leading_lines=[*carried, *stmt.leading_lines, *placed[0].leading_lines]
-                    )
+                    own = list(placed[0].leading_lines)
+                    if stmt.leading_lines and all(_is_blank(line) for line in own):
+                        own = []  # the removed statement's lines (a comment on top) already space it
+                    placed[0] = placed[0].with_changes(leading_lines=[*carried, *stmt.leading_lines, *own])
                     carried = []
                 else:
                     carried = carried + _detached_lines(stmt.leading_lines)
@@ -195,15 +196,60 @@ class _Apply(cst.CSTTransformer):
 
 
 def _emptied_if(original: cst.BaseStatement, updated: cst.BaseStatement) -> bool:
-    """An ``if`` without ``else`` whose whole body the edits removed goes too."""
-    return (
-        isinstance(original, cst.If)
-        and isinstance(updated, cst.If)
-        and updated.orelse is None
-        and isinstance(updated.body, cst.IndentedBlock)
-        and not updated.body.body
-        and bool(original.body.body)
-    )
+    """An ``if`` (its ``elif``/``else`` included) or a ``try`` left with nothing to do by the
+    edits goes whole: ``if use_cuda: pass / else: pass`` after the device lines went, or
+    ``try: pass / except ImportError: ...`` after the apex import went (a ``try`` whose body
+    can't raise never runs its handlers). At least one branch must have been emptied by the
+    edits, and an ``if`` goes only when its condition does nothing but read (names,
+    attributes, comparisons, ``torch.cuda.is_available()``-style queries)."""
+    if isinstance(original, cst.If) and isinstance(updated, cst.If):
+        return _if_emptied(original, updated) and _emptied_somewhere(original, updated)
+    if isinstance(original, cst.Try) and isinstance(updated, cst.Try):
+        return (updated.orelse is None and updated.finalbody is None
+                and _block_empty(updated.body) and not _block_empty(original.body))
+    return False
+
+
+def _block_empty(block: cst.BaseSuite) -> bool:
+    return isinstance(block, cst.IndentedBlock) and all(
+        m.matches(stmt, m.SimpleStatementLine(body=[m.Pass() | m.Expr(m.Ellipsis())]))
+        for stmt in block.body)
+
+
+def _if_emptied(original: cst.If, updated: cst.If) -> bool:
+    if not _block_empty(updated.body) or not _pure(updated.test):
+        return False
+    orelse = updated.orelse
+    if orelse is None:
+        return True
+    if isinstance(orelse, cst.If):
+        return isinstance(original.orelse, cst.If) and _if_emptied(original.orelse, orelse)
+    return _block_empty(orelse.body)
+
+
+def _emptied_somewhere(original: cst.If, updated: cst.If) -> bool:
+    pairs: list[tuple[cst.BaseSuite, cst.BaseSuite]] = []
+    o, u = original, updated
+    while isinstance(o, cst.If) and isinstance(u, cst.If):
+        pairs.append((o.body, u.body))
+        o, u = o.orelse, u.orelse
+    if isinstance(o, cst.Else) and isinstance(u, cst.Else):
+        pairs.append((o.body, u.body))
+    return any(not _block_empty(before) and _block_empty(after) for before, after in pairs)
+
+
+#: calls an ``if`` condition may make and still go with its emptied branches: queries
+_QUERIES = {"is_available", "device_count", "is_bf16_supported", "exists", "isfile", "isdir",
+            "len", "isinstance", "hasattr", "getattr", "get", "getenv"}
+
+
+def _pure(test: cst.BaseExpression) -> bool:
+    for call in m.findall(test, m.Call()):
+        func = call.func
+        name = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
+        if name not in _QUERIES:
+            return False
+    return not m.findall(test, m.NamedExpr() | m.Await() | m.Yield())
 
 
 def _detached_lines(lines: Sequence[cst.EmptyLine]) -> list[cst.EmptyLine]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Optional, Sequence
 
 import difflib
@@ -61,11 +62,19 @@ def _dependents(dropped: str, rules: Sequence[Rule], options: Options) -> set[st
 
 
 @lru_cache(maxsize=4)
-def _analyse(source: str) -> ScriptFacts:
+def _analyse(source: str, folder: Optional[Path] = None) -> ScriptFacts:
     """The facts of a source, kept for the next rewrites of the same text: the facts are read,
     never changed, by the rules (the plans they draw from them are memoised per options), and
     the test suite rewrites each fixture with many sets of options."""
-    return ScriptFacts(cst.parse_module(source))
+    return ScriptFacts(cst.parse_module(source), folder)
+
+
+def _folder(path: str) -> Optional[Path]:
+    """The folder of the script's own modules: none for a source with no file (``<string>``,
+    stdin)."""
+    if path.startswith("<") or path == "-":
+        return None
+    return Path(path).parent
 
 
 #: set to 1 (the tests, benchmarks/fuzz.py) to make every rewrite of a file under
@@ -78,7 +87,7 @@ def _parse(source: str, path: str) -> tuple[ScriptFacts, str, str]:
     """The facts, and the source as ``head`` (what LibCST reads) + ``tail`` (trailing lines
     LibCST can't read, such as a last line that is a lone backslash, put back afterwards)."""
     try:
-        return _analyse(source), source, ""
+        return _analyse(source, _folder(path)), source, ""
     except cst.ParserSyntaxError as exc:
         # Python's own parser names the place best (1-based line and column)
         try:
@@ -91,7 +100,7 @@ def _parse(source: str, path: str) -> tuple[ScriptFacts, str, str]:
             raise RewriteError(f"{path}: {py_exc}") from None
         for split in split_tail(source):
             try:
-                return _analyse(split[0]), split[0], split[1]
+                return _analyse(split[0], _folder(path)), split[0], split[1]
             except cst.ParserSyntaxError:
                 continue
         raise RewriteError(

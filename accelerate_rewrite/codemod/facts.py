@@ -15,6 +15,7 @@ device there.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable, Iterator, Optional, Union
 
 import libcst as cst
@@ -157,7 +158,10 @@ class Function:
 
 
 class ScriptFacts:
-    def __init__(self, module: cst.Module) -> None:
+    def __init__(self, module: cst.Module, folder: Optional[Path] = None) -> None:
+        #: the script's folder, where its own modules are (codemod/siblings.py); None for a
+        #: source with no file
+        self.folder = folder
         self.wrapper = MetadataWrapper(module)
         self.module = self.wrapper.module
         self._meta = self.wrapper.resolve_many(

@@ -17,10 +17,13 @@ Computed once per file (``facts.memo``) and shared by the rules.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Optional
+
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import MODEL, OPTIMIZER, Binding, Key, ScriptFacts
+from accelerate_rewrite.codemod.facts import MODEL, OPTIMIZER, Binding, Key, ScriptFacts, code
 
 TRAIN, EVAL, UNKNOWN = "train", "eval", "unknown"
 
@@ -109,3 +112,106 @@ def loader_role(f: ScriptFacts, loader: Binding) -> str:
         return UNKNOWN
     return f.memo(("loader-role", loader.key), compute)
 
+
+
+# ---- --shard-eval: what an evaluation loop sums, and whether it can be reduced ------------------
+
+#: values that make a ``+=`` accumulate a Python number (reduced, then ``.item()`` again)
+_NUMBER = (m.Call(func=m.Attribute(attr=m.Name("item")), args=[])
+           | m.Call(func=m.Name("len") | m.Name("float") | m.Name("int"))
+           | m.Call(func=m.Attribute(attr=m.Name("size")), args=[m.Arg(m.Integer())])
+           | m.Subscript(value=m.Attribute(attr=m.Name("shape")))
+           | m.Integer() | m.Float())
+_METRIC_CALLS = ("update", "forward", "compute")
+
+
+def _is_number(value: cst.BaseExpression) -> bool:
+    """``loss.item() * x.size(0)``, ``len(batch)``: a Python number, not a tensor."""
+    if isinstance(value, cst.BinaryOperation):
+        return _is_number(value.left) and _is_number(value.right)
+    if isinstance(value, cst.UnaryOperation):
+        return _is_number(value.expression)
+    return m.matches(value, _NUMBER)
+
+
+@dataclass
+class EvalSums:
+    """What sharding one evaluation loader needs: the sums its loops accumulate, each to be
+    all-reduced after its loop, or why it can't be sharded safely."""
+
+    #: (loop, [(name, is_number)]): ``name = fabric.all_reduce(name, reduce_op="sum")`` after
+    #: the loop (``.item()`` again where the script summed Python numbers)
+    reductions: list[tuple[cst.For, list[tuple[str, bool]]]] = field(default_factory=list)
+    problem: Optional[tuple[cst.CSTNode, str]] = None
+    notes: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
+
+
+def eval_sums(f: ScriptFacts, loader: Binding) -> EvalSums:
+    return f.memo(("eval-sums", loader.key), lambda: _eval_sums(f, loader))
+
+
+def _eval_sums(f: ScriptFacts, loader: Binding) -> EvalSums:
+    out = EvalSums()
+    for loop in loops_over(f, loader.key):
+        func = f.function(loop)
+        sums: dict[str, bool] = {}
+        for node in m.findall(loop.body, m.AugAssign() | m.Call(func=m.Attribute())):
+            if f.function(node) is not func:
+                continue
+            if isinstance(node, cst.Call):
+                method = node.func.attr.value
+                if method in ("append", "extend") and isinstance(node.func.value, cst.Name):
+                    out.problem = out.problem or (node, f"`{code(node.func)}(...)` collects results "
+                                                        "per process, which --shard-eval can't gather")
+                elif method in _METRIC_CALLS:
+                    out.notes.append((node, f"`{code(node.func)}(...)`: a torchmetrics metric syncs "
+                                            "its own state across processes when it computes"))
+                continue
+            target = node.target
+            if not isinstance(target, cst.Name):
+                out.problem = out.problem or (node, f"`{code(target)} {code(node.operator).strip()}` "
+                                                    "accumulates where --shard-eval can't follow it")
+                continue
+            if not isinstance(node.operator, cst.AddAssign):
+                out.problem = out.problem or (node, f"`{target.value}` is updated with "
+                                                    f"`{code(node.operator).strip()}`, not summed")
+                continue
+            number = _is_number(node.value)
+            sums[target.value] = sums.get(target.value, True) and number
+        if out.problem is not None:
+            return out
+        for name in sums:
+            problem = _sum_problem(f, loop, func, name)
+            if problem:
+                out.problem = (loop, problem)
+                return out
+        per_batch = _divided_by_batches(f, loop, func, loader)
+        if per_batch is not None:
+            out.problem = (per_batch, f"`{code(per_batch)}` divides by the number of batches, which "
+                                      "becomes one process's share when the loader is sharded")
+            return out
+        if sums:
+            out.reductions.append((loop, list(sums.items())))
+    return out
+
+
+def _sum_problem(f: ScriptFacts, loop: cst.For, func, name: str) -> Optional[str]:
+    """Why the accumulator ``name`` can't simply be all-reduced after ``loop``."""
+    block = func.body if func is not None else f.module
+    starts = [a for a in m.findall(block, m.Assign(targets=[m.AssignTarget(m.Name(name))]))
+              if f.function(a) is func and f.line(a) < f.line(loop)]
+    if not starts:
+        return f"`{name}` is summed in the loop but not set before it in the same function"
+    if any(f.line(a) > f.line(loop) for a in m.findall(loop.body, m.Assign(targets=[m.AssignTarget(m.Name(name))]))):
+        return f"`{name}` is reset inside the loop"
+    return None
+
+
+def _divided_by_batches(f: ScriptFacts, loop: cst.For, func, loader: Binding) -> Optional[cst.CSTNode]:
+    """A ``len(loader)`` read after the loop (a mean over batches), if any."""
+    block = func.body if func is not None else f.module
+    for call in m.findall(block, m.Call(func=m.Name("len"), args=[m.Arg(m.Name() | m.Attribute())])):
+        if f.line(call) > f.line(loop) and f.function(call) is func \
+                and f.same_object(f.key_of(call.args[0].value), loader.key):
+            return call
+    return None

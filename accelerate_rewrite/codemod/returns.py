@@ -15,6 +15,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod import facts as F
+from accelerate_rewrite.codemod.siblings import loader_results
 
 
 def _returns(func: cst.FunctionDef) -> list[cst.Return]:
@@ -75,23 +76,41 @@ def find_returned_loaders(f: "F.ScriptFacts") -> None:
         if positions is None:
             continue
         for call in fn.calls:
-            assign = f.parent(call)
-            if not isinstance(assign, cst.Assign) or assign.value is not call or len(assign.targets) != 1:
-                continue
-            target = assign.targets[0].target
-            elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) \
-                else [target]
-            if len(positions) > 1 and len(elements) != len(positions):
-                continue
-            if len(positions) == 1 and len(elements) != 1:
-                continue
-            stmt = f.statement(call)
-            for element, inner in zip(elements, positions):
-                if inner is None or not isinstance(element, (cst.Name, cst.Attribute)):
-                    continue
-                key = f.key_of(element)
-                if key is None:
-                    continue
-                f.bindings.append(F.Binding(key, F.LOADER, stmt, call, None, f"{fn.name}()"))
-                if inner:
-                    f.returned_loaders.add(inner)
+            _bind_results(f, call, positions, f"{fn.name}()")
+    if f.folder is None:
+        return
+    found: dict[str, Optional[tuple[bool, ...]]] = {}
+    for site in f.calls:  # ``from utils import make_loaders``: a module next to the script
+        module, _, name = site.qualname.rpartition(".")
+        if not module or site.qualname.startswith(".") or "<" in site.qualname:
+            continue
+        if site.qualname not in found:
+            found[site.qualname] = loader_results(f.folder, module, name)
+        shape = found[site.qualname]
+        if shape is not None:
+            _bind_results(f, site.call, tuple(() if is_loader else None for is_loader in shape),
+                          f"{site.qualname}()")
+
+
+def _bind_results(f: "F.ScriptFacts", call: cst.Call, positions, label: str) -> None:
+    """The names ``call``'s result is unpacked into, at the positions that are loaders, become
+    loaders bound there (``positions``: per element, the key of the loader built inside the
+    helper, ``()`` for one built elsewhere, None for a non-loader)."""
+    assign = f.parent(call)
+    if not isinstance(assign, cst.Assign) or assign.value is not call or len(assign.targets) != 1:
+        return
+    target = assign.targets[0].target
+    elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) \
+        else [target]
+    if len(elements) != len(positions):
+        return
+    stmt = f.statement(call)
+    for element, inner in zip(elements, positions):
+        if inner is None or not isinstance(element, (cst.Name, cst.Attribute)):
+            continue
+        key = f.key_of(element)
+        if key is None:
+            continue
+        f.bindings.append(F.Binding(key, F.LOADER, stmt, call, None, label))
+        if inner:
+            f.returned_loaders.add(inner)

@@ -9,8 +9,11 @@ none of them decides alone, so they agree with each other by construction.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Optional, Union
+
+import re
 
 import libcst as cst
 import libcst.matchers as m
@@ -31,10 +34,10 @@ from accelerate_rewrite.codemod.facts import (
     positional_params,
     root_of,
 )
-from accelerate_rewrite.codemod.loops import EVAL, for_loops, loader_role, unwrap_iter
+from accelerate_rewrite.codemod.loops import EVAL, eval_sums, for_loops, loader_role, unwrap_iter
 from accelerate_rewrite.codemod.rule import Rule
 from accelerate_rewrite.rules._apex import apex_use
-from accelerate_rewrite.rules._half import half_casts, strip_half
+from accelerate_rewrite.rules._half import low_casts, strip_half
 from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, MIXED_PRECISIONS, Options
 
 NAME = "fabric"
@@ -123,6 +126,9 @@ class FabricPlan:
     setup_skips: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
     loader_groups: list["LoaderGroup"] = field(default_factory=list)
     loader_skips: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
+    #: --shard-eval: after each loop over a sharded evaluation loader, the sums it accumulates
+    #: are all-reduced: (loop, fabric's name there, [(name, a Python number)])
+    reductions: list[tuple[cst.For, str, list[tuple[str, bool]]]] = field(default_factory=list)
     moves: list[MoveDecision] = field(default_factory=list)
     move_skips: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
     device_uses: list[tuple[cst.CSTNode, str]] = field(default_factory=list)  # node -> new code
@@ -490,6 +496,7 @@ class _Planner:
     def _loaders(self) -> None:
         f, p = self.f, self.p
         groups: dict[tuple[int, bool], list[Binding]] = {}
+        reductions: list[tuple[cst.For, str, list[tuple[str, bool]]]] = []
         for loader in f.loaders:
             if loader.key in f.returned_loaders:
                 continue  # set up where the helper that returns it is called
@@ -498,6 +505,17 @@ class _Planner:
                 p.loader_skips.append((loader.stmt, f"`{loader.path}` is built where `fabric` can't be reached"))
                 continue
             evaluation = loader_role(f, loader) == EVAL
+            if evaluation and self.o.shard_eval and self.o.many_devices:
+                sums = eval_sums(f, loader)
+                if sums.problem is None:
+                    evaluation = False  # sharded: its sums are reduced after its loops
+                    for loop, names in sums.reductions:
+                        reductions.append((loop, p.ref_at(f, loop) or ref, names))
+                    p.loader_skips.extend(sums.notes)
+                else:
+                    node, why = sums.problem
+                    p.loader_skips.append((node, f"--shard-eval: `{loader.path}` is not sharded: {why}; "
+                                                 "every process evaluates all of it"))
             groups.setdefault((id(f.block(loader.stmt)), evaluation), []).append(loader)
         for (_, evaluation), loaders in groups.items():
             loaders.sort(key=lambda b: f.line(b.stmt))
@@ -511,6 +529,10 @@ class _Planner:
                     continue
                 last = p.anchor
             p.loader_groups.append(LoaderGroup(loaders, last, p.ref_at(f, loaders[-1].stmt), evaluation))
+        set_up = {b.key for group in p.loader_groups for b in group.loaders}
+        p.reductions = [(loop, ref, names) for loop, ref, names in reductions
+                        if f.key_of(unwrap_iter(loop.iter)) in set_up or any(
+                            f.same_object(f.key_of(unwrap_iter(loop.iter)), key) for key in set_up)]
 
     # -- devices: moves, uses, threading --
     def _set_up(self, key: Optional[Key], kind: str) -> bool:
@@ -593,7 +615,8 @@ class _Planner:
             )
             literal = move.device_arg is None or is_literal_device(f, device_node)
             # a device the script gets from elsewhere: ``args.device``, ``cfg.device``
-            foreign = not is_device_name and not literal and "device" in code(device_node).lower()
+            foreign = (not is_device_name and not literal and "device" in code(device_node).lower()
+                       and not _follows_a_tensor(device_node))
             if not is_device_name and not literal and not foreign:
                 continue  # ``.to(torch.float16)``, ``.to(other_tensor)``: not a move to a device
             ref = p.ref_at(f, move.call)
@@ -635,7 +658,7 @@ class _Planner:
         f, p = self.f, self.p
         removed = {id(d.move.call) for d in p.moves if d.action == "remove"}
         if self.o.precision in MIXED_PRECISIONS:  # AR209 removes pure half's casts
-            removed |= {id(c) for c in half_casts(f).training if strip_half(c) is c.func.value}
+            removed |= {id(c) for c in low_casts(f).training if strip_half(c) is c.func.value}
         statements = {id(f.statement(d.move.call)): f.statement(d.move.call)
                       for d in p.moves if d.action == "remove"}
         for s in statements.values():
@@ -787,3 +810,16 @@ def _called_function(facts: ScriptFacts, call: cst.CSTNode):
 
 def _arg_param(facts: ScriptFacts, target, call: cst.Call, arg: cst.Arg) -> Optional[cst.Param]:
     return param_for(positional_params(target), target, arg, list(call.args).index(arg))
+
+
+#: names of the objects a script keeps its settings on: ``args.device`` is a choice made
+#: elsewhere, ``x.device`` (an input's, a parameter's) follows a tensor
+_SETTINGS = re.compile(r"\b(args|cfg|config|conf|opt|opts|options|hparams|hp|params|flags|settings)\b", re.I)
+
+
+def _follows_a_tensor(node: cst.BaseExpression) -> bool:
+    """``x.device``, ``next(model.parameters()).device``: the device of a tensor or module,
+    which follows wherever Fabric put it."""
+    return (isinstance(node, cst.Attribute) and node.attr.value == "device"
+            and not _SETTINGS.search(code(node.value)))
+

@@ -22,7 +22,7 @@ def _cast(*dtypes: str):
                      args=[m.ZeroOrMore(), m.Arg(value=m.Attribute(attr=names)), m.ZeroOrMore()]))
 
 
-_FP16 = m.Attribute(attr=m.Name("float16") | m.Name("half"))
+_LOW = m.Attribute(attr=m.Name("float16") | m.Name("half") | m.Name("bfloat16"))
 HALF = _cast("float16", "half")
 #: a cast to fp16 or bf16: what a script (or AR210) does to train in true half precision
 LOW_CAST = _cast("float16", "half", "bfloat16")
@@ -44,7 +44,12 @@ class HalfCasts:
 
 
 def half_casts(f: ScriptFacts) -> HalfCasts:
-    return f.memo("half-casts", lambda: _find(f))
+    return f.memo("half-casts", lambda: _find(f, HALF))
+
+
+def low_casts(f: ScriptFacts) -> HalfCasts:
+    """As ``half_casts``, with bf16 casts too (``model.bfloat16()``, ``.to(torch.bfloat16)``)."""
+    return f.memo("low-casts", lambda: _find(f, LOW_CAST))
 
 
 def _casts_model(f: ScriptFacts, call: cst.Call) -> bool:
@@ -56,14 +61,14 @@ def _casts_model(f: ScriptFacts, call: cst.Call) -> bool:
     return key is not None and MODEL in f.kinds.get(key, set())
 
 
-def _find(f: ScriptFacts) -> HalfCasts:
+def _find(f: ScriptFacts, cast) -> HalfCasts:
     out = HalfCasts()
     if not f.backward_sites:
         return out
     loops = {id(a) for s in f.backward_sites for a in f.ancestors(s.call) if isinstance(a, (cst.For, cst.While))}
     last_backward = max(f.line(s.call) for s in f.backward_sites)
     for call in f.attribute_calls:
-        if not m.matches(call, HALF):
+        if not m.matches(call, cast):
             continue
         in_training = any(id(a) in loops for a in f.ancestors(call))
         if f.line(call) > last_backward and not in_training:
@@ -79,10 +84,11 @@ def _find(f: ScriptFacts) -> HalfCasts:
 
 
 def strip_half(call: cst.Call) -> cst.BaseExpression:
-    """``x.half()`` -> ``x``; ``x.to(torch.float16)`` -> ``x``; ``x.to(d, torch.float16)`` -> ``x.to(d)``."""
-    if call.func.attr.value == "half":  # type: ignore[union-attr]
+    """``x.half()`` -> ``x``; ``x.to(torch.float16)`` -> ``x``; ``x.to(d, torch.float16)`` -> ``x.to(d)``
+    (and the same for bf16)."""
+    if call.func.attr.value in ("half", "bfloat16"):  # type: ignore[union-attr]
         return call.func.value  # type: ignore[union-attr]
-    rest = [a for a in call.args if not m.matches(a.value, _FP16)]
+    rest = [a for a in call.args if not m.matches(a.value, _LOW)]
     if not rest:
         return call.func.value  # type: ignore[union-attr]
     rest[-1] = rest[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)

@@ -21,7 +21,16 @@ class FabricDataloaders(FabricRule):
     figures equal those of one device (rank 0 prints). Sharding them would make each process
     divide the sum of its shard by the full size (and a DistributedSampler pads the set with
     repeated samples to a multiple of the process count). The cost: evaluation is not faster
-    on N devices.
+    on N devices. With `--shard-eval` they are sharded like the training loaders, and after
+    each evaluation loop the sums and counts it accumulates (`test_loss += ...`, `correct +=
+    ...`, set before the loop) are summed over the processes with
+    `fabric.all_reduce(x, reduce_op="sum")` (`.item()` again where the script summed Python
+    numbers), so that `test_loss /= len(test_loader.dataset)` divides the whole sum. A loader
+    whose loop does what can't be reduced (appends results to a list, divides by
+    `len(loader)`, updates an accumulator other than by `+=`) stays unsharded, and the note
+    says why; torchmetrics objects sync themselves (a note names them). The figures are exact
+    when the set's size divides by the number of processes; otherwise a DistributedSampler
+    pads the last shards with repeated samples, which the sums then include.
 
     Kind: safe (one device sees the same batches in the same order).
 
@@ -49,5 +58,13 @@ class FabricDataloaders(FabricRule):
                                         "the script computes stay those of the whole set")
             else:
                 ctx.change(group.after, f"set up `{names}` with Fabric")
+        for loop, ref, names in p.reductions:
+            lines = [f"{name} = {ref}.all_reduce({name}, reduce_op=\"sum\"){'.item()' if number else ''}\n"
+                     for name, number in names]
+            ctx.edits.insert_after(loop, *(stmt(line) for line in lines))
+            ctx.change(loop, f"--shard-eval: each process evaluates its shard; "
+                             f"{', '.join(f'`{n}`' for n, _ in names)} summed over the processes after the "
+                             "loop (exact when the set's size divides by the number of processes: "
+                             "a DistributedSampler pads the last shards with repeated samples)")
         for node, why in p.loader_skips:
             ctx.skip(node, why)

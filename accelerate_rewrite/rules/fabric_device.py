@@ -23,7 +23,9 @@ class FabricDevice(FabricRule):
     Kind: safe.
 
     Leaves alone (and says why): uses of the device that are not a placement (comparisons
-    with a string, `torch.autocast(device)`, ...): the device definition then stays for them.
+    with a string, `torch.autocast(device)`, ...): the device definition then stays for them;
+    tensors a model's methods make without a device (`torch.zeros(...)` in `forward`): they
+    were on the CPU in the original too, and the note says how to make them follow the model.
     """
 
     code = "AR105"
@@ -82,6 +84,36 @@ class FabricDevice(FabricRule):
                 ctx.skip(node, why)
         for node, why in p.move_skips:
             ctx.skip(node, why)
+        for call, where in _deviceless_tensors(f):
+            ctx.skip(call, f"`{short(call)}` in `{where}` makes its tensor on the CPU whatever device "
+                           "Fabric gives the model (as it did in the original): pass "
+                           "`device=` of an input (`x.device`) for it to follow the model")
+
+
+#: torch functions that make a tensor on the default (CPU) device unless given ``device=``
+FACTORIES = {f"torch.{name}" for name in (
+    "zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange",
+    "linspace", "eye", "tensor")}
+
+
+def _deviceless_tensors(f):
+    """``torch.zeros(...)`` and the like, without ``device=`` and not moved after, in the
+    methods (``__init__`` aside: a buffer moves with the model) of the script's nn.Module
+    classes: on a GPU they stay on the CPU while the model does not."""
+    out = []
+    for site in f.calls:
+        if site.qualname not in FACTORIES or any(
+                a.keyword is not None and a.keyword.value == "device" for a in site.call.args):
+            continue
+        func = f.function(site.call)
+        cls = f.enclosing_class(func) if func is not None else None
+        if cls is None or cls.name.value not in f.module_classes or func.name.value == "__init__":
+            continue
+        parent = f.parent(site.call)
+        if isinstance(parent, cst.Attribute) and parent.attr.value in ("to", "cuda", "type_as"):
+            continue
+        out.append((site.call, f"{cls.name.value}.{func.name.value}"))
+    return out
 
 
 def _flags_feeding(f, values):

@@ -6,19 +6,21 @@ import libcst.matchers as m
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import MIXED_PRECISIONS, Options
 from accelerate_rewrite.rules._fabric import short
-from accelerate_rewrite.rules._half import half_casts, strip_half
+from accelerate_rewrite.rules._half import low_casts, strip_half
 
 class HalfToMixed(Rule):
     """Pure half training becomes mixed precision: with `--precision 16-mixed` or `bf16-mixed`,
     the script's own `.half()` casts of the trained model and of its batches go.
 
-    What it does: in a script that trains a model cast with `.half()` / `.to(torch.float16)`,
-    removes that cast and the fp16 casts of tensors inside its training loops
+    What it does: in a script that trains a model cast with `.half()` / `.to(torch.float16)`
+    (or `.bfloat16()` / `.to(torch.bfloat16)`), removes that cast and the casts of tensors to
+    the same dtypes inside its training loops
     (`inputs.to(device).half()` becomes `inputs.to(device)`), so that the mixed precision asked
     for (Fabric's, or AR207/AR208's autocast and GradScaler) runs on fp32 weights. A statement
     left doing nothing (`model.half()`) goes.
 
-    Why: pure fp16 weights lose small updates (an fp16 weight of 1.0 can't take a step smaller
+    Why: a mixed precision over weights that stay in half is not mixed precision (no fp32
+    master weights, which is what Fabric's "-mixed" promises). Pure fp16 weights lose small updates (an fp16 weight of 1.0 can't take a step smaller
     than 0.0005), Adam's default eps=1e-8 is 0 in fp16 (NaN from the second step), and a
     GradScaler refuses fp16 gradients ("Attempting to unscale FP16 gradients"). Mixed
     precision keeps fp32 weights and runs the heavy ops in half.
@@ -41,7 +43,7 @@ class HalfToMixed(Rule):
 
     def rewrite(self, ctx: RuleContext) -> None:
         f = ctx.facts
-        casts = half_casts(f)
+        casts = low_casts(f)
         for call in casts.training:
             statement = f.statement(call)
             if m.matches(statement, m.SimpleStatementLine(body=[m.Expr(value=m.Call())])) \
@@ -50,5 +52,6 @@ class HalfToMixed(Rule):
             else:
                 ctx.edits.replace(call, strip_half)
             what = "the model's" if call is casts.model_cast else "a batch's"
-            ctx.change(call, f"{what} fp16 cast `{short(call)}` removed: {ctx.options.precision} keeps "
+            dtype = "bf16" if "bfloat16" in short(call) else "fp16"
+            ctx.change(call, f"{what} {dtype} cast `{short(call)}` removed: {ctx.options.precision} keeps "
                              "fp32 weights and computes in half where it is safe")

@@ -1,0 +1,91 @@
+"""The script's own modules, next to it (``from utils import make_loaders``, ``import data``):
+read with Python's ``ast``, only far enough to see which of a function's results are DataLoaders.
+
+A loader that a sibling module builds and returns is set up where the script binds the result,
+as one built by a helper of the script itself (codemod/returns.py). Only files in the script's
+folder (``utils.py``, ``data/loaders.py``, ``data/__init__.py``) are read, never an installed
+package, and never changed.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+
+def _file(folder: Path, dotted: str) -> Optional[Path]:
+    if not dotted or dotted.startswith(".") or not all(part.isidentifier() for part in dotted.split(".")):
+        return None
+    base = folder.joinpath(*dotted.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@lru_cache(maxsize=64)
+def _parsed(path: str, mtime_ns: int, size: int) -> Optional[ast.Module]:
+    try:
+        return ast.parse(Path(path).read_bytes(), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _module(folder: Path, dotted: str) -> Optional[ast.Module]:
+    path = _file(folder, dotted)
+    if path is None:
+        return None
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return _parsed(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+def _is_loader_call(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    return name == "DataLoader"
+
+
+def _own_nodes(func: ast.FunctionDef):
+    """The nodes of ``func``'s body, not those of functions, classes or lambdas in it."""
+    todo = list(func.body)
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def loader_results(folder: Optional[Path], dotted: str, name: str) -> Optional[tuple[bool, ...]]:
+    """For ``name`` defined at the top of the sibling module ``dotted``: which elements of what
+    it returns are DataLoaders (built there, returned directly or by name); None when none are,
+    the returns disagree, or the module is not a file next to the script."""
+    if folder is None:
+        return None
+    module = _module(folder, dotted)
+    if module is None:
+        return None
+    func = next((n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if func is None:
+        return None
+    nodes = list(_own_nodes(func))
+    built = {n.targets[0].id for n in nodes if isinstance(n, ast.Assign) and len(n.targets) == 1
+             and isinstance(n.targets[0], ast.Name) and _is_loader_call(n.value)}
+    rebound = {t.id for n in nodes if isinstance(n, ast.Assign) and not _is_loader_call(n.value)
+               for t in n.targets if isinstance(t, ast.Name)}
+    shapes = []
+    for ret in (n for n in nodes if isinstance(n, ast.Return)):
+        if ret.value is None:
+            return None
+        elements = ret.value.elts if isinstance(ret.value, ast.Tuple) else [ret.value]
+        shapes.append(tuple(_is_loader_call(e) or (isinstance(e, ast.Name) and e.id in built
+                                                   and e.id not in rebound) for e in elements))
+    if not shapes or any(s != shapes[0] for s in shapes) or not any(shapes[0]):
+        return None
+    return shapes[0]

@@ -1,0 +1,34 @@
+"""Test distribution: the verifier's tests run each original training script once per worker
+(tests/verify_support.py remembers it), and tests/test_multi_device.py runs each fixture's
+original and rewrite once (an lru_cache). With ``-n auto`` (xdist) the tests of one fixture
+are kept on one worker (``--dist loadgroup``, in pyproject.toml): a second worker would run the
+same original again."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import pytest
+
+#: the files whose tests share runs through a per-worker cache
+_SHARED_RUNS = ("test_verify.py", "test_multi_device.py", "test_verify_mutations.py")
+_FIXTURE_CALL = re.compile(r'fixture_script\("(\w+)"\)')
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        file = item.path.name
+        if file not in _SHARED_RUNS:
+            continue
+        if file == "test_verify_mutations.py":
+            group = "mutations"  # one original (base.py) for every case
+        else:
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            group = params.get("name")
+            if group is None:
+                found = _FIXTURE_CALL.findall(inspect.getsource(item.function))
+                group = found[0] if found else None
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(f"{file}:{group}" if file == "test_multi_device.py"
+                                                    else str(group)))
