@@ -67,7 +67,7 @@ def test_a_loop_without_a_counter_gets_one_and_zero_grad_runs_at_group_starts():
             if batch_idx % 4 == 0:
                 optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x), y)
-            (loss / 4).backward()
+            (loss / min(4, len(loader) - batch_idx // 4 * 4)).backward()
             if not is_accumulating:
                 optimizer.step()
         """) in result.output
@@ -92,7 +92,7 @@ def test_enumerate_start_and_an_underscore_counter():
             optimizer.step()
         """)
     assert "for batch_idx, (x, y) in enumerate(loader):" in under.output
-    assert "(torch.nn.functional.mse_loss(model(x), y) / 4).backward()" in under.output
+    assert "(torch.nn.functional.mse_loss(model(x), y) / min(4, len(loader) - batch_idx // 4 * 4)).backward()" in under.output
 
 
 def test_logging_between_step_and_scheduler_keeps_running_every_batch():
@@ -202,16 +202,16 @@ def test_fabric_syncs_only_at_the_boundary_unless_one_device():
     assert ("        with fabric.no_backward_sync(model, enabled=is_accumulating):\n"
             "            output = model(x)\n"
             "            loss = criterion(output, y)\n"
-            "            fabric.backward(loss / 4)\n") in several
+            "            fabric.backward(loss / min(4, len(loader) - step // 4 * 4))\n") in several
     assert "batch_size=batch_size // 4" in several
     one = rewrite((FIXTURES / "module_loop" / "input.py").read_text(),
                   Options.create(accumulate=4, devices=1)).output
-    assert "no_backward_sync" not in one and "fabric.backward(loss / 4)" in one
+    assert "no_backward_sync" not in one and "fabric.backward(loss / min(4, len(loader) - step // 4 * 4))" in one
 
 
 def test_native_16_mixed_scales_the_divided_loss_and_clips_at_the_boundary():
     out = run("train_function", "torch-16-mixed-accumulate-4-clip-1.0").output
-    assert "scaler.scale(loss / 4).backward()" in out
+    assert "scaler.scale(loss / min(4, len(loader) - batch_idx // 4 * 4)).backward()" in out
     assert ("        if not is_accumulating:\n"
             "            scaler.unscale_(optimizer)\n"
             "            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)\n"
@@ -220,11 +220,11 @@ def test_native_16_mixed_scales_the_divided_loss_and_clips_at_the_boundary():
 
 
 def test_the_scripts_own_scaler_and_apex_get_the_loss_divided_inside():
-    assert "fabric.backward(scaler.scale(loss / 4))" in run("cuda_amp", "accumulate-4").output
-    assert "fabric.backward(loss / 4)" in run("apex_o1", "accumulate-4").output
+    assert "fabric.backward(scaler.scale(loss / min(4, len(loader) - step // 4 * 4)))" in run("cuda_amp", "accumulate-4").output
+    assert "fabric.backward(loss / min(4, len(loader) - step // 4 * 4))" in run("apex_o1", "accumulate-4").output
     torch_apex = rewrite((FIXTURES / "apex_o1" / "input.py").read_text(),
                          Options.create(backend="torch", accumulate=4)).output
-    assert "scaler.scale(loss / 4).backward()" in torch_apex
+    assert "scaler.scale(loss / min(4, len(loader) - step // 4 * 4)).backward()" in torch_apex
 
 
 def test_a_per_step_schedule_sized_by_the_loader_is_reported():
@@ -232,3 +232,27 @@ def test_a_per_step_schedule_sized_by_the_loader_is_reported():
     notes = _notes(result, False)
     assert "batch_size 32 -> 8" in notes and "`len(train_loader)` (line" in notes
     assert result.changes[[n.rule for n in result.changes].index("AR302")].kind is Kind.CHANGES_TRAINING
+
+
+def test_the_last_partial_group_of_an_epoch_is_divided_by_its_own_size():
+    """An epoch of one batch with --accumulate 2: its only micro-batch is a group of one, stepped
+    with its whole gradient (not half of it): the weights follow the original's exactly."""
+    import torch
+
+    source = HEAD.format(loader="loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), "
+                                "batch_size=16)") + textwrap.dedent("""\
+        for epoch in range(3):
+            for x, y in loader:
+                optimizer.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+        """)
+    rewritten = rewrite(source, Options.create(backend="torch", accumulate=2)).output
+    assert "/ min(2, len(loader) - batch_idx // 2 * 2)).backward()" in rewritten
+    weights = []
+    for code in (source, rewritten):
+        torch.manual_seed(0)
+        scope: dict = {}
+        exec(compile(code, "<train>", "exec"), scope)
+        weights.append(scope["model"].weight.detach().clone())
+    assert torch.equal(weights[0], weights[1])

@@ -97,7 +97,8 @@ def test_evaluation_on_two_processes_equals_the_original(name, work):
 SHARDED = ["imagenet_style", "mnist_style"]
 
 
-@pytest.mark.parametrize("name", SHARDED)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n != "mnist_style" else n
+                                  for n in SHARDED])
 def test_sharded_evaluation_sums_over_the_processes(name, work):
     """--shard-eval: each process evaluates half the set, and the sums all-reduced after the loop
     give the figures of the whole set, as the original printed them."""

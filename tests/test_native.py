@@ -198,6 +198,21 @@ def test_apex_opt_level_from_a_variable_needs_a_precision():
     assert "torch.autocast(" in given.output and "amp.initialize" not in given.output
 
 
+def test_apex_keyword_form_and_an_opt_level_from_a_flag_with_a_default():
+    """``amp.initialize(models=..., optimizers=..., opt_level=args.opt_level)`` with
+    ``add_argument("--opt-level", default="O1")``: converted at O1, and the note says the flag
+    no longer changes the precision."""
+    source = APEX.format(level="args.opt_level").replace(
+        "amp.initialize(model, optimizer,", "amp.initialize(models=model, optimizers=optimizer,").replace(
+        "from apex import amp", "import argparse\nfrom apex import amp\nparser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--opt-level', default='O1')\nargs = parser.parse_args()")
+    for backend, written in (("torch", "scaler.scale(loss).backward()"), ("fabric", 'precision="16-mixed"')):
+        result = rewrite(HEAD + source, Options.create(backend=backend))
+        assert written in result.output and "amp.initialize" not in result.output
+        [note] = [n for n in result.changes if n.rule == "AR211" and "amp.initialize" in n.message]
+        assert "O1, the default of `--opt-level`" in note.message and "no longer changes" in note.message
+
+
 def test_the_summary_says_what_happens_to_the_numbers(tmp_path):
     from click.testing import CliRunner
 

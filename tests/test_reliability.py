@@ -85,7 +85,7 @@ def test_a_file_ending_in_a_line_continuation(tail):
 
 
 def test_what_libcst_cant_read_is_not_called_a_syntax_error(monkeypatch):
-    def refuse(source):
+    def refuse(source, folder=None):
         raise cst.ParserSyntaxError("tokenizer error: something", lines=[""], raw_line=1, raw_column=0)
 
     monkeypatch.setattr(engine_module, "_analyse", refuse)

@@ -194,7 +194,8 @@ NATIVE_SLOW = {"accelerator_api", "checkpointing", "data_parallel", "finetune_en
                "imagenet_style", "rnn_classifier", "torchmetrics_metrics", "trainer_class"}
 
 
-@pytest.mark.parametrize("name,precision", _slow_if(NATIVE_CASES, NATIVE_SLOW))
+@pytest.mark.parametrize("name,precision", _slow_if(NATIVE_CASES, NATIVE_SLOW)[:-2] + [
+    pytest.param(*case, marks=pytest.mark.slow) for case in NATIVE_CASES[-2:]])
 def test_fixture_with_native_mixed_precision(name, precision, fixture_script):
     """--backend torch: autocast (and, at 16-mixed, a GradScaler on CPU: fp16 really runs) within
     the mixed-precision tolerance of the original."""
@@ -354,7 +355,7 @@ def test_native_mixed_precision_refusals_say_why(name):
     assert any(n.rule == "AR207" and n.skipped for n in result.notes)
 
 
-@pytest.mark.parametrize("name", TWO_PROCESSES)
+@pytest.mark.parametrize("name", _slow_if(TWO_PROCESSES, {"train_function", "gan"}))
 def test_fixture_on_two_cpu_processes(name, fixture_script):
     v = verify(fixture_script(name), Options.create(precision="32-true"), run_devices=2, **RUN)
     _show(name, "2 processes", v)

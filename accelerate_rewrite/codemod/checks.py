@@ -1,4 +1,6 @@
-"""Post-conditions on a rewritten module: it parses, and it uses no name it does not define."""
+"""Post-conditions on a rewritten module: it parses, it uses no name it does not define, and
+it reads no name that some path leaves unbound where the input bound it on every path
+(codemod/flow.py)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ def check(
     original_undefined: dict[str, int],
     new_code: str,
     locate: Callable[[str], Optional[int]] = lambda name: None,
+    original_unbound: Optional[tuple[str, dict[tuple[str, str], list[int]]]] = None,
 ) -> list[str]:
     """Problems of ``new_code`` that the original did not have; empty when all is well.
 
@@ -52,4 +55,38 @@ def check(
             where = locate(name)
             where_text = f"line {where}" if where is not None else f"line {line} of the result"
             problems.append(f"it uses `{name}` ({where_text}), which is no longer defined")
+    if original_unbound is not None and not problems:
+        problems.extend(_new_unbound_reads(original_unbound, new_code))
     return problems
+
+
+def _new_unbound_reads(original: tuple[str, dict[tuple[str, str], list[int]]], new_code: str) -> list[str]:
+    """Reads of ``new_code`` at a point some path reaches without binding the name, that the
+    input did not have: on a line the rewrite inserted, on a line it left as it was (a binding
+    before it went), or on a line it changed whose input lines did not read the name so."""
+    import difflib
+
+    from accelerate_rewrite.codemod.flow import maybe_unbound
+
+    found = maybe_unbound(new_code)
+    if not found:
+        return []
+    source, before = original
+    old_lines, new_lines = source.splitlines(), new_code.splitlines()
+    blocks = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False).get_opcodes()
+    for (scope, name), lines in sorted(found.items(), key=lambda item: item[1]):
+        known = set(before.get((scope, name), []))
+        for line in lines:
+            tag, i1, i2, j1, _ = next(b for b in blocks if b[3] <= line - 1 < b[4])
+            if tag == "equal":
+                ok = i1 + (line - 1 - j1) + 1 in known
+            elif tag == "replace":
+                ok = any(i1 < n <= i2 for n in known)
+            else:  # inserted
+                ok = False
+            if not ok:
+                where = scope.replace("<module>.", "").replace("<module>", "the module")
+                return [f"it reads `{name}` (line {line} of the result, in {where}) where some path "
+                        "leaves it unbound"]
+    return []
+

@@ -16,6 +16,7 @@ from libcst.metadata import PositionProvider
 from accelerate_rewrite.codemod.checks import check
 from accelerate_rewrite.codemod.edits import apply_edits
 from accelerate_rewrite.codemod.facts import ScriptFacts
+from accelerate_rewrite.codemod.flow import maybe_unbound
 from accelerate_rewrite.codemod.preserve import Region, lost_trivia, restore, split_tail
 from accelerate_rewrite.codemod.rule import Note, Rule, RuleContext
 from accelerate_rewrite.codemod.suppress import applies_to, changed_lines, protected_lines, skip_file_line
@@ -238,6 +239,7 @@ def _rewrite(
             ctx.notes = [n for n in ctx.notes if applies_to(protected, n.line, n.rule) is None]
 
     original_undefined = facts.undefined_names()
+    original_unbound = (head, facts.memo("maybe-unbound", lambda: maybe_unbound(head)))
 
     def attempt(selected: Sequence[Rule]) -> tuple[str, list[str]]:
         edit_sets = [contexts[r.code].edits for r in selected]
@@ -249,7 +251,7 @@ def _rewrite(
         code = head_code + tail
         if code == source:
             return code, []
-        problems = check(original_undefined, head_code, facts.first_read)
+        problems = check(original_undefined, head_code, facts.first_read, original_unbound)
         if not problems and tail:
             try:
                 compile(code, "<rewritten>", "exec", dont_inherit=True)

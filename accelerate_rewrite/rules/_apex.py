@@ -28,6 +28,8 @@ class ApexUse:
     problem: Optional[tuple[cst.CSTNode, str]] = None  # apex used in a way AR211 does not migrate
     level: Optional[str] = None  # "O1", ...
     unknown_level: Optional[cst.Call] = None  # an opt_level that is not a literal
+    #: the command-line flag whose literal default gave the opt_level (``--opt-level``)
+    level_flag: Optional[str] = None
     inits: list[cst.BaseStatement] = field(default_factory=list)  # ``model, opt = amp.initialize(...)``
     #: id(the backward call in a scale_loss block) -> (the ``with`` statement, the loss it scales)
     blocks: dict[int, tuple[cst.With, cst.BaseExpression]] = field(default_factory=dict)
@@ -57,13 +59,18 @@ def _find(f: ScriptFacts) -> ApexUse:
     for call in f.calls_named(*APEX_INITIALIZE):
         level_arg = next((a for a in call.args if a.keyword and a.keyword.value == "opt_level"), None)
         level = "O1" if level_arg is None else getattr(level_arg.value, "evaluated_value", None)
+        if level is None and level_arg is not None:
+            out.level_flag, level = _flag_default(f, level_arg.value)
         if level in APEX_LEVELS:
             levels[level] = call
         else:
             out.unknown_level = call
         statement = f.statement(call)
         assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
-        given = [a.value for a in call.args if a.keyword is None]
+        # apex's signature: initialize(models, optimizers=None, ...), either form
+        keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+        given = [a.value for a in call.args if a.keyword is None] + [
+            keywords[k] for k in ("models", "optimizers") if k in keywords]
         if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or assign.value is not call \
                 or _flat(assign.targets[0].target) != [n for g in given for n in _flat(g)]:
             out.problem = (call, f"`{short(call)}` must hand back the objects it takes, as "
@@ -135,3 +142,26 @@ def _flat(node: cst.BaseExpression) -> list[str]:
     if isinstance(node, (cst.Tuple, cst.List)):
         return [n for e in node.elements for n in _flat(e.value)]
     return [code(node)]
+
+
+def _flag_default(f: ScriptFacts, value: cst.BaseExpression) -> tuple[Optional[str], Optional[str]]:
+    """``opt_level=args.opt_level``: the flag (``--opt-level``) and its literal default, where
+    an ``add_argument`` of the script declares one."""
+    if not isinstance(value, cst.Attribute):
+        return None, None
+    wanted = value.attr.value
+    for call in f.attribute_calls:
+        if call.func.attr.value != "add_argument":
+            continue
+        flags = [a.value.evaluated_value for a in call.args
+                 if a.keyword is None and isinstance(a.value, cst.SimpleString)]
+        keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+        dest = keywords.get("dest")
+        name = dest.evaluated_value if isinstance(dest, cst.SimpleString) else next(
+            (x.lstrip("-").replace("-", "_") for x in flags if isinstance(x, str) and x.startswith("--")), None)
+        default = keywords.get("default")
+        if name == wanted and isinstance(default, cst.SimpleString):
+            return next((x for x in flags if x.startswith("--")), flags[0] if flags else None), \
+                default.evaluated_value
+    return None, None
+

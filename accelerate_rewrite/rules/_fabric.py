@@ -458,7 +458,13 @@ class _Planner:
             by_model.setdefault(opt.models[0], []).append(opt)
         for model_key, opts in by_model.items():
             opts.sort(key=lambda o: f.line(o.stmt))
-            after = common_after(f, [o.stmt for o in opts])
+            # in a block that holds the model's binding too: an optimizer built under an ``if``
+            # the model is not in is set up after that ``if`` (where the engine's flow check then
+            # sees whether every path binds it), never inside it, where the model would stay
+            # not set up on the other path
+            built = [b.stmt for b in f.models if f.same_object(b.key, model_key)
+                     and f.function(b.stmt) is f.function(opts[0].stmt)]
+            after = common_after(f, [o.stmt for o in opts] + built)
             ref = p.ref_at(f, after) if after is not None else None
             if after is None or ref is None or not p.after_creation(f, after):
                 p.setup_skips.append(

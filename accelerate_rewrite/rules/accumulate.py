@@ -34,8 +34,10 @@ class Accumulate(Rule):
     the loop):
     - `is_accumulating = (i + 1) % N != 0 and i + 1 != len(loader)` at the top of the loop,
       with `i` the loop's own `enumerate` counter (one is added when the loop has none);
-    - every backward gets the loss divided by N: `(loss / N).backward()`,
-      `fabric.backward(loss / N)`, `scaler.scale(loss / N).backward()`;
+    - every backward gets the loss divided by the size of its group, N, or fewer for the last,
+      partial group of an epoch: `(loss / min(N, len(loader) - i // N * N)).backward()`
+      (likewise in `fabric.backward(...)` and `scaler.scale(...)`), so that every step
+      applies the mean of its micro-batches' gradients, the last one of an epoch included;
     - the optimizer step and what belongs to it (clipping, `unscale_`, `scaler.update()`,
       a per-step `scheduler.step()`, a `zero_grad` after the step) go under
       `if not is_accumulating:`; a `zero_grad` before the backward runs at the first
@@ -53,8 +55,9 @@ class Accumulate(Rule):
     `--keep-effective-batch` (and a batch size the rewrite could divide) it is approximate:
     per optimizer step, the accumulated gradient is the mean over the same samples, for
     mean-reduced losses, summed in another order (fp32 rounding); it differs where the model
-    uses batch statistics (BatchNorm), where dropout draws its masks per micro-batch, and in
-    the last, partial group of an epoch (each micro-batch's mean is weighted 1/N).
+    uses batch statistics (BatchNorm), where dropout draws its masks per micro-batch, and
+    where the last micro-batch of an epoch is smaller than the others (each micro-batch's mean
+    weighs the same in its group's mean).
 
     Leaves alone (and says why): a script that already accumulates (a step under an `if`,
     backward in an inner micro-step loop, `no_sync` / `require_backward_grad_sync`), a loop
@@ -163,12 +166,12 @@ def _int_value(f: ScriptFacts, node: cst.BaseExpression) -> Optional[int]:
     return int(node.evaluated_value) if isinstance(node, cst.Integer) else None
 
 
-def _divided(node: cst.BaseExpression, n: int, receiver: bool) -> cst.BaseExpression:
-    """``node / n``, in parentheses where it is the receiver of ``.backward()``."""
+def _divided(node: cst.BaseExpression, divisor: str, receiver: bool) -> cst.BaseExpression:
+    """``node / divisor``, in parentheses where it is the receiver of ``.backward()``."""
     left = node
     if not node.lpar and not isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
         left = node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    out = cst.BinaryOperation(left, cst.Divide(), cst.Integer(str(n)))
+    out = cst.BinaryOperation(left, cst.Divide(), expr(divisor))
     return out.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if receiver else out
 
 
@@ -275,8 +278,11 @@ class _Loop:
         for run in runs:
             edits.wrap(run, lambda inner, t=f"not {flag}": _if(t, inner))
         apex = apex_use(f).blocks
+        # each group's own size: N, or what is left of the epoch for its last, partial group
+        index = i if start == 0 else f"({i} - {start})"
+        divisor = f"min({n}, len({code(loader)}) - {index} // {n} * {n})"
         for site in sites:
-            self._divide(site, apex)
+            self._divide(site, apex, divisor)
         self._sync(body, first, last, step, head)
         batch_kind = self._batch(loader)
         moved = [code(c.func.value) for s in [*early, *(body[k] for k in updates)]
@@ -340,8 +346,8 @@ class _Loop:
             return u.with_changes(target=new_target, iter=cst.Call(cst.Name("enumerate"), [cst.Arg(u.iter)]))
         self.ctx.edits.replace(self.loop, change)
 
-    def _divide(self, site: BackwardSite, apex: dict) -> None:
-        f, n = self.ctx.facts, self.ctx.options.accumulate
+    def _divide(self, site: BackwardSite, apex: dict, divisor: str) -> None:
+        f = self.ctx.facts
         if id(site.call) in apex:  # ``with amp.scale_loss(loss, opt) as s: s.backward()``
             target, receiver = apex[id(site.call)][1], False
         elif m.matches(site.loss, m.Call(func=m.Attribute(attr=m.Name("scale")), args=[m.Arg()])) \
@@ -349,7 +355,7 @@ class _Loop:
             target, receiver = site.loss.args[0].value, False  # the script's own scaler.scale(loss)
         else:
             target, receiver = site.loss, True
-        self.ctx.edits.replace(target, lambda u, r=receiver: _divided(u, n, r))
+        self.ctx.edits.replace(target, lambda u, r=receiver: _divided(u, divisor, r))
 
     def _sync(self, body, first: int, last: int, step: cst.Call, head: str) -> None:
         """Fabric: forward and backward of a micro-batch that does not step under

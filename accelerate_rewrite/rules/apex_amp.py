@@ -41,7 +41,13 @@ class ApexAmpMigration(Rule):
     and adapts as apex's dynamic scale did); safe with `--precision 32-true`, where apex only
     goes (the verifier then requires identical losses).
 
-    Leaves alone (and says why): an opt_level that is not a literal (give `--precision`);
+    The call may name its arguments (`amp.initialize(models=model, optimizers=optimizer)`), and
+    its opt_level may come from the command line (`opt_level=args.opt_level`) where the
+    script's `add_argument` gives a literal default: that default is used, and the note says
+    the flag no longer changes the precision.
+
+    Leaves alone (and says why): an opt_level that is neither a literal nor a flag with a
+    literal default (give `--precision`);
     `amp.initialize` whose result is bound to other names; a `scale_loss` block that does more
     than one backward; `amp.load_state_dict(...)` used as a value; everything the Fabric
     conversion (AR101) or native mixed precision (AR207) leaves alone.
@@ -80,6 +86,9 @@ class ApexAmpMigration(Rule):
         for s in a.inits:
             ctx.edits.remove(s)
             level = f" ({a.level})" if a.level else ""
+            if a.level_flag:
+                level = (f" ({a.level}, the default of `{a.level_flag}`: the command line no longer "
+                         "changes the precision; --precision does)")
             note = ("; O2's fp32 master weights are the model's own weights now (fp32), the "
                     "compute is autocast") if a.level == "O2" and p.precision == "16-mixed" else ""
             ctx.change(s, f"apex `amp.initialize`{level} removed: the script runs {target}{note}")

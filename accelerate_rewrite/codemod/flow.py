@@ -1,0 +1,275 @@
+"""Names that may be unbound where they are read: a flow-sensitive check of a result.
+
+LibCST's scope analysis (``checks.undefined_names``) says whether a name is bound anywhere in
+its scope; it does not say whether it is bound on every path to a read. A rewrite that sets up
+``optimizer`` after an ``if args.use_optimizer: optimizer = ...`` reads a name that is unbound
+when the flag is off. This module walks each scope's statements in order (Python's ``ast``:
+cheap) and keeps the set of names bound on every path so far:
+
+- an ``if`` leaves bound what both branches bind (a branch that returns, raises, breaks or
+  continues does not count); a loop's body may not run, so what it binds is not bound after it
+  (its ``else`` runs with what was bound before);
+- a ``try`` body may stop at any statement: its handlers see what was bound before it, and
+  after the ``try`` is bound what the body (with its ``else``) and every handler bind;
+- ``del`` unbinds; ``global`` / ``nonlocal`` names and names of other scopes are not followed
+  (a read in a nested function happens when it is called, not where it stands).
+
+The engine (checks.py) compares the result with its input, line by line along their diff: a
+read on a line the rewrite inserted, on a line it kept whose read is no longer bound on every
+path, or on a changed line whose input did not read the name so, is a problem (a script's own
+``while True: ... break`` patterns stay the script's). The analysis does not correlate conditions: two ``if
+args.flag:`` blocks are independent paths to it, so a new read under the same flag as the
+binding is reported too, and the rule that adds it is dropped: a refusal, never a wrong rewrite.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Iterable, Optional
+
+#: the set of every name: what is "bound" after a statement that never falls through
+_ALL = frozenset({"*"})
+
+
+def _meet(a: frozenset, b: frozenset) -> frozenset:
+    if a is _ALL:
+        return b
+    if b is _ALL:
+        return a
+    return a & b
+
+
+def _targets(node: ast.AST) -> Iterable[str]:
+    """Names a target (or an import, a def) binds."""
+    if isinstance(node, ast.Name):
+        yield node.id
+    elif isinstance(node, (ast.Tuple, ast.List)):
+        for element in node.elts:
+            yield from _targets(element)
+    elif isinstance(node, ast.Starred):
+        yield from _targets(node.value)
+
+
+class _Scope:
+    def __init__(self, path: str, body: list[ast.stmt], params: Iterable[str] = ()) -> None:
+        self.path = path
+        self.unbound: list[tuple[str, str, int]] = []  # (scope, name, line), one per read
+        self.nested: list[_Scope] = []
+        self.locals = self._locals(body) - self._declared(body)
+        self.body = body
+        self.start = frozenset(params)
+
+    @staticmethod
+    def _own(body: list[ast.stmt]) -> Iterable[ast.AST]:
+        """The nodes of a scope's body, not of the functions, classes, lambdas and
+        comprehensions in it."""
+        todo: list[ast.AST] = list(body)
+        while todo:
+            node = todo.pop()
+            yield node
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    yield child  # its name is bound here; decorators and defaults are read here
+                    todo.extend(child.decorator_list)
+                    if not isinstance(child, ast.ClassDef):
+                        todo.extend(child.args.defaults + [d for d in child.args.kw_defaults if d])
+                    else:
+                        todo.extend(child.bases)
+                elif isinstance(child, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+                    continue
+                else:
+                    todo.append(child)
+
+    def _locals(self, body: list[ast.stmt]) -> frozenset:
+        out: set[str] = set()
+        for node in self._own(body):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                out.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                out.update((a.asname or a.name).split(".")[0] for a in node.names if a.name != "*")
+            elif isinstance(node, ast.ExceptHandler) and node.name:
+                out.add(node.name)
+            elif isinstance(node, ast.NamedExpr):
+                out.update(_targets(node.target))
+        return frozenset(out)
+
+    @staticmethod
+    def _declared(body: list[ast.stmt]) -> frozenset:
+        out: set[str] = set()
+        for node in _Scope._own(body):
+            if isinstance(node, (ast.Global, ast.Nonlocal)):
+                out.update(node.names)
+        return frozenset(out)
+
+    # ---- reads ----------------------------------------------------------------------------
+    def _read(self, node: Optional[ast.AST], bound: frozenset) -> frozenset:
+        """Record the reads in an expression; return ``bound`` plus what a walrus in it binds."""
+        if node is None:
+            return bound
+        walrus: set[str] = set()
+        todo = [node]
+        while todo:
+            current = todo.pop()
+            if isinstance(current, ast.Name) and isinstance(current.ctx, ast.Load):
+                if current.id in self.locals and bound is not _ALL and current.id not in bound \
+                        and current.id not in walrus:
+                    self.unbound.append((self.path, current.id, current.lineno))
+            elif isinstance(current, ast.NamedExpr):
+                todo.append(current.value)
+                walrus.update(_targets(current.target))
+                continue
+            elif isinstance(current, ast.Lambda):
+                self.nested.append(_Scope(f"{self.path}.<lambda>", [ast.Return(current.body)], _params(current.args)))
+                todo.extend(current.args.defaults)
+                continue
+            elif isinstance(current, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+                todo.append(current.generators[0].iter)  # evaluated here; the rest in its own scope
+                continue
+            todo.extend(ast.iter_child_nodes(current))
+        return bound if bound is _ALL or not walrus else bound | walrus
+
+    # ---- statements -----------------------------------------------------------------------
+    def run(self) -> "_Scope":
+        self._block(self.body, self.start)
+        return self
+
+    def _block(self, body: list[ast.stmt], bound: frozenset) -> frozenset:
+        for stmt in body:
+            if bound is _ALL:
+                break  # unreachable code: not checked
+            bound = self._stmt(stmt, bound)
+        return bound
+
+    def _stmt(self, s: ast.stmt, bound: frozenset) -> frozenset:
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for node in s.decorator_list:
+                bound = self._read(node, bound)
+            if isinstance(s, ast.ClassDef):
+                for node in s.bases + [k.value for k in s.keywords]:
+                    bound = self._read(node, bound)
+                self.nested.append(_Scope(f"{self.path}.{s.name}", s.body))
+            else:
+                for node in s.args.defaults + [d for d in s.args.kw_defaults if d]:
+                    bound = self._read(node, bound)
+                self.nested.append(_Scope(f"{self.path}.{s.name}", s.body, _params(s.args)))
+            return bound | {s.name}
+        if isinstance(s, (ast.Assign, ast.AnnAssign)):
+            bound = self._read(s.value, bound)
+            targets = s.targets if isinstance(s, ast.Assign) else ([s.target] if s.value is not None else [])
+            for target in targets:
+                bound = self._store(target, bound)
+            return bound
+        if isinstance(s, ast.AugAssign):
+            bound = self._read(s.value, bound)
+            bound = self._read(_as_load(s.target), bound)
+            return self._store(s.target, bound)
+        if isinstance(s, (ast.Import, ast.ImportFrom)):
+            return bound | {(a.asname or a.name).split(".")[0] for a in s.names if a.name != "*"}
+        if isinstance(s, (ast.Return, ast.Raise)):
+            for node in ast.iter_child_nodes(s):
+                self._read(node, bound)
+            return _ALL
+        if isinstance(s, (ast.Break, ast.Continue)):
+            return _ALL
+        if isinstance(s, ast.If):
+            bound = self._read(s.test, bound)
+            return _meet(self._block(s.body, bound), self._block(s.orelse, bound))
+        if isinstance(s, (ast.For, ast.AsyncFor)):
+            bound = self._read(s.iter, bound)
+            self._block(s.body, self._store(s.target, bound))
+            return self._block(s.orelse, bound)
+        if isinstance(s, ast.While):
+            bound = self._read(s.test, bound)
+            self._block(s.body, bound)
+            if isinstance(s.test, ast.Constant) and s.test.value and not s.orelse:
+                return bound  # ``while True:``: left by a break, with what was bound before it
+            return self._block(s.orelse, bound)
+        if isinstance(s, (ast.With, ast.AsyncWith)):
+            for item in s.items:
+                bound = self._read(item.context_expr, bound)
+                if item.optional_vars is not None:
+                    bound = self._store(item.optional_vars, bound)
+            return self._block(s.body, bound)
+        if isinstance(s, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+            after_body = self._block(s.orelse, self._block(s.body, bound))
+            out = after_body
+            for handler in s.handlers:
+                inner = self._read(handler.type, bound)
+                if handler.name:
+                    inner = inner | {handler.name}
+                out = _meet(out, self._block(handler.body, inner))
+            if s.finalbody:
+                final = self._block(s.finalbody, bound)
+                if final is _ALL:
+                    return _ALL
+                out = out if out is _ALL else out | (final - bound)
+            return out
+        if isinstance(s, ast.Delete):
+            for target in s.targets:
+                self._read(_as_load(target), bound)
+            return bound if bound is _ALL else bound - set(_targets(_as_store(s)))
+        if isinstance(s, getattr(ast, "Match", ())):
+            bound = self._read(s.subject, bound)
+            out: Optional[frozenset] = None
+            for case in s.cases:
+                names = {n.name for n in ast.walk(case.pattern) if isinstance(n, (ast.MatchAs, ast.MatchStar)) and n.name}
+                inner = self._read(case.guard, bound | names)
+                after = self._block(case.body, inner)
+                out = after if out is None else _meet(out, after)
+            return bound if out is None else _meet(out, bound)
+        for node in ast.iter_child_nodes(s):  # Expr, Assert, Global, Pass, ...
+            bound = self._read(node, bound)
+        return bound
+
+    def _store(self, target: ast.AST, bound: frozenset) -> frozenset:
+        if isinstance(target, (ast.Attribute, ast.Subscript)):
+            return self._read(_as_load(target), bound)
+        if isinstance(target, (ast.Tuple, ast.List)):
+            for element in target.elts:
+                bound = self._store(element, bound)
+            return bound
+        if isinstance(target, ast.Starred):
+            return self._store(target.value, bound)
+        return bound if bound is _ALL else bound | set(_targets(target))
+
+
+def _params(args: ast.arguments) -> list[str]:
+    every = args.posonlyargs + args.args + args.kwonlyargs
+    names = [a.arg for a in every]
+    names += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
+    return names
+
+
+def _as_load(node: ast.AST) -> ast.AST:
+    """A target read as a value (``x += 1`` reads ``x``; ``a.b = 1`` reads ``a``)."""
+    if isinstance(node, ast.Name):
+        return ast.Name(node.id, ast.Load(), lineno=node.lineno, col_offset=node.col_offset)
+    if isinstance(node, ast.Attribute):
+        return node.value
+    if isinstance(node, ast.Subscript):
+        return ast.Tuple([node.value, node.slice], ast.Load())
+    return node
+
+
+def _as_store(node: ast.Delete) -> ast.AST:
+    return ast.Tuple(node.targets, ast.Store())
+
+
+def maybe_unbound(source: str) -> dict[tuple[str, str], list[int]]:
+    """(scope, name) -> the lines where a name of that scope is read at a point that some path
+    reaches without binding it (one per read). Empty for a source that does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return {}
+    out: dict[tuple[str, str], list[int]] = {}
+    todo = [_Scope("<module>", tree.body)]
+    while todo:
+        scope = todo.pop().run()
+        for path, name, line in scope.unbound:
+            out.setdefault((path, name), []).append(line)
+        todo.extend(scope.nested)
+    return {key: sorted(lines) for key, lines in out.items()}
+

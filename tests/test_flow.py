@@ -1,0 +1,93 @@
+"""The engine's flow-sensitive check (codemod/flow.py): no output reads a name that some path
+leaves unbound where the input bound it on every path."""
+
+from __future__ import annotations
+
+import textwrap
+
+from accelerate_rewrite.codemod.engine import rewrite
+from accelerate_rewrite.codemod.flow import maybe_unbound
+from accelerate_rewrite.options import Options
+
+
+def test_names_bound_on_only_some_paths():
+    found = maybe_unbound(textwrap.dedent("""\
+        def main(args):
+            if args.flag:
+                optimizer = 1
+            print(optimizer)                      # 4: only under the flag
+            for x in range(3):
+                y = x
+            print(y)                              # 7: the loop may not run
+            try:
+                import apex
+            except ImportError:
+                apex = None
+            print(apex)                           # bound on both paths
+            with open("f") as fh:
+                w = 1
+            print(w, fh)                          # a with body runs
+            del w
+            print(w)                              # 17: deleted
+            if args.other:
+                z = 1
+            else:
+                raise SystemExit
+            print(z)                              # the other branch does not fall through
+            def inner():
+                return late                       # read when called, not here
+            late = 1
+            return [k for k in range(3)]
+    """))
+    assert found == {("<module>.main", "optimizer"): [4], ("<module>.main", "y"): [7],
+                     ("<module>.main", "w"): [17]}
+
+
+CONDITIONAL = """\
+import argparse
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--use-optimizer", action="store_true")
+parser.add_argument("--lr", type=float, default=0.1)
+args = parser.parse_args()
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = torch.nn.Linear(4, 1).to(device)
+if args.use_optimizer:
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=2)
+for x, y in loader:
+    x, y = x.to(device), y.to(device)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    if args.use_optimizer:
+        optimizer.zero_grad()
+    else:
+        model.zero_grad()
+    loss.backward()
+    if args.use_optimizer:
+        optimizer.step()
+    else:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-args.lr)
+"""
+
+
+def test_an_optimizer_built_under_a_flag_is_never_set_up_on_one_path_only():
+    """Set up inside the ``if``, the model would stay not set up when the flag is off (its
+    batches on the GPU, itself on the CPU); set up after it, ``optimizer`` may be unbound. The
+    flow check refuses the second, and says why."""
+    result = rewrite(CONDITIONAL, Options())
+    assert not result.changed
+    [dropped] = [d for d in result.dropped if d.startswith("AR103")]
+    assert "it reads `optimizer`" in dropped and "some path leaves it unbound" in dropped
+
+
+def test_bound_on_every_path_converts():
+    source = CONDITIONAL.replace("if args.use_optimizer:\n    optimizer =", "if True:\n    optimizer =")
+    source = source.replace("if True:\n    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)",
+                            "optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)")
+    result = rewrite(source, Options())
+    assert "model, optimizer = fabric.setup(model, optimizer)" in result.output and not result.dropped
