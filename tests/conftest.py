@@ -1,6 +1,8 @@
 """Test distribution: the verifier's tests run each original training script once per worker
-(tests/verify_support.py remembers it), and tests/test_multi_device.py runs each fixture's
-original and rewrite once (an lru_cache). With ``-n auto`` (xdist) the tests of one fixture
+(tests/verify_support.py remembers it), tests/test_multi_device.py runs each fixture's
+original and rewrite once (an lru_cache), and tests/test_robustness.py sums up its generated
+programs in its last test; tests/test_fixtures.py rewrites each fixture with every option set,
+and the analysis of its input (engine._analyse) is kept for the next option set. With ``-n auto`` (xdist) the tests of one fixture
 are kept on one worker (``--dist loadgroup``, in pyproject.toml): a second worker would run the
 same original again."""
 
@@ -12,7 +14,8 @@ import re
 import pytest
 
 #: the files whose tests share runs through a per-worker cache
-_SHARED_RUNS = ("test_verify.py", "test_multi_device.py", "test_verify_mutations.py")
+_SHARED_RUNS = ("test_verify.py", "test_multi_device.py", "test_verify_mutations.py", "test_robustness.py",
+                "test_fixtures.py")
 _FIXTURE_CALL = re.compile(r'fixture_script\("(\w+)"\)')
 
 
@@ -23,6 +26,8 @@ def pytest_collection_modifyitems(config, items):
             continue
         if file == "test_verify_mutations.py":
             group = "mutations"  # one original (base.py) for every case
+        elif file == "test_robustness.py":
+            group = "robustness"  # the generated-program tests count what they did for a summary
         else:
             params = getattr(getattr(item, "callspec", None), "params", {})
             group = params.get("name")
@@ -30,5 +35,5 @@ def pytest_collection_modifyitems(config, items):
                 found = _FIXTURE_CALL.findall(inspect.getsource(item.function))
                 group = found[0] if found else None
         if group is not None:
-            item.add_marker(pytest.mark.xdist_group(f"{file}:{group}" if file == "test_multi_device.py"
-                                                    else str(group)))
+            item.add_marker(pytest.mark.xdist_group(str(group) if file == "test_verify.py"
+                                                    else f"{file}:{group}"))

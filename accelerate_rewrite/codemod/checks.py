@@ -4,6 +4,8 @@ it reads no name that some path leaves unbound where the input bound it on every
 
 from __future__ import annotations
 
+import builtins
+import symtable
 from typing import Callable, Optional
 
 import libcst as cst
@@ -50,7 +52,8 @@ def check(
     except SyntaxError as exc:
         return [f"the result does not compile ({exc.msg})"]
     problems = []
-    for name, line in sorted(undefined_names(module).items(), key=lambda item: item[1]):
+    undefined = {} if _all_names_resolve(new_code) else undefined_names(module)
+    for name, line in sorted(undefined.items(), key=lambda item: item[1]):
         if name not in original_undefined:
             where = locate(name)
             where_text = f"line {where}" if where is not None else f"line {line} of the result"
@@ -89,4 +92,41 @@ def _new_unbound_reads(original: tuple[str, dict[tuple[str, str], list[int]]], n
                 return [f"it reads `{name}` (line {line} of the result, in {where}) where some path "
                         "leaves it unbound"]
     return []
+
+
+
+
+#: names a module reads without binding them: builtins and the module's own attributes
+_IMPLICIT = frozenset(dir(builtins)) | {"__file__", "__name__", "__doc__", "__spec__", "__loader__",
+                                        "__package__", "__builtins__", "__path__", "__annotations__",
+                                        "__dict__", "__cached__"}
+
+
+def _all_names_resolve(code: str) -> bool:
+    """Whether every name ``code`` reads is bound in its scope, an enclosing one, the module or
+    the builtins, by Python's own symbol tables (the compiler's, in C: much cheaper than
+    LibCST's scope analysis, which then runs only when this can't show it). False when unsure
+    (``from x import *``, a name that may be unbound)."""
+    try:
+        top = symtable.symtable(code, "<rewritten>", "exec")
+    except (SyntaxError, ValueError):
+        return False
+    module_names = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()
+                    or s.is_namespace()}
+    if "*" in module_names:
+        return False
+    todo = [top]
+    while todo:
+        table = todo.pop()
+        todo.extend(table.get_children())
+        for symbol in table.get_symbols():
+            if not symbol.is_referenced():
+                continue
+            if table is top:
+                global_read = not (symbol.is_assigned() or symbol.is_imported() or symbol.is_namespace())
+            else:
+                global_read = symbol.is_global() or not (symbol.is_local() or symbol.is_free())
+            if global_read and symbol.get_name() not in module_names | _IMPLICIT:
+                return False
+    return True
 

@@ -144,24 +144,13 @@ def _flat(node: cst.BaseExpression) -> list[str]:
     return [code(node)]
 
 
+
 def _flag_default(f: ScriptFacts, value: cst.BaseExpression) -> tuple[Optional[str], Optional[str]]:
     """``opt_level=args.opt_level``: the flag (``--opt-level``) and its literal default, where
     an ``add_argument`` of the script declares one."""
-    if not isinstance(value, cst.Attribute):
-        return None, None
-    wanted = value.attr.value
-    for call in f.attribute_calls:
-        if call.func.attr.value != "add_argument":
-            continue
-        flags = [a.value.evaluated_value for a in call.args
-                 if a.keyword is None and isinstance(a.value, cst.SimpleString)]
-        keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-        dest = keywords.get("dest")
-        name = dest.evaluated_value if isinstance(dest, cst.SimpleString) else next(
-            (x.lstrip("-").replace("-", "_") for x in flags if isinstance(x, str) and x.startswith("--")), None)
-        default = keywords.get("default")
-        if name == wanted and isinstance(default, cst.SimpleString):
-            return next((x for x in flags if x.startswith("--")), flags[0] if flags else None), \
-                default.evaluated_value
-    return None, None
+    from accelerate_rewrite.codemod.flags import flags
 
+    found = flags(f).get(value.attr.value) if isinstance(value, cst.Attribute) else None
+    if found is None or not isinstance(found.default, str):
+        return None, None
+    return found.flag, found.default

@@ -142,20 +142,9 @@ def _flags_feeding(f, values):
                 assigned = f.assigned_value(node)
                 if assigned is not None:
                     todo.append(assigned)
-    out = []
-    for call in f.attribute_calls:
-        if call.func.attr.value != "add_argument" or not call.args:
-            continue
-        flags = [a.value.evaluated_value for a in call.args
-                 if a.keyword is None and isinstance(a.value, cst.SimpleString)]
-        flags = [x for x in flags if isinstance(x, str)]
-        dest = next((a.value.evaluated_value for a in call.args if a.keyword is not None
-                     and a.keyword.value == "dest" and isinstance(a.value, cst.SimpleString)), None)
-        longs = [x for x in flags if x.startswith("--")]
-        name = dest or (longs[0][2:] if longs else (flags[0].lstrip("-") if flags else None))
-        if name and name.replace("-", "_") in attrs:
-            out.append((call, (longs or flags)[0]))
-    return out
+    from accelerate_rewrite.codemod.flags import flags
+
+    return [(flag.call, flag.flag) for dest, flag in flags(f).items() if dest in attrs]
 
 
 def _attr_assignments(facts, cls_id: int, attr: str):
