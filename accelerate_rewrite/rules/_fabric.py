@@ -13,8 +13,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-import re
-
 import libcst as cst
 import libcst.matchers as m
 
