@@ -239,8 +239,10 @@ def _options(values: dict):
 @click.option("--ignore", metavar="RULES", multiple=True, help="Don't apply these rules (as --select).")
 @click.option("--isolated", is_flag=True, help="Ignore [tool.accelerate-rewrite] in pyproject.toml files.")
 @click.option("--pre-commit", "pre_commit", is_flag=True,
-              help="Run as the pre-commit hook: rewrite in place, quietly; without a `select` in the "
-                   "configuration, apply the fixes only, with the torch backend.")
+              help="Run as the pre-commit hook: rewrite in place, one line per changed file with "
+                   "the rules that changed it (the whole summary with -v); without a `select` in "
+                   "the configuration, apply the fixes only, with the torch backend.")
+@click.option("-v", "--verbose", is_flag=True, help="With --pre-commit: the whole summary of each file.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="json: one record per file on stdout (path, changed, rules, "
                                       "places left alone, errors), nothing else.")
@@ -258,6 +260,7 @@ def rewrite_command(
     ignore: tuple[str, ...],
     isolated: bool,
     pre_commit: bool,
+    verbose: bool,
     output_format: str,
     jobs: Optional[int],
 ) -> None:
@@ -303,12 +306,12 @@ def rewrite_command(
     if pre_commit:
         if check or output is not None:
             _fail("--pre-commit rewrites in place: it can't be combined with --check or -o")
-        mode, quiet = Mode.WRITE, True
+        mode, quiet = Mode.WRITE, not verbose
     cli_values = {**option_values, **selectors}
     defaults = {"select": (FIXES,), "backend": "torch"} if pre_commit else {}
     settings = Settings(mode=mode, options=options, diff=show_diff, quiet=quiet, output=output,
                         cli_values=cli_values, defaults=defaults, isolated=isolated,
-                        output_format=output_format, jobs=jobs)
+                        output_format=output_format, jobs=jobs, hook=pre_commit)
     raise click.exceptions.Exit(run(paths, settings))
 
 
@@ -376,6 +379,10 @@ def explain_command(code: str) -> None:
         _fail(f"unknown rule {code!r}; known rules: {known}")
     console = make_console()
     console.print(f"[bold cyan]{rule.code}[/] [bold]{escape(rule.name)}[/] ({rule.kind.value})")
+    if rule.requires:
+        console.print("Relies on: " + ", ".join(f"{c} ({find(c).name})" for c in rule.requires)
+                      + " (a rule it relies on that has nothing to do in a file need not be selected)",
+                      markup=False)
     console.print()
     doc = rule.documentation()
     if colour_wanted(console):

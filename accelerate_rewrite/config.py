@@ -164,7 +164,14 @@ def _find(folder: Path) -> Optional[Path]:
                 text = pyproject.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError):
                 continue
-            if f"[tool.{TABLE}" in text or f'[tool."{TABLE}"' in text:
+            try:  # any TOML form of the table: [tool.accelerate-rewrite], tool = {...}, dotted keys
+                data = tomllib.loads(text)
+            except tomllib.TOMLDecodeError:
+                if TABLE in text:
+                    return pyproject  # load() says what is wrong with it
+                continue
+            tool = data.get("tool")
+            if isinstance(tool, dict) and TABLE in tool:
                 return pyproject
     return None
 

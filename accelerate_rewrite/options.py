@@ -184,8 +184,11 @@ def normalize_freeze(value: str) -> str:
     import re
 
     text = str(value).strip()
+    # a glob's character classes must close: fnmatch reads an unclosed ``[`` as a literal
+    # character, so ``--freeze '['`` would silently freeze nothing
+    classes_close = re.fullmatch(r"(?:[^\[\]]|\[!?[^\[\]]+\])*", text) is not None
     if not (re.fullmatch(_PATH, text) or re.fullmatch(_SLICE, text)
-            or (re.fullmatch(_GLOB, text) and any(c in text for c in "*?["))):
+            or (re.fullmatch(_GLOB, text) and any(c in text for c in "*?[") and classes_close)):
         raise OptionError(
             f"invalid freeze pattern {value!r}; valid forms: a module path (embeddings, "
             "encoder.layer.0), a slice of a ModuleList (encoder.layer[:2]), or a glob over "

@@ -51,6 +51,9 @@ class Settings:
     isolated: bool = False  # no configuration files
     output_format: str = "text"  # or "json": one record per file on stdout
     jobs: Optional[int] = None  # processes; None: as many as cores for 8 files or more
+    #: the pre-commit hook: quiet, but each changed file gets one line with the rules that
+    #: changed it, as black and ruff say what they fixed
+    hook: bool = False
 
     @property
     def shows_diff(self) -> bool:
@@ -179,6 +182,10 @@ class Reporter:
     def error(self, message: str) -> None:
         from rich.markup import escape
 
+        said = self.__dict__.setdefault("_said", set())
+        if message in said:  # a bad configuration is said once, not once per file it governs
+            return
+        said.add(message)
         self._flush_out()
         self.err.print(f"[bold red]error[/]: {escape(one_line(message))}")
 
@@ -202,6 +209,13 @@ class Reporter:
             return f"line {line}" if sep == " " else str(line)
 
         if self.silent:
+            if self.settings.hook and self.settings.output_format == "text" and result.changed:
+                counts: dict[str, int] = {}
+                for note in result.changes:
+                    counts[note.rule] = counts.get(note.rule, 0) + 1
+                rules = ", ".join(f"{code} x{n}" if n > 1 else code for code, n in counts.items())
+                self._flush_out()
+                self.err.print(f"{escape(str(path))}: {escape(rules)}", soft_wrap=True)
             return
         if not (result.changed or result.skips or result.dropped):
             return

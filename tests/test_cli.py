@@ -275,6 +275,16 @@ def test_missing_path(run, good):
     assert good.read_text() == expected_output(GOOD.read_text())  # still processed
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_is_a_one_line_error_never_a_hang(run, good, tmp_path):
+    os.mkfifo(tmp_path / "pipe.py")  # reading it would block until a writer came
+    result = run(str(tmp_path / "pipe.py"), "train.py", "--write")
+    assert result.exit_code == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "pipe.py: a FIFO, not a regular file: not read" in errors[0]
+    assert good.read_text() == expected_output(GOOD.read_text())  # the others are still processed
+
+
 def test_read_only_file_with_write(run, good):
     good.chmod(0o444)
     try:

@@ -118,6 +118,44 @@ def test_select_and_ignore_on_the_command_line(run, tmp_path):
     assert bad.exit_code == 2 and "--select: unknown rule 'AR9'" in bad.stderr
 
 
+def test_selecting_the_fabric_rules_converts_a_script_without_apex(run, tmp_path):
+    """``--select AR1``: AR101-AR110 rely on AR211 (apex), which has nothing to do in a script
+    without apex, so the conversion goes ahead; in a script with apex the message names AR211
+    and how to select it."""
+    shutil.copyfile(FIXTURES / "module_loop" / "input.py", tmp_path / "plain.py")
+    record = json.loads(run("plain.py", "--format", "json", "--select", "AR1").stdout)
+    assert {"AR101", "AR103", "AR106"} <= _rules(record) and not record["dropped"]
+    shutil.copyfile(FIXTURES / "apex_o1" / "input.py", tmp_path / "apex_script.py")
+    record = json.loads(run("apex_script.py", "--format", "json", "--select", "AR1").stdout)
+    assert not _rules(record)
+    assert any("it relies on AR211 (apex-amp-migration), which the selection leaves out" in d
+               and "--select ...,AR211" in d for d in record["dropped"])
+
+
+def test_any_toml_form_of_the_table_and_one_error_per_bad_config(run, tmp_path):
+    """The table is found by reading the TOML (tomllib), not by searching its text: an inline
+    table applies; a bad one is said once, not once per file it governs; a non-table is an
+    error."""
+    (tmp_path / "sub").mkdir()
+    for name in ("a.py", "b.py"):
+        shutil.copyfile(CUDA_AMP, tmp_path / "sub" / name)
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[tool]\n"accelerate-rewrite" = {select = ["AR201"], backend = "torch"}\n')
+    record = json.loads(run("sub/a.py", "--format", "json").stdout)
+    assert _rules(record) == {"AR201"}
+    load.cache_clear()
+    pyproject.write_text('[tool]\n"accelerate-rewrite" = {select = ["AR999"]}\n')
+    bad = run("sub")
+    assert bad.exit_code == 2
+    assert [line for line in bad.stderr.splitlines() if line.startswith("error: ")] == [
+        f"error: {pyproject}: [tool.accelerate-rewrite]: select: unknown rule 'AR999': give a code "
+        "(AR201), a code prefix (AR2), a name (amp-api-migration), 'fixes' or 'ALL' "
+        "(`accelerate-rewrite rules` lists them)"]
+    load.cache_clear()
+    pyproject.write_text("[tool]\naccelerate-rewrite = 3\n")
+    assert "[tool.accelerate-rewrite] must be a table" in run("sub").stderr
+
+
 def test_the_fixes_selector():
     assert select_rules(["fixes"]) == {"AR201", "AR202", "AR203", "AR211"}
     assert fixes(Options.create(backend="torch")) == {"AR201", "AR202", "AR203", "AR207", "AR208", "AR211"}
@@ -242,6 +280,8 @@ def test_the_pre_commit_hook_fixes_and_fails_the_commit(tmp_path):
     first = _git(repo, "commit", "-q", "-m", "add scripts", check=False)
     assert first.returncode != 0, first.stdout + first.stderr  # the hook changed a file
     assert "files were modified by this hook" in first.stdout + first.stderr
+    # the hook says which file it changed and with what, as black and ruff do
+    assert "train.py: AR201 x2, AR203, AR202" in first.stdout + first.stderr
     fixed = (repo / "train.py").read_text()
     assert "torch.amp.GradScaler" in fixed and "scaler.unscale_(optimizer)" in fixed
     assert "Fabric" not in fixed  # the conversion is not a fix: it runs only when configured

@@ -52,7 +52,7 @@ def test_the_three_forms(pattern, form):
     assert freeze_form(pattern) == form
 
 
-@pytest.mark.parametrize("pattern", ["", "a b", "encoder/layer", "a..b"])
+@pytest.mark.parametrize("pattern", ["", "a b", "encoder/layer", "a..b", "[", "encoder.[01.*", "a.[].x"])
 def test_a_malformed_pattern_is_an_option_error(pattern):
     with pytest.raises(OptionError, match="invalid freeze pattern"):
         Options.create(freeze=pattern)

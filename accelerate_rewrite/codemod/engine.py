@@ -49,6 +49,28 @@ class Result:
         return [n for n in self.notes if n.skipped]
 
 
+def _rule_name(code: str) -> str:
+    from accelerate_rewrite.rules import BY_CODE
+
+    rule = BY_CODE.get(code)
+    return rule.name if rule is not None else "unknown"
+
+
+def _nothing_to_do(code: str, facts: ScriptFacts, options: Options) -> bool:
+    """Whether the rule ``code``, run on these facts, would record no edit and say nothing."""
+    from accelerate_rewrite.rules import BY_CODE
+
+    rule = BY_CODE.get(code)
+    if rule is None or not rule.applies(options):
+        return False
+    ctx = RuleContext(rule, facts, options)
+    try:
+        rule.rewrite(ctx)
+    except Exception:
+        return False
+    return not ctx.edits and not ctx.edits.unused_imports and not ctx.notes
+
+
 def _dependents(dropped: str, rules: Sequence[Rule], options: Options) -> set[str]:
     """``dropped`` and every rule that relies on it, directly or not."""
     out = {dropped}
@@ -207,12 +229,29 @@ def _rewrite(
             continue
         contexts[rule.code] = ctx
     active = [r for r in rules if r.code in contexts]
-    # a rule whose prerequisite did not run can't run either
-    orphans = {r.code for r in active if any(req not in contexts for req in r.requirements(options))}
+    # a rule whose prerequisite did not run can't run either, unless the prerequisite (left out
+    # of the selection) has nothing to do in this file: AR211's apex migration, in a script
+    # without apex, is no reason to leave the Fabric conversion out
+    selected = {r.code for r in rules}
+    missing: dict[str, str] = {}  # code of a prerequisite that did not run -> why
+    for rule in active:
+        for req in rule.requirements(options):
+            if req in contexts or req in missing:
+                continue
+            if req not in selected and _nothing_to_do(req, facts, options):
+                continue
+            name = _rule_name(req)
+            missing[req] = (f"it relies on {req} ({name}), which the selection leaves out (select it "
+                            f"too: --select ...,{req})" if req not in selected
+                            else f"it relies on {req} ({name}), which did not run")
+    orphans = {r.code for r in active if any(req in missing for req in r.requirements(options))}
     gone = set().union(*(_dependents(code, active, options) for code in orphans)) if orphans else set()
     for code in sorted(gone):
         if contexts[code].edits or contexts[code].notes:  # a rule with nothing to do goes quietly
-            result.dropped.append(f"{code}: not applied: a rule it relies on did not run")
+            rule = next(r for r in active if r.code == code)
+            why = next((missing[req] for req in rule.requirements(options) if req in missing),
+                       "a rule it relies on did not run")
+            result.dropped.append(f"{code}: not applied: {why}")
     active = [r for r in active if r.code not in gone]
 
     protected = protected_lines(source)

@@ -56,6 +56,11 @@ def collect(paths: Iterable[str]) -> list[Target]:
         if path.is_dir():
             for file in _walk(path):
                 add(Target(file))
+        elif path.exists() and not path.is_file():
+            # a FIFO, a socket, a device: reading one could block forever, or never end
+            kind = ("a FIFO" if path.is_fifo() else "a socket" if path.is_socket()
+                    else "a device" if path.is_block_device() or path.is_char_device() else "not a file")
+            out.append(Target(path, f"{path}: {kind}, not a regular file: not read"))
         elif path.exists() or path.is_symlink():
             add(Target(path))  # a file given by name is read whatever its suffix
         else:
