@@ -243,6 +243,9 @@ def _options(values: dict):
                    "the rules that changed it (the whole summary with -v); without a `select` in "
                    "the configuration, apply the fixes only, with the torch backend.")
 @click.option("-v", "--verbose", is_flag=True, help="With --pre-commit: the whole summary of each file.")
+@click.option("--stdin-filename", metavar="PATH",
+              help="With PATH '-' (the source on stdin): the file it stands for, for the "
+                   "configuration (options, excludes) and in messages.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="json: one record per file on stdout (path, changed, rules, "
                                       "places left alone, errors), nothing else.")
@@ -261,6 +264,7 @@ def rewrite_command(
     isolated: bool,
     pre_commit: bool,
     verbose: bool,
+    stdin_filename: Optional[str],
     output_format: str,
     jobs: Optional[int],
 ) -> None:
@@ -312,6 +316,17 @@ def rewrite_command(
     settings = Settings(mode=mode, options=options, diff=show_diff, quiet=quiet, output=output,
                         cli_values=cli_values, defaults=defaults, isolated=isolated,
                         output_format=output_format, jobs=jobs, hook=pre_commit)
+    if "-" in paths:
+        if len(paths) != 1:
+            _fail("'-' (the source on stdin) can't be combined with other paths")
+        if mode in (Mode.WRITE, Mode.OUTPUT) or output_format != "text":
+            _fail("'-' writes the result to stdout: it can't be combined with --write, -o, "
+                  "--pre-commit or --format json")
+        from accelerate_rewrite.runner import run_stdin
+
+        raise click.exceptions.Exit(run_stdin(settings, stdin_filename))
+    if stdin_filename is not None:
+        _fail("--stdin-filename goes with the path '-' (the source on stdin)")
     raise click.exceptions.Exit(run(paths, settings))
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import enum
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, BinaryIO, Optional, Sequence
 
 from accelerate_rewrite.codemod.diff import render_diff, unified_diff
 from accelerate_rewrite.codemod.files import Target, collect
@@ -515,3 +516,54 @@ def run(
         _summary_table(tally, report)
     report.final(tally)
     return exit_code(tally, settings.mode)
+
+
+def run_stdin(
+    settings: Settings,
+    filename: Optional[str],
+    *,
+    stdin: Optional[BinaryIO] = None,
+    stdout: Optional[BinaryIO] = None,
+    err: Optional["Console"] = None,
+) -> int:
+    """``accelerate-rewrite -``: the source from stdin; the result (or with ``--diff``, the diff)
+    to stdout, the summary to stderr, as black and ruff do. ``filename`` (``--stdin-filename``)
+    names it for the configuration (its options, excludes) and in messages. Excluded by the
+    configuration, or with nothing to change, the input goes back as it came. ``--check`` writes
+    nothing but the diff, if asked, and exits 1 when the source would change."""
+    from accelerate_rewrite.codemod.engine import Result, RewriteError, rewrite
+    from accelerate_rewrite.codemod.source import SourceError, decode
+    from accelerate_rewrite.config import ConfigError
+
+    stdin = stdin if stdin is not None else sys.stdin.buffer
+    stdout = stdout if stdout is not None else sys.stdout.buffer
+    report = Reporter(settings, make_console(), err if err is not None else make_console(stderr=True))
+    shown = Path(filename) if filename else Path("-")
+    raw = stdin.read()
+    try:
+        choice = settings.choice_for(Path(filename) if filename else Path.cwd() / "stdin.py")
+        source = decode(shown, raw)
+        if choice.excluded:
+            result = None
+        elif not needs_analysis(source.text, choice.options, choice.rules):
+            try:
+                compile(source.text, str(shown), "exec", dont_inherit=True, flags=0x400)  # ast only
+            except SyntaxError as exc:
+                raise RewriteError(f"{shown}:{exc.lineno}:{exc.offset}: syntax error: {exc.msg}") from None
+            result = Result(path=str(shown), source=source.text, output=source.text)
+        else:
+            result = rewrite(source.text, choice.options, path=str(shown), rules=choice.rules)
+    except (SourceError, RewriteError, ConfigError) as exc:
+        report.error(str(exc))
+        return 2
+    changed = result is not None and result.changed
+    if settings.diff and changed:
+        stdout.write(unified_diff(str(shown), result.source, result.output).encode("utf-8"))
+    elif settings.mode is not Mode.CHECK:
+        stdout.write(source.encode(result.output) if changed else raw)
+    stdout.flush()
+    if result is not None:
+        status = ("would be rewritten" if settings.mode is Mode.CHECK else "rewritten") if changed \
+            else "left unchanged"
+        report.summary(shown, result, status, choice.options)
+    return 1 if settings.mode is Mode.CHECK and changed else 0
