@@ -243,6 +243,9 @@ def _options(values: dict):
                    "the rules that changed it (the whole summary with -v); without a `select` in "
                    "the configuration, apply the fixes only, with the torch backend.")
 @click.option("-v", "--verbose", is_flag=True, help="With --pre-commit: the whole summary of each file.")
+@click.option("--force-exclude", is_flag=True,
+              help="Leave out files named on the command line that a .gitignore ignores, as in "
+                   "folders (for pre-commit, which names every staged file).")
 @click.option("--stdin-filename", metavar="PATH",
               help="With PATH '-' (the source on stdin): the file it stands for, for the "
                    "configuration (options, excludes) and in messages.")
@@ -264,6 +267,7 @@ def rewrite_command(
     isolated: bool,
     pre_commit: bool,
     verbose: bool,
+    force_exclude: bool,
     stdin_filename: Optional[str],
     output_format: str,
     jobs: Optional[int],
@@ -315,7 +319,8 @@ def rewrite_command(
     defaults = {"select": (FIXES,), "backend": "torch"} if pre_commit else {}
     settings = Settings(mode=mode, options=options, diff=show_diff, quiet=quiet, output=output,
                         cli_values=cli_values, defaults=defaults, isolated=isolated,
-                        output_format=output_format, jobs=jobs, hook=pre_commit)
+                        output_format=output_format, jobs=jobs, hook=pre_commit,
+                        force_exclude=force_exclude)
     if "-" in paths:
         if len(paths) != 1:
             _fail("'-' (the source on stdin) can't be combined with other paths")

@@ -55,6 +55,7 @@ class Settings:
     #: the pre-commit hook: quiet, but each changed file gets one line with the rules that
     #: changed it, as black and ruff say what they fixed
     hook: bool = False
+    force_exclude: bool = False  # .gitignore applies to files named on the command line too
 
     @property
     def shows_diff(self) -> bool:
@@ -469,7 +470,7 @@ def run(
         err if err is not None else make_console(stderr=True),
     )
     tally = Tally()
-    targets = collect(paths)
+    targets = collect(paths, force_exclude=settings.force_exclude)
     jobs = settings.jobs if settings.jobs is not None else (os.cpu_count() or 1) if len(targets) >= 8 else 1
     jobs = max(1, min(jobs, len(targets)))
     show_progress = (settings.output_format == "text" and not settings.quiet and len(targets) > 1

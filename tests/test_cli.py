@@ -365,6 +365,29 @@ def test_folder_recursion_sorted_and_skipping(run, tmp_path):
     assert result.stdout.splitlines() == ["Would rewrite: src/build/bu.py"]
 
 
+def test_gitignore_and_virtual_environments_are_left_out(run, tmp_path):
+    """As ruff and black: what the repository's .gitignore files (and .ignore) ignore is not
+    searched, nor a virtual environment; a file named explicitly is read unless
+    --force-exclude."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".gitignore").write_text("outputs/\n*_generated.py\n")
+    for rel in ("src/train.py", "src/model_generated.py", "outputs/gen.py", "env/lib/x.py",
+                "src/sub/keep.py", "src/sub/skip.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(GOOD, tmp_path / rel)
+    (tmp_path / "env" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (tmp_path / "src" / "sub" / ".ignore").write_text("skip.py\n")
+    listed = [line.removeprefix("Would rewrite: ") for line in run(".", "--check").stdout.splitlines()]
+    assert listed == ["src/train.py", "src/sub/keep.py"]
+    # from a subfolder, the root's .gitignore still applies
+    listed = [line.removeprefix("Would rewrite: ") for line in run("src", "--check").stdout.splitlines()]
+    assert listed == ["src/train.py", "src/sub/keep.py"]
+    named = run("outputs/gen.py", "src/train.py", "--check")
+    assert named.stdout.splitlines() == ["Would rewrite: outputs/gen.py", "Would rewrite: src/train.py"]
+    forced = run("outputs/gen.py", "src/train.py", "--check", "--force-exclude")
+    assert forced.stdout.splitlines() == ["Would rewrite: src/train.py"]
+
+
 def test_empty_folder(run, tmp_path):
     (tmp_path / "empty").mkdir()
     result = run("empty")
