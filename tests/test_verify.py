@@ -182,7 +182,9 @@ def test_fixture_at_bf16_mixed(name, fixture_script):
 
 #: fixtures whose native (--backend torch) rewrite refuses mixed precision, and says why
 REFUSE_NATIVE = {"already_autocast", "cuda_amp", "gan_bce", "lbfgs"}
-NATIVE = [name for name in RUNNABLE if name not in REFUSE_NATIVE and not name.startswith("apex")]  # apex: below
+NATIVE = [name for name in RUNNABLE if name not in REFUSE_NATIVE and not name.startswith("apex")  # apex: below
+          and name != "rnn_classifier"]  # fp16 LSTM has no CPU kernel (oneDNN: "could not create a
+#                                          primitive descriptor"): the machine can't run it, not the rewrite
 
 
 #: 16-mixed (autocast, GradScaler, its threading) on every such fixture; bf16-mixed (autocast

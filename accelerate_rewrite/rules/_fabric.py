@@ -575,6 +575,19 @@ class _Planner:
         devices every process would then train on every batch (N times the work, no speed-up),
         so the conversion to several devices is refused; on one device it is said."""
         f, p, o = self.f, self.p, self.o
+        if o.many_devices:
+            for site in f.backward_sites:
+                kept = next((a for a in site.call.args if a.keyword is not None
+                             and a.keyword.value == "retain_graph" and code(a.value) != "False"), None)
+                if kept is not None:
+                    # DDP reduces the gradients when a forward's backward ends: a second backward
+                    # through the same forward fails ("Expected to mark a variable ready only once")
+                    self.refuse(site.call, f"`{short(site.call)}` keeps the graph for another backward "
+                                           "through the same forward: DistributedDataParallel reduces "
+                                           "once per forward and fails on the second; refused for several "
+                                           "devices (--devices 1 converts it; or add the losses and call "
+                                           "backward once)")
+                    return
         seen: set[int] = set()
         for site in f.backward_sites:
             loop = next((a for a in f.ancestors(site.call) if isinstance(a, cst.For)
