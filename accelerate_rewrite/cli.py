@@ -346,7 +346,8 @@ def rules_command() -> None:
     from accelerate_rewrite.runner import make_console
 
     rows = [(rule.code, rule.name, rule.kind.value, rule.summary()) for rule in ALL_RULES]
-    hint = "Run `accelerate-rewrite explain CODE` for a rule's documentation and example."
+    hint = ("Run `accelerate-rewrite explain CODE` for a rule's documentation, its example and the "
+            "rules it relies on.")
     console = make_console()
     if not console.is_terminal:  # piped: plain aligned text, one rule per line, for grep
         header = ("CODE", "NAME", "KIND", "WHAT IT DOES")

@@ -56,10 +56,15 @@ def test_left_alone_with_a_reason(name):
     assert reasons and LEFT_ALONE[name] in reasons[0]
 
 
+#: converted on one device, refused on several (the reason is in its golden notes): two backward
+#: passes through one forward (retain_graph=True), which DDP can't reduce
+ONE_DEVICE_ONLY = {"apex_o2_two_losses"}
+
+
 @pytest.mark.parametrize("name", sorted(set(fixture_names()) - set(LEFT_ALONE)))
 def test_converted_fixtures_use_fabric_everywhere(name):
     """Every backward and every set-up the script needs went through Fabric."""
-    result = run(name, "bf16-mixed-devices-4")
+    result = run(name, "default" if name in ONE_DEVICE_ONLY else "bf16-mixed-devices-4")
     assert result.changed
     backward_calls = [
         node for node in ast.walk(ast.parse(result.output))

@@ -234,13 +234,15 @@ def _rewrite(
     # without apex, is no reason to leave the Fabric conversion out
     selected = {r.code for r in rules}
     missing: dict[str, str] = {}  # code of a prerequisite that did not run -> why
+    vacuous: set[str] = set()  # prerequisites left out that have nothing to do here
     for rule in active:
         for req in rule.requirements(options):
-            if req in contexts or req in missing:
+            if req in contexts or req in missing or req in vacuous:
                 continue
             if req not in selected and _nothing_to_do(req, facts, options):
+                vacuous.add(req)
                 continue
-            name = _rule_name(req)
+            name = next((r.name for r in rules if r.code == req), None) or _rule_name(req)
             missing[req] = (f"it relies on {req} ({name}), which the selection leaves out (select it "
                             f"too: --select ...,{req})" if req not in selected
                             else f"it relies on {req} ({name}), which did not run")

@@ -579,7 +579,12 @@ class _Planner:
             for site in f.backward_sites:
                 kept = next((a for a in site.call.args if a.keyword is not None
                              and a.keyword.value == "retain_graph" and code(a.value) != "False"), None)
-                if kept is not None:
+                loop = next((a for a in f.ancestors(site.call) if isinstance(a, (cst.For, cst.While))), None)
+                # another backward after it in the same loop: through the same forward
+                again = loop is not None and any(
+                    other is not site and f.line(other.call) > f.line(site.call)
+                    and loop in f.ancestors(other.call) for other in f.backward_sites)
+                if kept is not None and again:
                     # DDP reduces the gradients when a forward's backward ends: a second backward
                     # through the same forward fails ("Expected to mark a variable ready only once")
                     self.refuse(site.call, f"`{short(site.call)}` keeps the graph for another backward "
