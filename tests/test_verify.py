@@ -113,8 +113,10 @@ def _finite(losses) -> bool:
 
 
 def test_the_fixture_lists_are_current():
-    assert RUNNABLE == [name for name in fixture_names()
-                        if name not in DIVERGING | NOT_RUN and rewrite(_source(name), Options()).changed]
+    # the default goldens (checked against the code by tests/test_fixtures.py) say which change
+    changed = [name for name in fixture_names() if (FIXTURES / name / "expected" / "default.py").read_text(
+        encoding="utf-8") != _source(name)]
+    assert RUNNABLE == [name for name in changed if name not in DIVERGING | NOT_RUN]
     assert len(RUNNABLE) >= 10
     assert REFUSE_BF16 <= set(RUNNABLE) and set(TWO_PROCESSES) <= set(RUNNABLE)
     for name in RUNNABLE:
