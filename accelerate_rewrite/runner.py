@@ -276,10 +276,24 @@ def needs_analysis(text: str, options: Options, rules: Sequence = ()) -> bool:
     return any(word in lowered for word in words)
 
 
+def rewrite_text(text: str, path: Path, choice: "Choice") -> "Result":
+    """The rewrite of one script's text, or, when no chosen rule could change it or say
+    anything of it, only a check of its syntax with Python's own parser (no analysis)."""
+    from accelerate_rewrite.codemod.engine import Result, RewriteError, rewrite
+
+    if needs_analysis(text, choice.options, choice.rules):
+        return rewrite(text, choice.options, path=str(path), rules=choice.rules)
+    try:
+        compile(text, str(path), "exec", dont_inherit=True, flags=0x400)  # ast only
+    except SyntaxError as exc:
+        raise RewriteError(f"{path}:{exc.lineno}:{exc.offset}: syntax error: {exc.msg}") from None
+    return Result(path=str(path), source=text, output=text)
+
+
 def prepare(target: Target, settings: Settings) -> Prepared:
     """Read, choose the options and rules, rewrite, encode; every failure becomes an error
     message naming the file."""
-    from accelerate_rewrite.codemod.engine import Result, RewriteError, rewrite
+    from accelerate_rewrite.codemod.engine import RewriteError
     from accelerate_rewrite.codemod.source import SourceError, read_source
     from accelerate_rewrite.config import ConfigError
 
@@ -298,14 +312,7 @@ def prepare(target: Target, settings: Settings) -> Prepared:
         out.source = source
         if path.suffix == ".ipynb":
             return _prepare_notebook(out, source, choice, settings)
-        if not needs_analysis(source.text, choice.options, choice.rules):
-            try:
-                compile(source.text, str(path), "exec", dont_inherit=True, flags=0x400)  # ast only
-            except SyntaxError as exc:
-                raise RewriteError(f"{path}:{exc.lineno}:{exc.offset}: syntax error: {exc.msg}") from None
-            out.result = Result(path=str(path), source=source.text, output=source.text)
-            return out
-        result = rewrite(source.text, choice.options, path=str(path), rules=choice.rules)
+        result = rewrite_text(source.text, path, choice)
         out.result = result
         if settings.mode is Mode.OUTPUT or (settings.mode is Mode.WRITE and result.changed):
             try:
@@ -532,7 +539,7 @@ def run_stdin(
     names it for the configuration (its options, excludes) and in messages. Excluded by the
     configuration, or with nothing to change, the input goes back as it came. ``--check`` writes
     nothing but the diff, if asked, and exits 1 when the source would change."""
-    from accelerate_rewrite.codemod.engine import Result, RewriteError, rewrite
+    from accelerate_rewrite.codemod.engine import RewriteError
     from accelerate_rewrite.codemod.source import SourceError, decode
     from accelerate_rewrite.config import ConfigError
 
@@ -546,14 +553,8 @@ def run_stdin(
         source = decode(shown, raw)
         if choice.excluded:
             result = None
-        elif not needs_analysis(source.text, choice.options, choice.rules):
-            try:
-                compile(source.text, str(shown), "exec", dont_inherit=True, flags=0x400)  # ast only
-            except SyntaxError as exc:
-                raise RewriteError(f"{shown}:{exc.lineno}:{exc.offset}: syntax error: {exc.msg}") from None
-            result = Result(path=str(shown), source=source.text, output=source.text)
         else:
-            result = rewrite(source.text, choice.options, path=str(shown), rules=choice.rules)
+            result = rewrite_text(source.text, shown, choice)
     except (SourceError, RewriteError, ConfigError) as exc:
         report.error(str(exc))
         return 2
