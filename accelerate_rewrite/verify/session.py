@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -61,21 +62,28 @@ def tolerance_kind(options: Options, rule_kinds: Sequence[str], processes: int) 
 @contextmanager
 def _rewritten_file(script: Path, source: str) -> Iterator[Path]:
     """The rewritten script beside the original (so imports and relative paths work the same),
-    or in a temporary folder when that folder can't be written; removed afterwards."""
-    target = script.with_name(f".{script.stem}.accelerate-rewrite-verify.py")
+    or in a temporary folder when that folder can't be written; removed afterwards. The name is
+    unique to this run (tempfile), so that two verifications of one script, run at once, never
+    run each other's file."""
+    folder: Optional[Path] = None
     try:
-        target.write_text(source, encoding="utf-8")
+        handle, name = tempfile.mkstemp(prefix=f".{script.stem}.", suffix=".accelerate-rewrite-verify.py",
+                                        dir=script.resolve().parent)
     except OSError:
         folder = Path(tempfile.mkdtemp(prefix="accelerate-rewrite-verify-"))
-        target = folder / script.name
-        target.write_text(source, encoding="utf-8")
+        handle, name = tempfile.mkstemp(prefix=f"{script.stem}.", suffix=".py", dir=folder)
+    target = Path(name)
     try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(source)
         yield target
     finally:
         try:
             target.unlink()
         except OSError:
             pass
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def verify(
@@ -147,7 +155,7 @@ def verify(
     else:
         on_start("rewritten")
         with _rewritten_file(script, rewritten_source) as rewritten_path:
-            if rewritten_path.parent != script.parent:  # the script's folder was read-only
+            if rewritten_path.parent != script.resolve().parent:  # the script's folder was read-only
                 rewritten_env["PYTHONPATH"] = os.pathsep.join(
                     filter(None, [str(script.resolve().parent), rewritten_env.get("PYTHONPATH")]))
             rewritten = run_script(rewritten_path, script_args, label="rewritten", env=rewritten_env, **common)
