@@ -241,6 +241,10 @@ class Options:
     #: rules selected by their own code or name (not by "ALL" or a prefix): opt-in rules apply
     #: their edits only then (set by config.choose from the selection, not an option of its own)
     explicit: frozenset = frozenset()
+    #: the script starts its own processes (hand-made DDP, codemod/ddp.py): without
+    #: ``--devices`` the conversion keeps the script's world size, so it runs on several devices
+    #: (set per file by the engine, not an option of its own)
+    script_world: bool = False
 
     @classmethod
     def create(
@@ -326,6 +330,8 @@ class Options:
     def many_devices(self) -> bool:
         """The converted script may run as several processes (each one sees a shard of the
         data): anything but exactly one device on one node."""
+        if self.devices is None and self.script_world:
+            return True
         return not (self.effective_devices == 1 and (self.num_nodes or 1) == 1)
 
     def fabric_kwargs(self) -> dict[str, object]:

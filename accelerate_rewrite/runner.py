@@ -131,7 +131,12 @@ def numerics(result: "Result", options: Options) -> str:
     if options.mixed_or_low_precision and any(n.rule == "AR101" for n in result.changes):
         by_kind.setdefault(Kind.APPROXIMATE, []).insert(0, f"Fabric at {options.precision}")
     parts = []
-    if options.fabric and options.many_devices and any(n.rule == "AR101" for n in result.changes):
+    hand_ddp = any(n.rule == "AR111" for n in result.changes)
+    if hand_ddp:  # the script ran on several processes already: each keeps its shard
+        if options.devices is not None:
+            parts.append(f"devices={options.devices} replaces the script's own world size: with another "
+                         "number of processes, each one's shard of the data changes")
+    elif options.fabric and options.many_devices and any(n.rule == "AR101" for n in result.changes):
         parts.append(f"devices={options.effective_devices}: with several processes each trains on "
                      "its shard of the training data, so a step sees N times the batch (the loss "
                      "curve changes); "

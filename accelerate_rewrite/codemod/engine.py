@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional, Sequence
@@ -175,6 +175,19 @@ def _regions(facts: ScriptFacts, touched: Sequence[tuple[cst.CSTNode, bool]]) ->
     return out
 
 
+def _for_script(facts: ScriptFacts, options: Options) -> Options:
+    """The options as this file reads them: a script that starts its own processes (hand-made
+    DDP) keeps its world size when ``--devices`` is not given, so its conversion is one for
+    several devices."""
+    if options.fabric and options.devices is None and not options.script_world:
+        from accelerate_rewrite.codemod.ddp import hand_ddp
+
+        ddp = hand_ddp(facts)
+        if ddp.found and ddp.problem is None:
+            return replace(options, script_world=True)
+    return options
+
+
 def rewrite(
     source: str,
     options: Options,
@@ -214,6 +227,7 @@ def _rewrite(
         result.notes.append(Note("file", skip_line, "`# accelerate-rewrite: skip-file`: the file is "
                                                     "left alone", skipped=True))
         return result
+    options = _for_script(facts, options)
     contexts: dict[str, RuleContext] = {}
     for rule in rules:
         if not rule.applies(options):

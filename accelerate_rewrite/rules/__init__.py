@@ -18,6 +18,7 @@ from accelerate_rewrite.rules.fabric_backward import FabricBackward
 from accelerate_rewrite.rules.fabric_checkpoint import FabricCheckpoint
 from accelerate_rewrite.rules.fabric_clip_gradients import FabricClipGradients
 from accelerate_rewrite.rules.fabric_data_parallel import FabricDataParallel
+from accelerate_rewrite.rules.fabric_ddp import FabricHandDDP
 from accelerate_rewrite.rules.fabric_dataloaders import FabricDataloaders
 from accelerate_rewrite.rules.fabric_device import FabricDevice
 from accelerate_rewrite.rules.fabric_launch import FabricLaunch
@@ -39,6 +40,7 @@ from accelerate_rewrite.rules.optimizer_8bit import Optimizer8bit
 ALL_RULES: tuple[Rule, ...] = (
     FabricLaunch(),
     FabricDataParallel(),
+    FabricHandDDP(),
     FabricSetup(),
     FabricDataloaders(),
     FabricDevice(),

@@ -32,6 +32,7 @@ from accelerate_rewrite.codemod.facts import (
     positional_params,
     root_of,
 )
+from accelerate_rewrite.codemod.ddp import HandDDP, hand_ddp
 from accelerate_rewrite.codemod.loops import EVAL, eval_sums, for_loops, loader_role, unwrap_iter
 from accelerate_rewrite.codemod.rule import Rule
 from accelerate_rewrite.rules._apex import apex_use
@@ -44,7 +45,7 @@ NAME = "fabric"
 #: gradients, apex's scale_loss left around fabric.backward, ...): each relies on all the
 #: others, so if one is dropped for a file, all are.
 #: Printing (AR108) and checkpoints (AR109) rely on them but are optional themselves.
-FABRIC_CORE = ("AR101", "AR102", "AR103", "AR104", "AR105", "AR106", "AR107", "AR211")
+FABRIC_CORE = ("AR101", "AR102", "AR103", "AR104", "AR105", "AR106", "AR107", "AR111", "AR211")
 
 
 class FabricRule(Rule):
@@ -134,6 +135,9 @@ class FabricPlan:
     removed_device_defs: list[Binding] = field(default_factory=list)
     thread_args: list[tuple[cst.Arg, str]] = field(default_factory=list)  # call args -> ref
     trivial_stmts: list[cst.BaseStatement] = field(default_factory=list)
+    #: hand-made DDP taken over (codemod/ddp.py); with ``ddp.spawn`` Fabric is created where
+    #: ``mp.spawn`` was, and the spawned function receives it
+    ddp: Optional[HandDDP] = None
 
     def ref_at(self, facts: ScriptFacts, node: cst.CSTNode) -> Optional[str]:
         """How ``fabric`` is spelled where ``node`` stands, or None if it can't be reached."""
@@ -151,6 +155,8 @@ class FabricPlan:
             return False
         if _innermost_scope(facts, node) is not self.home:
             return True
+        if self.ddp is not None and self.ddp.spawn is not None:
+            return True  # the worker receives `fabric`
         return facts.line(node) >= facts.line(self.anchor)
 
     @property
@@ -222,13 +228,15 @@ class _Planner:
             return self.refuse(apex.unknown_level, "apex's opt_level is not a literal O0-O3: give "
                                                    "--precision (O0 is 32-true, O1 and O2 "
                                                    "16-mixed, O3 16-true)")
-        ddp = f.hand_ddp()
-        if ddp:
-            return self.refuse(
-                ddp[0].call,
-                f"hand-made distributed training ({ddp[0].qualname.rsplit('.', 1)[-1]}): Fabric "
-                "starts its own processes; remove the hand-made set-up and rerun, or convert by hand",
-            )
+        ddp = hand_ddp(f)
+        if ddp.found:
+            if ddp.problem is not None:
+                return self.refuse(ddp.problem[0], f"hand-made distributed training: {ddp.problem[1]}; "
+                                                   "nothing was converted")
+            if self.o.single_device and ddp.kept:
+                return self.refuse(ddp.kept[0], f"hand-made distributed training: `{short(ddp.kept[0])}` "
+                                                "needs the process group, which Fabric starts only with "
+                                                "several devices (--devices 1 was given)")
         if self.o.strategy in FUNCTION_LAUNCH_STRATEGIES:
             return self.refuse(
                 None,
@@ -270,6 +278,15 @@ class _Planner:
                                        "way Fabric does not replace); every backward must go "
                                        "through Fabric, so nothing was converted")
                 return
+        if p.ddp is not None:
+            for node, attr in p.ddp.reads:
+                if p.ref_at(self.f, node) is None or not p.after_creation(self.f, node):
+                    func = self.f.function(node)
+                    where = f"in {func.name.value}()" if func is not None else "there"
+                    self.refuse(node, f"hand-made distributed training: `{short(node)}` {where} can't "
+                                      f"become `fabric.{attr}`: `fabric` can't be reached there, or only "
+                                      "later; nothing was converted")
+                    return
         self._setups()
         if p.refusal:
             return
@@ -294,6 +311,11 @@ class _Planner:
     # -- where Fabric is created --
     def _find_home(self) -> bool:
         f, p = self.f, self.p
+        ddp = hand_ddp(f)
+        if ddp.found:
+            p.ddp = ddp
+        if ddp.found and ddp.spawn is not None:
+            return self._spawned_home(ddp)
         builds = [
             b for b in f.bindings
             if any(f.same_object(b.key, key) for opt in f.optimizers for key in opt.models)
@@ -323,11 +345,34 @@ class _Planner:
         interesting += [f.statement(d.call) for d in f.device_moves
                         if _innermost_scope(f, d.call) is home]
         interesting += extra
+        if p.ddp is not None:  # Fabric starts the processes where the script started them
+            interesting += [s for s in p.ddp.starts if _innermost_scope(f, s) is home]
+            interesting += [f.statement(n) for n, _ in p.ddp.reads if _innermost_scope(f, n) is home]
         p.anchor = first_in_common_block(f, interesting)
         if p.anchor is None:
             self.refuse(first.stmt, "could not find one place before the model, optimizer and "
                                     "loaders are built to create Fabric")
             return False
+        return True
+
+    def _spawned_home(self, ddp: HandDDP) -> bool:
+        """``mp.spawn(worker, ...)``: Fabric is created where spawn was and launches the worker,
+        which receives it as its first argument; so `fabric` exists from the worker's first line."""
+        f, p = self.f, self.p
+        worker = ddp.spawn.worker
+        builds = [b for b in f.bindings if any(f.same_object(b.key, key) for opt in f.optimizers
+                                                for key in opt.models)] or list(f.optimizers)
+        outside = [b for b in builds if f.function(b.stmt) is not worker]
+        if outside:
+            self.refuse(outside[0].stmt, f"hand-made distributed training: `{outside[0].path}` is built "
+                                         f"outside `{worker.name.value}`, the function mp.spawn runs; "
+                                         "nothing was converted")
+            return False
+        if any(p.name.value == NAME for p in positional_params(worker)):
+            self.refuse(worker, f"`{worker.name.value}` already has a parameter named `{NAME}`")
+            return False
+        p.home = worker
+        p.anchor = next(s for s in worker.body.body)
         return True
 
     def _is_factory(self, func: cst.FunctionDef) -> bool:
@@ -504,6 +549,10 @@ class _Planner:
         for loader in f.loaders:
             if loader.key in f.returned_loaders:
                 continue  # set up where the helper that returns it is called
+            sharded = p.ddp.sharded(f, loader.key) if p.ddp is not None else None
+            if sharded is not None and not sharded.set_up:
+                p.loader_skips.append((loader.stmt, sharded.why))
+                continue
             ref = p.ref_at(f, loader.stmt)
             if ref is None:
                 p.loader_skips.append((loader.stmt, f"`{loader.path}` is built where `fabric` can't be reached"))
@@ -611,6 +660,8 @@ class _Planner:
             source = unwrap_iter(loop.iter)
             if self._set_up(f.key_of(source), LOADER):
                 continue
+            if p.ddp is not None and p.ddp.sharded(f, f.key_of(source)) is not None:
+                continue  # sharded by its own DistributedSampler
             if o.many_devices:
                 self.refuse(loop, f"batches come from `{short(source)}`, which the rewrite can't show to be "
                                   f"a DataLoader it sets up: with devices={o.effective_devices} every process "
@@ -636,6 +687,10 @@ class _Planner:
                 DEVICE in f.kinds_of(device_node)
             )
             literal = move.device_arg is None or is_literal_device(f, device_node)
+            if p.ddp is not None and isinstance(device_node, cst.Name):  # ``.to(rank)``: its GPU
+                func = f.function(move.call)
+                literal = literal or device_node.value in p.ddp.rank_names.get(
+                    id(func) if func is not None else None, set())
             # a device the script gets from elsewhere: ``args.device``, ``cfg.device``
             foreign = (not is_device_name and not literal and "device" in code(device_node).lower()
                        and not _follows_a_tensor(device_node))

@@ -3,7 +3,12 @@ from __future__ import annotations
 import libcst as cst
 
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.rules._fabric import FabricRule, core_except, NAME, plan, stmt
+from accelerate_rewrite.codemod.facts import code
+from accelerate_rewrite.rules._fabric import FabricRule, core_except, NAME, expr, plan, short, stmt
+
+
+class _Code(str):
+    """A Fabric argument written as code (``devices=world_size``), not as a literal."""
 
 
 class FabricLaunch(FabricRule):
@@ -49,8 +54,22 @@ class FabricLaunch(FabricRule):
         if p.omit_precision is not None:
             kwargs.pop("precision", None)
             ctx.skip(*p.omit_precision)
-        args = ", ".join(f"{k}={v!r}" if isinstance(v, int) else f'{k}="{v}"' for k, v in kwargs.items())
+        ddp = p.ddp
+        if ddp is not None:
+            self._hand_ddp(ctx, p, kwargs)
+        args = ", ".join(f"{k}={v}" if isinstance(v, _Code) else f"{k}={v!r}" if isinstance(v, int)
+                         else f'{k}="{v}"' for k, v in kwargs.items())
         lines: list[cst.BaseStatement] = [stmt(f"{NAME} = Fabric({args})\n")]
+        if ddp is not None and ddp.spawn is not None:
+            sp = ddp.spawn
+            launch_args = ", ".join([sp.worker.name.value, *(code(a) for a in sp.args)])
+            lines[0] = lines[0].with_changes(leading_lines=[])
+            ctx.edits.insert_before(sp.stmt, *lines)
+            ctx.edits.replace(sp.call, expr(f"{NAME}.launch({launch_args})"))
+            ctx.edits.add_import("lightning.fabric", "Fabric")
+            ctx.change(sp.stmt, f"`{short(sp.call)}` became `{NAME} = Fabric({args})` and "
+                                f"`{NAME}.launch({launch_args})`: Fabric starts the processes")
+            return
         launch = not ctx.options.single_device
         if launch:
             lines.append(stmt(f"{NAME}.launch()\n"))
@@ -65,3 +84,25 @@ class FabricLaunch(FabricRule):
         ctx.edits.insert_before(p.anchor, *lines)
         ctx.edits.add_import("lightning.fabric", "Fabric")
         ctx.change(p.anchor, f"created `{NAME} = Fabric({args})`" + (" and launched it" if launch else ""))
+
+    @staticmethod
+    def _hand_ddp(ctx: RuleContext, p, kwargs: dict) -> None:
+        """Hand-made DDP: Fabric's devices are the script's world size unless --devices is given."""
+        ddp, o = p.ddp, ctx.options
+        if o.strategy is None and ddp.strategy is not None:
+            kwargs["strategy"] = ddp.strategy
+        if o.devices is not None:
+            return
+        if ddp.spawn is not None:
+            if ddp.spawn.nprocs is None:
+                kwargs["devices"] = 1
+            else:
+                kwargs["devices"] = _Code(code(ddp.spawn.nprocs))
+        else:
+            kwargs["devices"] = _Code('int(os.environ.get("LOCAL_WORLD_SIZE", 1))')
+            ctx.edits.add_import("os")
+        # keep Fabric's keyword order: devices after accelerator and strategy
+        order = ("accelerator", "strategy", "devices", "num_nodes", "precision")
+        items = sorted(kwargs.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99)
+        kwargs.clear()
+        kwargs.update(items)

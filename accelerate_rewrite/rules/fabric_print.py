@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, expr, plan
+import libcst.matchers as m
+
+from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, expr, plan, short
 
 
 class FabricPrint(FabricRule):
@@ -35,6 +37,14 @@ class FabricPrint(FabricRule):
             ref = p.ref_at(f, call)
             if ref is None or not p.after_creation(f, call):
                 continue
+            if p.ddp is not None:
+                func = f.function(call)
+                ranks = p.ddp.rank_names.get(id(func) if func is not None else None, set())
+                named = sorted({n.value for n in m.findall(call, m.Name()) if n.value in ranks})
+                if named:
+                    ctx.skip(call, f"`{short(call)}` prints on every process, as before: it names the "
+                                   f"rank (`{named[0]}`)")
+                    continue
             ctx.edits.replace(call.func, expr(f"{ref}.print"))
             converted.append(call)
         if converted:

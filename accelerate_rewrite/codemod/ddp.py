@@ -1,0 +1,498 @@
+"""Hand-made distributed training: what a script does to start and run its own processes.
+
+Two launch styles are understood:
+
+- **spawn**: ``mp.spawn(worker, args=(...), nprocs=n)`` starts ``n`` processes that each run
+  ``worker(rank, *args)``; the worker joins the process group (``init_process_group``, in
+  itself or in a helper it calls) and builds the model;
+- **torchrun**: the script is started once per process by ``torchrun`` (or another launcher)
+  and reads its place from the environment (``int(os.environ["LOCAL_RANK"])``, ``RANK``,
+  ``WORLD_SIZE``, ``dist.get_rank()``); the function that builds the model joins the group.
+
+For each, the facts here say which statements only serve the hand-made set-up (they go when
+Fabric takes over: ``init_process_group``, ``destroy_process_group``, ``torch.cuda.set_device``,
+``MASTER_ADDR``/``MASTER_PORT`` set next to the group's start, the helpers left with nothing
+else), where ``DistributedDataParallel`` wraps a model, which reads of the process's place
+become ``fabric.global_rank`` / ``local_rank`` / ``world_size``, which collectives become
+Fabric's, and which loaders already shard their data with a ``DistributedSampler``.
+What can't be converted is a ``problem`` (node, why): custom process groups, RPC, pipeline or
+tensor parallelism, ``DDP(..., process_group=...)``, a worker the rewrite can't see.
+
+Measured (lightning 2.6, ``_FabricDataLoader.__iter__``): Fabric calls ``set_epoch`` on a
+loader's sampler with the number of times the loader was iterated, so a hand-built
+``DistributedSampler`` kept under ``fabric.setup_dataloaders`` gives each rank the original's
+batches only when the script's own ``sampler.set_epoch(epoch)`` counts the same: an epoch loop
+``for epoch in range(n)`` that iterates the loader once. Any other loader keeps its hand-made
+sharding and is not set up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from accelerate_rewrite.codemod.facts import Binding, Key, ScriptFacts, code, positional_params
+
+INIT = ("torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group")
+DESTROY = ("torch.distributed.destroy_process_group",
+           "torch.distributed.distributed_c10d.destroy_process_group")
+SET_DEVICE = ("torch.cuda.set_device",)
+DDP = ("torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel")
+SPAWN = ("torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn")
+SAMPLERS = ("torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler")
+#: what a process reads about its place, and Fabric's name for it
+PLACE_CALLS = {
+    "torch.distributed.get_rank": "global_rank",
+    "torch.distributed.distributed_c10d.get_rank": "global_rank",
+    "torch.distributed.get_world_size": "world_size",
+    "torch.distributed.distributed_c10d.get_world_size": "world_size",
+}
+PLACE_ENV = {"RANK": "global_rank", "LOCAL_RANK": "local_rank", "WORLD_SIZE": "world_size"}
+BARRIER = ("torch.distributed.barrier", "torch.distributed.distributed_c10d.barrier")
+ALL_REDUCE = ("torch.distributed.all_reduce", "torch.distributed.distributed_c10d.all_reduce")
+#: what Fabric does not do for a script: a reason to leave the whole conversion
+NOT_FABRIC = {
+    "torch.distributed.new_group": "a custom process group (new_group)",
+    "torch.distributed.new_subgroups": "custom process groups (new_subgroups)",
+    "torch.distributed.rpc": "RPC (torch.distributed.rpc)",
+    "torch.distributed.pipelining": "pipeline parallelism (torch.distributed.pipelining)",
+    "torch.distributed.pipeline": "pipeline parallelism",
+    "torch.distributed.tensor": "tensor parallelism (torch.distributed.tensor)",
+    "torch.distributed.device_mesh": "a device mesh",
+    "torch.distributed.init_device_mesh": "a device mesh",
+    "torch.distributed.fsdp": "FSDP by hand",
+    "torch.distributed.elastic": "torch.distributed.elastic by hand",
+    "torch.distributed.launch": "torch.distributed.launch's own API",
+}
+#: DDP(...) arguments that go with the wrapper (Fabric places the model and picks the devices)
+_DDP_PLACEMENT = ("device_ids", "output_device")
+_MASTER_ENV = ("MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass
+class Spawn:
+    """``mp.spawn(worker, args=(...), nprocs=n)``: becomes ``fabric.launch(worker, *args)``."""
+
+    stmt: cst.SimpleStatementLine
+    call: cst.Call
+    worker: cst.FunctionDef
+    rank: cst.Param  # the worker's first parameter: the process's index, given by spawn
+    args: list[cst.BaseExpression]
+    nprocs: Optional[cst.BaseExpression]
+    #: the worker's parameter that receives the same expression as ``nprocs`` (its world size)
+    world_param: Optional[cst.Param] = None
+
+
+@dataclass
+class Wrap:
+    """``x = DDP(model, ...)``: the statement goes when it rebinds ``model`` itself, else the
+    call becomes ``model``."""
+
+    call: cst.Call
+    stmt: cst.BaseStatement
+    inner: cst.BaseExpression
+    rebinds: bool
+
+
+@dataclass
+class ShardedLoader:
+    """A loader whose ``sampler=`` is a DistributedSampler built by the script."""
+
+    loader: Binding
+    sampler: cst.BaseExpression
+    set_up: bool  # Fabric sets it up and keeps the sampler: the batches stay the same
+    why: str  # what the note says
+
+
+@dataclass
+class HandDDP:
+    found: bool = False
+    problem: Optional[tuple[Optional[cst.CSTNode], str]] = None
+    spawn: Optional[Spawn] = None
+    #: the statements that start the hand-made world (the anchor for Fabric comes before them)
+    starts: list[cst.BaseStatement] = field(default_factory=list)
+    removed: list[cst.BaseStatement] = field(default_factory=list)
+    #: helpers left with nothing to do: they go, with the statements that call them
+    removed_functions: list[cst.FunctionDef] = field(default_factory=list)
+    wraps: list[Wrap] = field(default_factory=list)
+    strategy: Optional[str] = None  # from DDP(find_unused_parameters=True)
+    reads: list[tuple[cst.CSTNode, str]] = field(default_factory=list)  # node -> fabric attribute
+    barriers: list[cst.Call] = field(default_factory=list)
+    reductions: list[tuple[cst.SimpleStatementLine, cst.BaseExpression, str]] = field(default_factory=list)
+    kept: list[cst.Call] = field(default_factory=list)  # other torch.distributed calls
+    loaders: list[ShardedLoader] = field(default_factory=list)
+    module_uses: list[cst.Attribute] = field(default_factory=list)  # ``ddp_model.module``
+    #: names that hold the process's rank, by the function they are in (None: module level)
+    rank_names: dict[Optional[int], set[str]] = field(default_factory=dict)
+    #: the world size read from the environment (torchrun style): Fabric's devices follow it
+    env_world: bool = False
+
+    def sharded(self, f: ScriptFacts, key: Optional[Key]) -> Optional[ShardedLoader]:
+        return next((s for s in self.loaders if f.same_object(s.loader.key, key)), None)
+
+
+def hand_ddp(f: ScriptFacts) -> HandDDP:
+    return f.memo("hand-ddp", lambda: _Finder(f).run())
+
+
+def _env_key(f: ScriptFacts, node: cst.BaseExpression) -> Optional[str]:
+    """``os.environ["RANK"]``, ``os.environ.get("RANK", 0)``, ``os.getenv("RANK")`` -> "RANK"."""
+    key: Optional[cst.BaseExpression] = None
+    if isinstance(node, cst.Subscript) and f.qualname(node.value) == "os.environ" and len(node.slice) == 1 \
+            and isinstance(node.slice[0].slice, cst.Index):
+        key = node.slice[0].slice.value
+    elif isinstance(node, cst.Call) and node.args and (
+            f.qualname(node) == "os.getenv"
+            or (isinstance(node.func, cst.Attribute) and node.func.attr.value == "get"
+                and f.qualname(node.func.value) == "os.environ")):
+        key = node.args[0].value
+    if isinstance(key, cst.SimpleString) and isinstance(key.evaluated_value, str):
+        return key.evaluated_value
+    return None
+
+
+class _Finder:
+    def __init__(self, f: ScriptFacts) -> None:
+        self.f = f
+        self.d = HandDDP()
+
+    def problem(self, node: Optional[cst.CSTNode], why: str) -> HandDDP:
+        if self.d.problem is None:
+            self.d.problem = (node, why)
+        return self.d
+
+    def run(self) -> HandDDP:
+        f, d = self.f, self.d
+        calls = {name: [c.call for c in f.calls if c.qualname in quals or c.names & set(quals)]
+                 for name, quals in (("init", INIT), ("spawn", SPAWN), ("ddp", DDP), ("sampler", SAMPLERS),
+                                     ("destroy", DESTROY))}
+        d.found = any(calls.values())
+        if not d.found:
+            return d
+        for node, qual in f.qualified_refs:
+            for prefix, what in NOT_FABRIC.items():
+                if qual == prefix or qual.startswith(prefix + "."):
+                    return self.problem(node, f"{what}: Fabric's strategies don't take it over")
+        for call in calls["ddp"]:
+            if any(a.keyword is not None and a.keyword.value == "process_group" for a in call.args):
+                return self.problem(call, "`DistributedDataParallel(..., process_group=...)`: a custom "
+                                          "process group, which Fabric's strategies don't take")
+        if not calls["init"]:
+            node = next(iter(c for cs in calls.values() for c in cs))
+            return self.problem(node, "no `init_process_group` in this file: the processes are started "
+                                      "somewhere the rewrite can't see")
+        if len(calls["spawn"]) > 1:
+            return self.problem(calls["spawn"][1], "several `mp.spawn` calls")
+        if calls["spawn"] and not self._spawn(calls["spawn"][0]):
+            return d
+        for call in calls["init"]:
+            if not self._removable(call):
+                return d
+        for call in [*calls["destroy"], *f.calls_named(*SET_DEVICE)]:
+            if not self._removable(call):
+                return d
+        for call in calls["ddp"]:
+            if not self._wrap(call):
+                return d
+        self._places()
+        if d.problem:
+            return d
+        self._collectives()
+        if d.problem:
+            return d
+        self._helpers()
+        self._loaders(calls["sampler"])
+        self._module_uses()
+        return d
+
+    # -- the launch --
+    def _spawn(self, call: cst.Call) -> bool:
+        f, d = self.f, self.d
+        stmt = f.statement(call)
+        if not _alone(stmt, call):
+            return not self.problem(call, "`mp.spawn(...)` is part of a larger statement")
+        if not call.args or call.args[0].keyword is not None or not isinstance(call.args[0].value, cst.Name):
+            return not self.problem(call, "`mp.spawn(...)` without the spawned function as its first argument")
+        name = call.args[0].value.value
+        fn = f.functions.get(name)
+        if fn is None or not isinstance(fn.node, cst.FunctionDef) \
+                or f.key_of(call.args[0].value) != (f.module, name):
+            return not self.problem(call, f"`mp.spawn({name}, ...)`: `{name}` is not a function defined at the "
+                                          "top of this file (a parameter, an import)")
+        worker = fn.node
+        params = positional_params(worker)
+        if not params or worker.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) \
+                and not isinstance(worker.params.star_arg, cst.ParamStar):
+            return not self.problem(worker, f"`{name}` takes its arguments in a way the rewrite can't follow")
+        args: list[cst.BaseExpression] = []
+        nprocs: Optional[cst.BaseExpression] = None
+        for arg in call.args[1:]:
+            key = arg.keyword.value if arg.keyword is not None else None
+            if key == "args" and isinstance(arg.value, cst.Tuple) \
+                    and all(isinstance(e, cst.Element) and not isinstance(e, cst.StarredElement)
+                            for e in arg.value.elements):
+                args = [e.value for e in arg.value.elements]
+            elif key == "nprocs":
+                nprocs = arg.value
+            elif key == "join" and m.matches(arg.value, m.Name("True")):
+                continue
+            else:
+                return not self.problem(call, f"`mp.spawn(..., {code(arg).strip(', ')})`: only `args=(...)`, "
+                                              "`nprocs=` and `join=True` are converted")
+        if len(args) + 1 > len(params) or f.functions[name].calls or \
+                any(use is not call.args[0].value for use in f.functions[name].other_uses):
+            return not self.problem(call, f"`{name}` is used elsewhere too, or takes fewer arguments than "
+                                          "spawn gives it")
+        world_param = None
+        if nprocs is not None:
+            for index, a in enumerate(args):
+                if code(a) == code(nprocs):
+                    world_param = params[index + 1]
+        d.spawn = Spawn(stmt, call, worker, params[0], args, nprocs, world_param)
+        d.rank_names.setdefault(id(worker), set()).add(params[0].name.value)
+        return True
+
+    # -- statements that go --
+    def _removable(self, call: cst.Call) -> bool:
+        f, d = self.f, self.d
+        stmt = f.statement(call)
+        if not _alone(stmt, call):
+            return not self.problem(call, f"`{_short(call)}` is part of a larger statement; convert it by hand")
+        if stmt not in d.removed:
+            d.removed.append(stmt)
+        if f.qualname(call) in INIT:
+            d.starts.append(stmt)
+        return True
+
+    def _wrap(self, call: cst.Call) -> bool:
+        f, d = self.f, self.d
+        stmt = f.statement(call)
+        if not call.args or call.args[0].keyword not in (None,) and call.args[0].keyword.value != "module":
+            return not self.problem(call, f"`{_short(call)}`: no model to unwrap")
+        inner = call.args[0].value
+        for arg in call.args[1:]:
+            key = arg.keyword.value if arg.keyword is not None else None
+            if key in _DDP_PLACEMENT:
+                continue
+            if key == "find_unused_parameters" and m.matches(arg.value, m.Name("True") | m.Name("False")):
+                if arg.value.value == "True":
+                    d.strategy = "ddp_find_unused_parameters_true"
+                continue
+            return not self.problem(call, f"`DistributedDataParallel(..., {code(arg).strip(', ')})`: pass it to "
+                                          "Fabric with `strategy=DDPStrategy(...)` by hand")
+        assign = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+        if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.value is call):
+            return not self.problem(call, f"`{_short(call)}` is not a plain assignment")
+        rebinds = code(assign.targets[0].target) == code(inner)
+        d.wraps.append(Wrap(call, stmt, inner, rebinds))
+        if rebinds:
+            d.removed.append(stmt)
+        return True
+
+    # -- where a process is --
+    def _places(self) -> None:
+        f, d = self.f, self.d
+        removed = {id(s) for s in d.removed}
+        for call in f.calls_named(*PLACE_CALLS):
+            if id(f.statement(call)) not in removed:
+                d.reads.append((call, PLACE_CALLS[f.qualname(call)]))
+        for node in m.findall(f.module, m.Subscript() | m.Call()):
+            var = _env_key(f, node)
+            if var in _MASTER_ENV or var is None or var not in PLACE_ENV and var != "LOCAL_WORLD_SIZE":
+                continue
+            if id(f.statement(node)) in removed:
+                continue
+            outer = f.parent(node)
+            arg = outer if isinstance(outer, cst.Arg) else None
+            call = f.parent(arg) if arg is not None else None
+            if not (isinstance(call, cst.Call) and m.matches(call.func, m.Name("int")) and len(call.args) == 1):
+                return self.problem(node, f"`{_short(node)}` is read as text: only `int(...)` of it is "
+                                          "converted")
+            if var == "LOCAL_WORLD_SIZE":
+                return self.problem(node, "LOCAL_WORLD_SIZE is read: convert it to fabric's devices by hand")
+            d.reads.append((call, PLACE_ENV[var]))
+            if var == "WORLD_SIZE":
+                d.env_world = True
+        for node, attr in d.reads:
+            if attr in ("global_rank", "local_rank"):
+                assign = f.parent(node)
+                if isinstance(assign, cst.Assign) and len(assign.targets) == 1 \
+                        and isinstance(assign.targets[0].target, cst.Name):
+                    func = f.function(node)
+                    d.rank_names.setdefault(id(func) if func else None, set()).add(assign.targets[0].target.value)
+
+    def _collectives(self) -> None:
+        f, d = self.f, self.d
+        removed = {id(s) for s in d.removed}
+        known = {id(n) for n, _ in d.reads}
+        for site in f.calls:
+            call, qual = site.call, site.qualname
+            if id(f.statement(call)) in removed or id(call) in known or not qual.startswith("torch.distributed."):
+                continue
+            if qual in INIT + DESTROY + SAMPLERS or qual.startswith("torch.distributed.ReduceOp"):
+                continue
+            if qual in BARRIER and not call.args:
+                d.barriers.append(call)
+            elif qual in ALL_REDUCE:
+                stmt = f.statement(call)
+                target = call.args[0].value if call.args and call.args[0].keyword is None else None
+                op = "sum"
+                rest = call.args[1:]
+                for arg in rest:
+                    if arg.keyword is not None and arg.keyword.value == "op" or arg.keyword is None:
+                        op = _reduce_op(f, arg.value)
+                    else:
+                        op = None
+                if not _alone(stmt, call) or target is None \
+                        or op is None or not isinstance(target, (cst.Name, cst.Attribute, cst.Subscript)):
+                    d.kept.append(call)
+                    continue
+                d.reductions.append((stmt, target, op))
+            else:
+                d.kept.append(call)
+
+    def _helpers(self) -> None:
+        """A function of the script whose body only starts or ends the hand-made world
+        (``def setup(rank, world_size): os.environ[...] = ...; init_process_group(...)``)
+        goes, with the statements that call it; so do the names and environment variables
+        that only fed ``init_process_group`` next to it."""
+        f, d = self.f, self.d
+        removed = {id(s) for s in d.removed}
+        starts = {id(s) for s in d.starts}
+        changed = True
+        while changed:
+            changed = False
+            for block in {id(f.block(s)): f.block(s) for s in list(d.removed)}.values():
+                body = list(block.body)
+                near_start = any(id(s) in starts for s in body)
+                for s in body:
+                    if id(s) in removed or not isinstance(s, cst.SimpleStatementLine) or len(s.body) != 1:
+                        continue
+                    small = s.body[0]
+                    if near_start and self._sets_master(small):
+                        d.removed.append(s)
+                        removed.add(id(s))
+                        changed = True
+                    elif isinstance(small, cst.Assign) and len(small.targets) == 1 \
+                            and isinstance(small.targets[0].target, cst.Name) and not m.findall(
+                                small.value, m.Call(func=~(m.Attribute(attr=m.Name("is_available"))))):
+                        name = small.targets[0].target
+                        readers = [f.statement(r) for r in f.references(f.key_of(name) or (None, ""))
+                                   if r is not name] if f.key_of(name) else []
+                        if readers and all(id(r) in removed for r in readers):
+                            d.removed.append(s)
+                            removed.add(id(s))
+                            changed = True
+        for name, fn in f.functions.items():
+            func = fn.node
+            if not isinstance(func, cst.FunctionDef) or not isinstance(func.body, cst.IndentedBlock) \
+                    or f.parent(func) is not f.module:
+                continue
+            body = [s for s in func.body.body if not m.matches(
+                s, m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())]))]
+            if not body or not all(id(s) in removed for s in body) or fn.other_uses:
+                continue
+            callers = [f.statement(c) for c in fn.calls]
+            if not all(m.matches(s, m.SimpleStatementLine(body=[m.Expr(value=m.Call())])) for s in callers):
+                continue
+            d.removed_functions.append(func)
+            for s in callers:
+                if id(s) not in removed:
+                    d.removed.append(s)
+                    removed.add(id(s))
+            # a start inside the helper starts the world where the helper is called
+            d.starts.extend(s for s, inner in zip(callers, fn.calls) if any(id(x) in starts for x in body))
+
+    def _sets_master(self, small: cst.BaseSmallStatement) -> bool:
+        f = self.f
+        if isinstance(small, cst.Assign) and len(small.targets) == 1:
+            return _env_key(f, small.targets[0].target) in _MASTER_ENV
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            call = small.value
+            return (isinstance(call.func, cst.Attribute) and call.func.attr.value == "setdefault"
+                    and f.qualname(call.func.value) == "os.environ" and bool(call.args)
+                    and isinstance(call.args[0].value, cst.SimpleString)
+                    and call.args[0].value.evaluated_value in _MASTER_ENV)
+        return False
+
+    # -- data --
+    def _loaders(self, samplers: list[cst.Call]) -> None:
+        f, d = self.f, self.d
+        sampler_ids = {id(c) for c in samplers}
+        for loader in f.loaders:
+            call = loader.call
+            arg = next((a for a in call.args if a.keyword is not None and a.keyword.value == "sampler"), None)
+            if arg is None:
+                continue
+            value = arg.value
+            built = value if isinstance(value, cst.Call) else (
+                f.assigned_value(value) if isinstance(value, cst.Name) else None)
+            if not (isinstance(built, cst.Call) and id(built) in sampler_ids):
+                continue
+            d.loaders.append(self._sharded(loader, value))
+
+    def _sharded(self, loader: Binding, sampler: cst.BaseExpression) -> ShardedLoader:
+        """Whether Fabric's ``set_epoch`` (the count of iterations of the loader) is the one the
+        script gives its sampler, so the loader can be set up with its sampler kept."""
+        f = self.f
+        name = loader.key[1]
+        loops = [loop for loop in m.findall(f.module, m.For())
+                 if code(_unwrap(loop.iter)) == name and f.function(loop) is f.function(loader.stmt)]
+        calls = [c for c in f.attribute_calls if c.func.attr.value == "set_epoch"
+                 and code(c.func.value) in (code(sampler), f"{name}.sampler")]
+        keep = f"`{name}` keeps its DistributedSampler"
+        if not calls:
+            return ShardedLoader(loader, sampler, False,
+                                 f"{keep} and is not set up: the script never calls `set_epoch` on it, and "
+                                 "Fabric would (its shuffle would change every epoch)")
+        epoch_loop = next((a for a in f.ancestors(calls[0]) if isinstance(a, cst.For)), None)
+        counts_from_zero = epoch_loop is not None and m.matches(
+            epoch_loop.iter, m.Call(func=m.Name("range"), args=[m.Arg(keyword=None)])) and m.matches(
+            calls[0].args[0].value if calls[0].args else None, epoch_loop.target)
+        inside = [loop for loop in loops if epoch_loop is not None and epoch_loop in f.ancestors(loop)]
+        if len(calls) == 1 and counts_from_zero and len(inside) == 1 and len(loops) == 1:
+            return ShardedLoader(loader, sampler, True,
+                                 f"{keep} (Fabric leaves one in place); its `set_epoch({code(epoch_loop.target)})` "
+                                 "is the count Fabric sets, so every rank gets the original's batches")
+        why = ("it is iterated more than once an epoch" if len(inside) > 1 or len(loops) > 1
+               else "its epochs don't count from 0 once a loop")
+        return ShardedLoader(loader, sampler, False,
+                             f"{keep} and is not set up: Fabric would call `set_epoch` with the number of "
+                             f"times it was iterated, and {why}, so the batches would change; its batches "
+                             "move to `fabric.device`")
+
+    def _module_uses(self) -> None:
+        f, d = self.f, self.d
+        wrapped = {code(w.stmt.body[0].targets[0].target) for w in d.wraps}
+        for node in m.findall(f.module, m.Attribute(attr=m.Name("module"))):
+            if code(node.value) in wrapped:
+                d.module_uses.append(node)
+
+
+def _alone(stmt: cst.BaseStatement, call: cst.Call) -> bool:
+    """``stmt`` is the call and nothing else."""
+    return (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+            and isinstance(stmt.body[0], cst.Expr) and stmt.body[0].value is call)
+
+
+def _unwrap(source: cst.BaseExpression) -> cst.BaseExpression:
+    from accelerate_rewrite.codemod.loops import unwrap_iter
+
+    return unwrap_iter(source)
+
+
+def _reduce_op(f: ScriptFacts, op: cst.BaseExpression) -> Optional[str]:
+    qual = f.qualname(op) or ""
+    if qual.endswith("ReduceOp.SUM"):
+        return "sum"
+    if qual.endswith(("ReduceOp.MAX", "ReduceOp.MIN", "ReduceOp.PRODUCT")):
+        return code(op)
+    return None
+
+
+def _short(node: cst.CSTNode, limit: int = 48) -> str:
+    text = " ".join(code(node).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

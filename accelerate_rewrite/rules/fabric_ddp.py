@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from accelerate_rewrite.codemod.facts import code
+from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
+from accelerate_rewrite.rules._fabric import NAME, FabricRule, core_except, expr, plan, short, stmt
+
+#: the imports the hand-made set-up needed, dropped when the result no longer reads them
+_IMPORTS = (
+    ("torch.distributed", None),
+    ("torch.distributed", "init_process_group"),
+    ("torch.distributed", "destroy_process_group"),
+    ("torch.distributed", "barrier"),
+    ("torch.distributed", "all_reduce"),
+    ("torch.distributed", "get_rank"),
+    ("torch.distributed", "get_world_size"),
+    ("torch.multiprocessing", None),
+    ("torch.nn.parallel", "DistributedDataParallel"),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel"),
+)
+
+
+class FabricHandDDP(FabricRule):
+    """Hand-made DistributedDataParallel becomes Fabric's: Fabric starts the processes.
+
+    What it does, for scripts launched by `mp.spawn(worker, args=(...), nprocs=n)` or by
+    torchrun (the place read from `RANK` / `LOCAL_RANK` / `WORLD_SIZE` or `dist.get_rank()`):
+    - `dist.init_process_group(...)`, `dist.destroy_process_group()` and
+      `torch.cuda.set_device(...)` go, with the `MASTER_ADDR` / `MASTER_PORT` set next to the
+      group's start and the helpers (`setup(rank, world_size)`, `cleanup()`) left with nothing
+      else to do, and the lines that call them;
+    - `model = DDP(model, device_ids=[rank])` goes (`ddp_model = DDP(model)` becomes
+      `ddp_model = model`): `fabric.setup` wraps the model in DDP itself;
+      `find_unused_parameters=True` becomes `strategy="ddp_find_unused_parameters_true"`;
+    - `mp.spawn(worker, args=(a, b), nprocs=n)` becomes `fabric = Fabric(devices=n, ...)` and
+      `fabric.launch(worker, a, b)`; the worker's first parameter (the process index) becomes
+      `fabric`, and the index is read back from it (`rank = fabric.local_rank`);
+    - torchrun scripts create Fabric where the process group started, with
+      `devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1))` (the processes torchrun starts on
+      this node; 1 under plain `python`);
+    - `int(os.environ["RANK"])` / `dist.get_rank()` -> `fabric.global_rank`, `LOCAL_RANK` ->
+      `fabric.local_rank`, `WORLD_SIZE` / `dist.get_world_size()` -> `fabric.world_size`,
+      `dist.barrier()` -> `fabric.barrier()`, `dist.all_reduce(t)` ->
+      `t = fabric.all_reduce(t, reduce_op="sum")`;
+    - a loader with a `DistributedSampler` of its own keeps it: set up with Fabric when its
+      `sampler.set_epoch(epoch)` counts epochs as Fabric does (once a loop, from 0), otherwise
+      left as it is (already sharded), its batches moved to `fabric.device`.
+    `--devices N` overrides the script's world size.
+
+    Why: Fabric's DDP is the same DistributedDataParallel, and with it the precision,
+    strategy (FSDP, DeepSpeed) and device options of the other rules apply to the script.
+
+    Kind: safe at 32-true: each rank trains on the batches it trained on before (tested with 2
+    gloo processes, rank by rank).
+
+    Leaves alone (and says why): custom process groups, RPC, pipeline or tensor parallelism,
+    `DDP(..., process_group=...)` or other DDP options; a spawned function that is a parameter
+    or an import; a read of the rank where `fabric` can't be reached (in a helper called before
+    the model is built); `torch.distributed` calls other than these stay as they are (Fabric
+    starts the process group they need with several devices).
+    """
+
+    code = "AR111"
+    name = "fabric-hand-ddp"
+    kind = Kind.SAFE
+    requires = core_except("AR111")
+    examples = (Example.from_files("AR111"),)
+
+    def rewrite(self, ctx: RuleContext) -> None:
+        f, o = ctx.facts, ctx.options
+        p = plan(f, o)
+        d = p.ddp
+        if p.refusal is not None or d is None:
+            return
+        for func in d.removed_functions:
+            ctx.edits.remove(func)
+            ctx.change(func, f"removed `{func.name.value}()`: it only started or ended the hand-made "
+                             "process group, which Fabric starts")
+        removed_funcs = {id(x) for x in d.removed_functions}
+        wrapped = {id(w.stmt) for w in d.wraps}
+        for s in d.removed:
+            if any(id(a) in removed_funcs for a in f.ancestors(s)):
+                continue
+            ctx.edits.remove(s)
+            ctx.change(s, f"removed `{short(s)}`: " + ("fabric.setup wraps the model in DistributedDataParallel"
+                                                      if id(s) in wrapped else
+                                                      "Fabric starts and ends the processes"))
+        for wrap in d.wraps:
+            if not wrap.rebinds:
+                ctx.edits.replace(wrap.call, lambda u: u.args[0].value.with_changes())
+            if wrap.rebinds:
+                continue  # said with the removals
+            ctx.change(wrap.call, f"`{short(wrap.call)}` became `{code(wrap.inner)}`: fabric.setup wraps "
+                                  "the model in DistributedDataParallel")
+        for node, attr in d.reads:
+            ref = p.ref_at(f, node)
+            ctx.edits.replace(node, expr(f"{ref}.{attr}"))
+            ctx.change(node, f"`{short(node)}` became `{ref}.{attr}`")
+        for call in d.barriers:
+            ref = p.ref_at(f, call)
+            if ref is None or not p.after_creation(f, call):
+                ctx.skip(call, f"`{short(call)}` kept: `fabric` can't be reached here (it works: "
+                               "Fabric starts the process group with several devices)")
+                continue
+            ctx.edits.replace(call, expr(f"{ref}.barrier()"))
+            ctx.change(call, f"`{short(call)}` became `{ref}.barrier()`")
+        for s, target, op in d.reductions:
+            ref = p.ref_at(f, s)
+            if ref is None or not p.after_creation(f, s):
+                ctx.skip(s, f"`{short(s)}` kept: `fabric` can't be reached here")
+                continue
+            reduce_op = f'"{op}"' if op == "sum" else op
+            new = stmt(f"{code(target)} = {ref}.all_reduce({code(target)}, reduce_op={reduce_op})\n")
+            ctx.edits.replace(s, lambda u, new=new: new.with_changes(leading_lines=u.leading_lines))
+            ctx.change(s, f"`{short(s)}` became `{short(new)}` (Fabric returns the reduced tensor)")
+        for call in d.kept:
+            ctx.skip(call, f"`{short(call)}` kept: Fabric starts the process group it needs "
+                           "(with several devices)")
+        for loader in d.loaders:
+            if loader.set_up:
+                ctx.change(loader.loader.stmt, loader.why)
+        for use in d.module_uses:
+            ctx.change(use, f"`{short(use)}` keeps working: Fabric's set-up model has `.module` too "
+                            "(the script's own module)")
+        if d.spawn is not None:
+            self._worker(ctx, p)
+        for module, obj in _IMPORTS:
+            ctx.edits.remove_import_if_unused(module, obj)
+
+    @staticmethod
+    def _worker(ctx: RuleContext, p) -> None:
+        f, o = ctx.facts, ctx.options
+        sp = p.ddp.spawn
+        worker = sp.worker
+        ctx.edits.replace(sp.rank.name, cst.Name(NAME))
+        ctx.change(worker, f"`{worker.name.value}` receives `{NAME}` where mp.spawn gave it the process "
+                           f"index `{sp.rank.name.value}`")
+        body = list(worker.body.body)
+        first = next((s for s in body if not m.matches(
+            s, m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())]))), body[0])
+        new: list[cst.BaseStatement] = []
+        rank = sp.rank.name.value
+        if any(f.scope(n) is not None and n.value == rank and n is not sp.rank.name
+               for n in m.findall(worker.body, m.Name(rank))):
+            new.append(stmt(f"{rank} = {NAME}.local_rank\n"))
+        if o.devices is not None and sp.world_param is not None:
+            # --devices replaces the script's world size: what the worker was told must follow
+            new.append(stmt(f"{sp.world_param.name.value} = {NAME}.world_size\n"))
+        if new:
+            if first is body[0]:
+                new[0] = new[0].with_changes(leading_lines=first.leading_lines)
+                ctx.edits.replace(first, lambda u: u.with_changes(leading_lines=[]))
+            ctx.edits.insert_before(first, *new)
+            ctx.change(first, "read back from Fabric: " + ", ".join(f"`{short(s)}`" for s in new))
