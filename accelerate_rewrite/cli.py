@@ -472,8 +472,14 @@ def verify_command(script, option_values, against, steps,
     """Rewrite SCRIPT with the given options (or take --against FILE), run both with the same
     arguments and seeds, stop each after --steps optimizer steps, and compare the losses.
 
-    Exit status: 0 parity; 1 mismatch (or the rewrite broke the script); 2 could not run or
-    compare (the original failed, the requested precision did not run, bad input).
+    Exit status: 0 PASS: parity measured (or a --freeze / --clip-grad-norm claim checked);
+    1 FAIL: a mismatch, or the rewritten script crashed where the original ran; 2 ERROR: the
+    original failed or timed out, or bad input; 2 NOT VERIFIED: this machine can't run what the
+    options need (CUDA, transformer_engine, bitsandbytes), the precision asked for left no trace
+    in the training steps, or a strategy was substituted (fsdp run as ddp on the CPU);
+    3 NOT COMPARED: the rewrite changes training on purpose (more processes, --accumulate
+    without --keep-effective-batch) and the curves differ; 4 DATA ORDER CHANGED: a
+    DistributedSampler (ddp on one device) draws the batches in another order.
     """
     import sys
     from pathlib import Path
@@ -529,7 +535,9 @@ def verify_command(script, option_values, against, steps,
     out = make_console()
     if quiet:
         style = report.STYLE[result.verdict.verdict]
-        out.print(f"[{style}]{result.verdict.verdict.upper()}[/]: {escape(result.verdict.reason)}")
+        out.print(f"[{style}]{result.verdict.label}[/]: {escape(result.verdict.reason)}")
+        for warning in report.warnings(result):
+            out.print(f"[yellow]warning:[/] {escape(warning)}")
     else:
         report.render(out, result)
     if json_path:

@@ -62,3 +62,271 @@ def test_a_folder_that_cant_be_written_gets_a_temporary_one(tmp_path, monkeypatc
         assert path.parent != tmp_path and path.read_text() == "x = 1\n"
         folder = path.parent
     assert not folder.exists()
+
+
+# ---- verdicts from records (compare) ---------------------------------------------------------------
+
+from accelerate_rewrite.options import Options  # noqa: E402
+from accelerate_rewrite.verify import environment  # noqa: E402
+from accelerate_rewrite.verify.compare import (  # noqa: E402
+    APPROXIMATE,
+    CHANGES_TRAINING,
+    DATA_ORDER,
+    EXACT,
+    EXIT_CODES,
+    FAIL,
+    NOT_COMPARED,
+    NOT_VERIFIED,
+    PASS,
+    Claims,
+    Tolerance,
+    compare,
+    frozen_names,
+)
+from accelerate_rewrite.verify.runner import RunRecord  # noqa: E402
+
+LOSSES = [2.0, 1.8, 1.6, 1.5, 1.4, 1.3]
+NORMS = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5]
+
+
+def _run(label="original", losses=LOSSES, norms=NORMS, **kwargs) -> RunRecord:
+    return RunRecord(label, exit_code=0, losses=list(losses), grad_norms=list(norms),
+                     step_times_s=[0.1] * len(losses), peak_memory_bytes=100 * 2**20, device="cpu", **kwargs)
+
+
+def test_every_verdict_has_its_own_documented_exit_code():
+    assert EXIT_CODES == {"pass": 0, "fail": 1, "error": 2, "not-verified": 2, "not-compared": 3,
+                          "data-order-changed": 4}
+    from click.testing import CliRunner
+
+    from accelerate_rewrite.cli import cli
+
+    text = " ".join(CliRunner().invoke(cli, ["verify", "--help"], terminal_width=200).output.split())
+    for words in ("0 PASS", "1 FAIL", "2 ERROR", "2 NOT VERIFIED", "3 NOT COMPARED", "4 DATA ORDER CHANGED"):
+        assert words in text, words
+    readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())
+    for words in ("0 PASS", "1 FAIL", "2 ERROR", "2 NOT VERIFIED", "3 NOT COMPARED", "4 DATA ORDER CHANGED"):
+        assert words in readme, words
+
+
+def test_a_crash_of_the_rewritten_script_is_named_first():
+    # the case: a script that updates its weights by hand makes no optimizer step; its
+    # rewrite crashes with a NameError: the crash is the verdict, not "the original made no step"
+    original = RunRecord("original", exit_code=0)
+    crash = ("Traceback (most recent call last):\n  File \"train.py (rewritten)\", line 9, in <module>\n"
+             "    fabric.backward(los)\nNameError: name 'los' is not defined")
+    rewritten = RunRecord("rewritten", exit_code=1, error=crash)
+    v = compare(original, rewritten, Tolerance())
+    assert v.verdict == FAIL and v.exit_code == 1
+    first = v.reason.splitlines()[0]
+    assert first.startswith("the rewrite broke the script: NameError: name 'los' is not defined")
+    assert "made no optimizer step" in first
+    assert v.reason.rstrip().endswith("NameError: name 'los' is not defined")
+
+
+@pytest.mark.parametrize("last, needs", [
+    ("ValueError: FSDP is only available on GPU", "CUDA"),
+    ("ModuleNotFoundError: No module named 'transformer_engine'", "transformer_engine"),
+    ("ModuleNotFoundError: No module named 'bitsandbytes'", "bitsandbytes"),
+    ("RuntimeError: Found no NVIDIA driver on your system.", "CUDA"),
+])
+def test_a_machine_that_cant_run_it_is_not_verified_never_broke(last, needs):
+    rewritten = RunRecord("rewritten", exit_code=1, error=f"Traceback (most recent call last):\n{last}")
+    v = compare(_run(), rewritten, Tolerance())
+    assert v.verdict == NOT_VERIFIED and v.exit_code == 2
+    assert v.reason.startswith(f"not verified: needs {needs}")
+    assert "broke" not in v.reason
+
+
+def test_bit_identical_losses_under_mixed_precision_are_not_a_pass():
+    # an autocast entered, and nothing in the training steps traced (a record without the trace):
+    # the losses alone show that bf16 changed no rounding
+    said_bf16 = _run("rewritten", autocast=[["cpu", "bfloat16", True]])
+    assert said_bf16.precision == "bf16-mixed"
+    v = compare(_run(), said_bf16, Tolerance(kind=APPROXIMATE), requested_precision="bf16-mixed")
+    assert v.verdict == NOT_VERIFIED and v.exit_code == 2
+    assert "bit-identical" in v.reason
+
+
+def test_no_half_dtype_in_a_training_step_is_not_verified_whatever_autocast_ran_elsewhere():
+    close = [x * 1.001 for x in LOSSES]
+    # the case: autocast disabled in the training step, enabled in the evaluation loop
+    evaluation_only = _run("rewritten", close, autocast=[["cpu", "bfloat16", False], ["cpu", "bfloat16", True]],
+                           step_half_dtypes=[[] for _ in LOSSES])
+    v = compare(_run(), evaluation_only, Tolerance(kind=APPROXIMATE), requested_precision="bf16-mixed")
+    assert v.verdict == NOT_VERIFIED, v.reason
+    assert evaluation_only.precision == "32-true"
+    assert "outside the training step" in v.reason
+    # some steps with, some without: those are named
+    partly = _run("rewritten", close, step_half_dtypes=[["bfloat16"]] * 4 + [[], []])
+    v = compare(_run(), partly, Tolerance(kind=APPROXIMATE), requested_precision="bf16-mixed")
+    assert v.verdict == NOT_VERIFIED and "step(s) 5, 6 (of 6)" in v.reason
+    # every step traced: within tolerance, a pass
+    traced = _run("rewritten", close, step_half_dtypes=[["bfloat16"]] * 6)
+    v = compare(_run(), traced, Tolerance(kind=APPROXIMATE), requested_precision="bf16-mixed")
+    assert v.verdict == PASS and traced.precision == "bf16-mixed", v.reason
+
+
+def test_a_change_of_training_that_nothing_checks_is_not_compared():
+    claims = Claims(unchecked=("--accumulate 4 without --keep-effective-batch",))
+    other = _run("rewritten", [2.0, 1.5, 1.2])
+    v = compare(_run(), other, Tolerance(kind=CHANGES_TRAINING), claims=claims)
+    assert v.verdict == NOT_COMPARED and v.exit_code == 3
+    assert v.reason.startswith("not compared") and "--accumulate 4" in v.reason
+    # the same curves: parity was measured, whatever the rewrite might have changed
+    v = compare(_run(), _run("rewritten"), Tolerance(kind=CHANGES_TRAINING), claims=claims)
+    assert v.verdict == PASS
+    # more processes: never a pass by the curves (each process sees a share of the data)
+    two = _run("rewritten", [2.0, 1.7, 1.5], world_size=2)
+    v = compare(_run(), two, Tolerance(kind=CHANGES_TRAINING), claims=Claims(unchecked=("2 processes",)))
+    assert v.verdict == NOT_COMPARED and "2 processes" in v.reason
+
+
+
+
+def _frozen_run(label, moved_names):
+    names = ["embeddings.weight", "encoder.layer.0.w", "encoder.layer.1.w", "encoder.layer.2.w", "head.w"]
+    return _run(label, LOSSES if label == "original" else [2.0, 1.85, 1.7, 1.6, 1.5, 1.45],
+                params_start={n: "a" for n in names},
+                params_end={n: ("b" if n in moved_names else "a") for n in names})
+
+
+def test_frozen_names_read_the_three_forms():
+    names = ["embeddings.weight", "encoder.layer.0.w", "encoder.layer.1.w", "encoder.layer.2.w", "head.w"]
+    assert frozen_names(["embeddings"], names) == {"embeddings.weight"}
+    assert frozen_names(["encoder.layer[:2]"], names) == {"encoder.layer.0.w", "encoder.layer.1.w"}
+    assert frozen_names(["encoder.layer[-1:]"], names) == {"encoder.layer.2.w"}
+    assert frozen_names(["*.w"], names) == set(names) - {"embeddings.weight"}
+
+
+def test_freeze_is_checked_against_its_claim():
+    everything = {"embeddings.weight", "encoder.layer.0.w", "encoder.layer.1.w", "encoder.layer.2.w", "head.w"}
+    original = _frozen_run("original", everything)
+    claims = Claims(freeze=("embeddings", "encoder.layer[:2]"))
+    tol = Tolerance(kind=CHANGES_TRAINING)
+    good = _frozen_run("rewritten", {"encoder.layer.2.w", "head.w"})
+    v = compare(original, good, tol, claims=claims)
+    assert v.verdict == PASS and v.exit_code == 0, v.reason
+    assert "the 3 parameters --freeze names are bitwise unchanged, the other 2 moved" in v.reason
+    forgot = _frozen_run("rewritten", everything)  # the rewrite forgot to freeze
+    v = compare(original, forgot, tol, claims=claims)
+    assert v.verdict == FAIL and "were not frozen" in v.reason
+    too_much = _frozen_run("rewritten", {"head.w"})
+    v = compare(original, too_much, tol, claims=claims)
+    assert v.verdict == FAIL and "encoder.layer.2.w" in v.reason and "more was frozen" in v.reason
+
+
+def test_clipping_is_checked_against_its_claim():
+    original = _run(norms=[0.02, 0.3, 0.2, 0.1, 0.1, 0.1])
+    tol, claims = Tolerance(kind=CHANGES_TRAINING), Claims(clip_grad_norm=0.05)
+    clipped = _run("rewritten", [2.0, 1.8, 1.7, 1.6, 1.55, 1.5], [0.02, 0.05, 0.05, 0.05, 0.05, 0.05])
+    v = compare(original, clipped, tol, claims=claims)
+    assert v.verdict == PASS, v.reason
+    not_clipped = _run("rewritten", [2.0, 1.8, 1.7, 1.6, 1.55, 1.5], [0.02, 0.3, 0.05, 0.05, 0.05, 0.05])
+    v = compare(original, not_clipped, tol, claims=claims)
+    assert v.verdict == FAIL and "step 2" in v.reason
+    other_norm = _run("rewritten", [2.0, 1.8, 1.7, 1.6, 1.55, 1.5], [0.02, 0.025, 0.025, 0.025, 0.025, 0.025])
+    v = compare(original, other_norm, tol, claims=claims)
+    assert v.verdict == FAIL and "clips to another norm" in v.reason
+    first_differs = _run("rewritten", [2.1, 1.8, 1.7, 1.6, 1.55, 1.5], [0.02, 0.05, 0.05, 0.05, 0.05, 0.05])
+    v = compare(original, first_differs, tol, claims=claims)
+    assert v.verdict == FAIL and "before clipping could act" in v.reason
+
+
+def test_a_distributed_sampler_on_one_process_is_a_data_order_change():
+    shuffled = _run("rewritten", [2.1, 1.7, 1.65, 1.45, 1.42, 1.28], distributed_samplers=[[1, True]])
+    v = compare(_run(), shuffled, Tolerance())
+    assert v.verdict == DATA_ORDER and v.exit_code == 4
+    assert v.reason.startswith("data order changed (distributed sampler)")
+    # the same order (a sequential sampler): the curves agree, and that is a pass
+    same = _run("rewritten", distributed_samplers=[[1, False]])
+    assert compare(_run(), same, Tolerance()).verdict == PASS
+
+
+# ---- the machine: not verified before anything runs ---------------------------------------------
+
+@pytest.mark.parametrize("options, run_on, needs", [
+    ({"strategy": "fsdp"}, None, ["CUDA"]),
+    ({"strategy": "deepspeed"}, None, ["deepspeed", "CUDA"]),
+    ({"precision": "transformer-engine"}, "cpu", ["CUDA", "transformer_engine"]),
+    ({"precision": "16-mixed"}, "cpu", ["CUDA"]),
+    ({"precision": "16-mixed"}, None, ["CUDA"]),
+    ({"optimizer_8bit": True}, "cpu", ["bitsandbytes"]),
+    ({"accelerator": "cuda", "devices": 2}, None, ["CUDA"]),
+])
+def test_what_the_options_need_from_the_machine(options, run_on, needs):
+    wanted = environment.needs(Options.create(**options), run_on, None)
+    lacking = environment.missing(wanted, environment.Machine(0, {}))
+    assert sorted({n.what for n in lacking}) == sorted(needs)
+
+
+def test_what_runs_here_needs_nothing():
+    for options, run_on in [({}, "cpu"), ({"precision": "bf16-mixed"}, "cpu"), ({"strategy": "fsdp"}, "cpu"),
+                            ({"backend": "torch", "precision": "16-mixed"}, None), ({"devices": 2}, "cpu")]:
+        assert environment.needs(Options.create(**options), run_on, None) == [], options
+    # --against: the file's own backend decides how 16-mixed runs (native fp16 runs on the CPU)
+    assert environment.needs(Options.create(precision="16-mixed"), "cpu", None, against=True) == []
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"strategy": "fsdp"}, ["needs CUDA for --strategy fsdp", "this machine has no CUDA device",
+                            "NVIDIA GPU", "--run-on cpu"]),
+    ({"precision": "transformer-engine"}, ["transformer_engine", "pip install transformer-engine"]),
+    ({"optimizer_8bit": True}, ["bitsandbytes", "pip install bitsandbytes"]),
+])
+def test_not_verified_before_running_names_what_is_missing_and_what_would_verify_it(options, words, tmp_path,
+                                                                                     monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n")
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("nothing may run on a machine that can't run the options")
+
+    monkeypatch.setattr(session, "run_script", no_run)
+    monkeypatch.setattr(environment, "probe", lambda python, wanted, env=None, cwd=None: environment.Machine(0, {}))
+    v = session.verify(script, Options.create(**options), against=script, steps=3)
+    assert v.verdict.verdict == NOT_VERIFIED and v.verdict.exit_code == 2
+    assert v.verdict.reason.startswith("not verified: needs ")
+    assert "broke" not in v.verdict.reason
+    for word in words:
+        assert word in v.verdict.reason, word
+
+
+def test_the_probe_asks_the_runs_python(tmp_path):
+    import sys
+
+    wanted = [environment.Need("json", "a test"), environment.Need("no_such_module_here", "a test")]
+    machine = environment.probe(sys.executable, wanted)
+    assert machine.modules == {"json": True, "no_such_module_here": False}
+
+
+def test_against_classifies_by_every_option():
+    kind = session.tolerance_kind
+    assert kind(Options.create(freeze="embeddings"), [], 1) == CHANGES_TRAINING
+    assert kind(Options.create(clip_grad_norm=1.0), [], 1) == CHANGES_TRAINING
+    assert kind(Options.create(accumulate=4), [], 1) == CHANGES_TRAINING
+    assert kind(Options.create(accumulate=4, keep_effective_batch=True), [], 1) == APPROXIMATE
+    assert kind(Options.create(optimizer_8bit=True), [], 1) == APPROXIMATE
+    assert kind(Options.create(precision="32-true"), [], 1) == EXACT
+    assert kind(Options.create(precision="32-true"), [], 2) == CHANGES_TRAINING
+    claims = session.claims_for(Options.create(freeze=("embeddings",), clip_grad_norm=0.5, precision="bf16-mixed"),
+                                [], 1)
+    assert claims.freeze == ("embeddings",) and claims.clip_grad_norm == 0.5 and claims.basis == APPROXIMATE
+
+
+# ---- the report --------------------------------------------------------------------------------
+
+def test_memory_is_said_in_words_and_a_busy_machine_is_warned_about():
+    from accelerate_rewrite.verify import report
+
+    original, rewritten = _run(), _run("rewritten")
+    rewritten.peak_memory_bytes = int(1.24 * original.peak_memory_bytes)
+    verdict = compare(original, rewritten, Tolerance())
+    assert report.memory_text(verdict.comparison["rewritten_memory_x"]) == \
+        "rewritten uses 1.24x the memory of the original"
+    v = session.Verification(Path("train.py"), Options.create(), verdict, original, rewritten)
+    verdict.comparison.update(load_average=1.0, cores=2)
+    assert report.warnings(v) == []
+    verdict.comparison.update(load_average=3.5, cores=2)
+    assert "load average 3.5 on 2 cores" in report.warnings(v)[0]

@@ -27,7 +27,7 @@ class OriginalRuns:
         key = (
             str(Path(script).resolve()), tuple(args), kwargs.get("max_steps"), kwargs.get("threads"),
             str(kwargs.get("cwd")), env.get("CUDA_VISIBLE_DEVICES"), kwargs.get("python"),
-            kwargs.get("timeout"), kwargs.get("seed"),
+            kwargs.get("timeout"), kwargs.get("seed"), kwargs.get("track_params"),
         )
         if key not in self.cache:
             self.real_runs += 1

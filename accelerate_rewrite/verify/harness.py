@@ -83,6 +83,16 @@ class Recorder:
         self.max_steps: Optional[int] = config.get("max_steps")
         self.seed: int = int(config.get("seed", 0))
         self.threads: Optional[int] = config.get("threads")
+        #: per step, the half dtypes in the autograd graph of the losses it backwarded
+        self.trace_precision: bool = bool(config.get("trace_precision"))
+        #: a fingerprint of every parameter of the model before the first step and at the end
+        self.track_params: bool = bool(config.get("track_params"))
+        self.step_dtypes: set[str] = set()
+        self.graph_nodes = 0  # the most autograd nodes walked for one loss
+        self.params: Optional[dict[str, Any]] = None  # name -> the parameter tensor
+        self.params_start: Optional[dict[str, str]] = None
+        self.params_end: Optional[dict[str, str]] = None
+        self.distributed_samplers: list[list] = []  # [num_replicas, shuffle]
         self.torch: Any = None
         self.pending: list[float] = []
         self.scaled: dict[int, float] = {}  # id(scaled loss) -> unscaled value
@@ -152,6 +162,7 @@ class Recorder:
         register_optimizer_step_post_hook(self._on_step)
         self._hook_autocast(torch)
         self._hook_grad_scaler(torch)
+        self._hook_distributed_sampler(torch)
 
     def _wrap_backward(self, fn):
         recorder = self
@@ -184,6 +195,24 @@ class Recorder:
             return result
 
         cls.__enter__ = __enter__
+
+    def _hook_distributed_sampler(self, torch) -> None:
+        """A DistributedSampler (Fabric's setup_dataloaders under ddp puts one in, even on one
+        device) orders the samples its own way: the verifier names that as a data order change."""
+        try:
+            from torch.utils.data.distributed import DistributedSampler
+        except ImportError:  # pragma: no cover
+            return
+        recorder = self
+        original = DistributedSampler.__init__
+
+        def __init__(self_, *args, **kwargs):
+            original(self_, *args, **kwargs)
+            entry = [int(getattr(self_, "num_replicas", 1)), bool(getattr(self_, "shuffle", False))]
+            if entry not in recorder.distributed_samplers:
+                recorder.distributed_samplers.append(entry)
+
+        DistributedSampler.__init__ = __init__
 
     def _hook_grad_scaler(self, torch) -> None:
         recorder = self
@@ -235,12 +264,50 @@ class Recorder:
             if isinstance(t, torch.Tensor) and t.numel() == 1:
                 value = self.scaled.pop(id(t), None)
                 self.pending.append(value if value is not None else float(t.detach().float().item()))
+                if self.trace_precision:
+                    self.step_dtypes |= self._half_dtypes(t)
+
+    #: the autograd nodes walked at most for one loss (a graph this large has shown its dtypes)
+    MAX_NODES = 200_000
+
+    def _half_dtypes(self, loss) -> set[str]:
+        """The half dtypes (float16, bfloat16) of the tensors in the graph that produced ``loss``:
+        the evidence that the forward which fed this backward ran in low precision (under
+        autocast, or with half weights). Read from each node's input metadata, before the
+        backward frees the graph."""
+        torch = self.torch
+        half = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
+        if loss.dtype in half:
+            return {half[loss.dtype]}
+        found: set[str] = set()
+        seen: set = set()
+        stack = [loss.grad_fn]
+        while stack and len(seen) < self.MAX_NODES:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            try:
+                for meta in node._input_metadata:
+                    name = half.get(meta.dtype)
+                    if name is not None:
+                        found.add(name)
+                stack.extend(fn for fn, _ in node.next_functions)
+            except (AttributeError, RuntimeError):  # an older torch, a custom node
+                continue
+            if len(found) == 2:
+                break
+        self.graph_nodes = max(self.graph_nodes, len(seen))
+        return found
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         """The gradient the step is about to apply (unscaled: GradScaler.step unscales first).
         A loss that an accumulating rewrite forgot to divide leaves the losses alone under
         Adam, but doubles this."""
         torch = self.torch
+        if self.track_params and self.params is None:
+            self.params = self._model_parameters(optimizer)
+            self.params_start = self._fingerprints()
         grads = [p.grad.detach().float() for group in optimizer.param_groups
                  for p in group["params"] if getattr(p, "grad", None) is not None]
         if grads:
@@ -266,6 +333,9 @@ class Recorder:
         self.pending.clear()
         now = self._now()
         entry: dict = {"loss": loss, "grad_norm": None if skipped else self.grad_norm}
+        if self.trace_precision:
+            entry["half"] = sorted(self.step_dtypes)
+            self.step_dtypes = set()
         if skipped:
             entry["skipped"] = True
         if index == 0:
@@ -285,6 +355,51 @@ class Recorder:
         if index == 0 and time.monotonic() - self._last_snapshot >= SNAPSHOT_EVERY_S:
             self._snapshot()
             self.last_time = self._now()  # the write is not the next step's time
+
+    # ---- the parameters (--freeze: frozen ones unchanged, the others moved) ---------------------
+    WRAPPERS = {"_FabricModule": ("_forward_module", "_original_module"), "DistributedDataParallel": ("module",),
+                "DataParallel": ("module",), "OptimizedModule": ("_orig_mod",),
+                "FullyShardedDataParallel": ("_fsdp_wrapped_module", "module")}
+
+    def _model_parameters(self, optimizer) -> dict[str, Any]:
+        """Every parameter of the model the optimizer trains, by its name in the user's model (a
+        wrapper's prefix taken off): the largest module that holds the optimizer's parameters,
+        so that parameters left out of the optimizer (frozen) are in it too."""
+        import gc
+
+        torch = self.torch
+        wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        best, best_count = None, -1
+        for obj in gc.get_objects():
+            try:
+                if not isinstance(obj, torch.nn.Module):
+                    continue
+                module = obj
+                for _ in range(4):  # unwrap Fabric / DDP / compile wrappers
+                    names = self.WRAPPERS.get(type(module).__name__, ())
+                    inner = next((getattr(module, n) for n in names
+                                  if isinstance(getattr(module, n, None), torch.nn.Module)), None)
+                    if inner is None:
+                        break
+                    module = inner
+                params = dict(module.named_parameters())
+            except Exception:
+                continue
+            if params and any(id(p) in wanted for p in params.values()) and len(params) > best_count:
+                best, best_count = params, len(params)
+        return best or {}
+
+    def _fingerprints(self) -> dict[str, str]:
+        import hashlib
+
+        out = {}
+        for name, param in (self.params or {}).items():
+            try:
+                data = param.detach().cpu().contiguous().view(self.torch.uint8).numpy().tobytes()
+                out[name] = hashlib.blake2b(data, digest_size=12).hexdigest()
+            except Exception:  # no numpy: a sum is not bitwise, but moves with any update
+                out[name] = repr(float(param.detach().double().sum()))
+        return out
 
     # ---- output ------------------------------------------------------------------------------
     def _rank_and_world(self) -> tuple[int, int]:
@@ -310,6 +425,8 @@ class Recorder:
         if self.written:
             return
         self.written = True
+        if self.track_params and self.params is not None:
+            self.params_end = self._fingerprints()
         self._snapshot()
 
     def _snapshot(self) -> None:
@@ -333,6 +450,10 @@ class Recorder:
             "grad_scaler": self.grad_scaler,
             "stopped_after_max_steps": self.stopped,
             "error": self.error,
+            "distributed_samplers": self.distributed_samplers,
+            "graph_nodes": self.graph_nodes,
+            "params_start": self.params_start,
+            "params_end": self.params_end,
         }
         path = os.path.join(self.out_dir, f"rank{rank}-{os.getpid()}.json")
         try:

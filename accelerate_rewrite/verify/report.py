@@ -8,7 +8,8 @@ from typing import Optional
 
 from accelerate_rewrite.verify.session import Verification
 
-STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold yellow"}
+STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold yellow", "not-verified": "bold yellow",
+         "not-compared": "bold cyan", "data-order-changed": "bold cyan"}
 
 
 def _loss(value: Optional[float]) -> str:
@@ -17,6 +18,21 @@ def _loss(value: Optional[float]) -> str:
 
 def _ratio(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.2f}x"
+
+
+def memory_text(x: Optional[float]) -> str:
+    """``rewritten uses 1.24x the memory of the original``: which way the ratio goes, in words."""
+    return "-" if x is None else f"rewritten uses {x:.2f}x the memory of the original"
+
+
+def warnings(v: Verification) -> list[str]:
+    """What makes the figures less trustworthy: a machine busier than its cores."""
+    load = v.verdict.comparison.get("load_average")
+    cores = v.verdict.comparison.get("cores")
+    if load is not None and cores and load > cores:
+        return [f"the machine was busy (load average {load:.1f} on {cores} cores): the speed figures "
+                "are unreliable; verify on a quiet machine, or with --threads 1 for both runs"]
+    return []
 
 
 def _memory(run) -> str:
@@ -54,13 +70,15 @@ def render(console, v: Verification) -> None:
         table.add_row("gradient norm difference", "max", f"{c['max_grad_norm_rel_diff']:.2e}")
         table.add_row("", "mean", f"{c['mean_grad_norm_rel_diff']:.2e}")
     table.add_row("speedup (median step)", "", _ratio(c.get("speedup")))
-    table.add_row("memory ratio", "", _ratio(c.get("memory_ratio")))
+    table.add_row("memory", "", memory_text(c.get("rewritten_memory_x")))
     table.add_row("tolerance", "", c["tolerance"]["kind"])
     console.print(table)
     for note in v.notes:
         console.print(f"[dim]note: {escape(note)}[/]")
+    for warning in warnings(v):
+        console.print(f"[yellow]warning:[/] {escape(warning)}")
     verdict = v.verdict.verdict
-    console.print(f"[{STYLE[verdict]}]{verdict.upper()}[/]: {escape(v.verdict.reason)}")
+    console.print(f"[{STYLE[verdict]}]{v.verdict.label}[/]: {escape(v.verdict.reason)}")
 
 
 def write_json(path: Path, v: Verification) -> None:

@@ -57,20 +57,44 @@ class RunRecord:
     backward_calls: int = 0
     stopped_after_max_steps: bool = False
     output_tail: str = ""
+    #: per step, the half dtypes found in the autograd graph of its losses (None: not traced)
+    step_half_dtypes: Optional[list[list[str]]] = None
+    distributed_samplers: list[list] = field(default_factory=list)  # [num_replicas, shuffle]
+    #: parameter name -> fingerprint, before the first step and at the end (None: not tracked)
+    params_start: Optional[dict[str, str]] = None
+    params_end: Optional[dict[str, str]] = None
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
     @property
+    def traced(self) -> bool:
+        """Whether the training steps' graphs were read for half dtypes."""
+        return self.step_half_dtypes is not None and len(self.step_half_dtypes) > 0
+
+    @property
+    def untraced_steps(self) -> list[int]:
+        """The steps (1-based) whose losses came from a graph with no half dtype in it."""
+        return [i + 1 for i, found in enumerate(self.step_half_dtypes or []) if not found]
+
+    @property
     def precision(self) -> str:
-        """The precision that really ran, in Fabric's words."""
+        """The precision that really ran, in Fabric's words. Where the training steps were
+        traced, the evidence is theirs (an autocast in the evaluation loop does not count)."""
         dtype = self.param_dtype or "float32"
         true = {"float32": "32-true", "float64": "64-true", "float16": "16-true", "bfloat16": "bf16-true"}
         if dtype != "float32":
             return true.get(dtype, dtype)
-        enabled = {(d, t) for d, t, on in self.autocast if on}
         scaler = any(on for _, on in self.grad_scaler)
+        if self.traced:
+            found = {t for step in self.step_half_dtypes or [] for t in step}
+            if not found:
+                return "32-true"
+            if "float16" in found:
+                return "16-mixed" if scaler else "16-mixed (no GradScaler)"
+            return "bf16-mixed"
+        enabled = {(d, t) for d, t, on in self.autocast if on}
         if any(t == "float16" for _, t in enabled):
             return "16-mixed" if scaler else "16-mixed (no GradScaler)"
         if any(t == "bfloat16" for _, t in enabled):
@@ -106,6 +130,8 @@ class RunRecord:
             "precision": self.precision,
             "precision_notes": self.precision_notes,
             "world_size": self.world_size,
+            "half_dtypes_per_step": self.step_half_dtypes,
+            "distributed_samplers": self.distributed_samplers,
             "exit_code": self.exit_code,
             "error": self.error,
         }
@@ -225,12 +251,15 @@ def run_script(
     python: str = sys.executable,
     threads: Optional[int] = None,
     seed: int = 0,
+    trace_precision: bool = False,
+    track_params: bool = False,
 ) -> RunRecord:
     """Run ``python script args`` under the harness and return what it recorded."""
     record = RunRecord(label=label)
     out_dir = Path(tempfile.mkdtemp(prefix="accelerate-rewrite-verify-"))
     try:
-        config = {"out_dir": str(out_dir), "max_steps": max_steps, "seed": seed, "threads": threads}
+        config = {"out_dir": str(out_dir), "max_steps": max_steps, "seed": seed, "threads": threads,
+                  "trace_precision": trace_precision, "track_params": track_params}
         run_env = dict(os.environ if env is None else env)
         run_env[CONFIG_ENV] = json.dumps(config)
         run_env["PYTHONPATH"] = os.pathsep.join(
@@ -322,6 +351,12 @@ def _merge(record: RunRecord, out_dir: Path) -> None:
     record.grad_scaler = main["grad_scaler"]
     record.backward_calls = sum(r["backward_calls"] for r in ranks)
     record.stopped_after_max_steps = all(r["stopped_after_max_steps"] for r in ranks)
+    if any("half" in step for step in main["steps"][:steps]):
+        # a step shows a half dtype where every rank's graph had one
+        per_step = [[set(r["steps"][i].get("half", ())) for r in ranks] for i in range(steps)]
+        record.step_half_dtypes = [sorted(set.union(*found)) if all(found) else [] for found in per_step]
+    record.distributed_samplers = main.get("distributed_samplers") or []
+    record.params_start, record.params_end = main.get("params_start"), main.get("params_end")
 
 
 def _mean(values: list[Optional[float]]) -> Optional[float]:

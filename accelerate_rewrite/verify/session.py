@@ -10,15 +10,19 @@ import shutil
 import sys
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
 from accelerate_rewrite.options import Options
+from accelerate_rewrite.verify import environment
 from accelerate_rewrite.verify.compare import (
     APPROXIMATE,
+    HALF,
     CHANGES_TRAINING,
     EXACT,
+    NOT_VERIFIED,
+    Claims,
     Tolerance,
     Verdict,
     compare,
@@ -52,11 +56,57 @@ class Verification:
 
 
 def tolerance_kind(options: Options, rule_kinds: Sequence[str], processes: int) -> str:
-    if processes > 1 or "changes-training" in rule_kinds:
+    if processes > 1 or "changes-training" in rule_kinds or claims_for(options, (), processes).unchecked_or_checked:
         return CHANGES_TRAINING
-    if options.mixed_or_low_precision or "approximate" in rule_kinds:
+    if options.mixed_or_low_precision or "approximate" in rule_kinds or _approximate_options(options):
         return APPROXIMATE
     return EXACT
+
+
+def _approximate_options(options: Options) -> bool:
+    """Options whose rewrite changes the numerics within a tolerance (whatever the rules say: with
+    --against nothing is rewritten, and the options alone classify the run)."""
+    return bool(options.optimizer_8bit or options.compile or options.dynamic_padding
+                or (options.accumulate and options.keep_effective_batch))
+
+
+#: rules whose change of training an option explains (and a check or a phrase of its own covers)
+_OPTION_RULES = {"AR301", "AR302", "AR303", "AR503"}
+
+
+class _Claims(Claims):
+    @property
+    def unchecked_or_checked(self) -> bool:
+        return bool(self.freeze or self.clip_grad_norm is not None or self.unchecked)
+
+
+def claims_for(options: Options, changing_rules: Sequence[str], processes: int) -> _Claims:
+    """What a rewrite with these options claims to change in training, for compare's checks.
+    ``changing_rules``: the other changes-training rules that applied ("AR404 name")."""
+    unchecked: list[str] = []
+    if processes > 1:
+        unchecked.append(f"{processes} processes, each with its share of the data")
+    if options.accumulate and not options.keep_effective_batch:
+        unchecked.append(f"--accumulate {options.accumulate} without --keep-effective-batch: each optimizer "
+                         f"step sees {options.accumulate} times the samples")
+    if options.group_by_length == "all":
+        unchecked.append("--group-by-length all: the training batches are grouped by length")
+    unchecked += list(changing_rules)
+    basis = APPROXIMATE if options.mixed_or_low_precision or _approximate_options(options) else EXACT
+    return _Claims(basis=basis, freeze=tuple(options.freeze), clip_grad_norm=options.clip_grad_norm,
+                   unchecked=tuple(unchecked))
+
+
+def _load() -> float:
+    """The machine's 1-minute load average (0 where the system has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def _not_run(label: str, why: str) -> RunRecord:
+    return RunRecord(label=label, error=f"not run: {why}")
 
 
 @contextmanager
@@ -113,6 +163,7 @@ def verify(
         raise VerifyError(str(exc)) from None
     notes: list[str] = []
     rule_kinds: list[str] = []
+    changing_rules: list[str] = []
     if against is not None:
         if not Path(against).is_file():
             raise VerifyError(f"{against}: no such file")
@@ -126,15 +177,21 @@ def verify(
             raise VerifyError(f"{script}: the rewrite changes nothing ({reasons}): nothing to verify")
         rewritten_source = result.output
         rule_kinds = sorted({n.kind_with(options).value for n in result.changes if n.rule in BY_CODE})
+        changing_rules = sorted({f"{n.rule} ({BY_CODE[n.rule].name})" for n in result.changes
+                                 if n.rule in BY_CODE and n.rule not in _OPTION_RULES
+                                 and n.kind_with(options).value == CHANGES_TRAINING})
 
     env = dict(os.environ)
     rewritten_env = dict(env)
+    substituted: Optional[str] = None
     if run_on == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = rewritten_env["CUDA_VISIBLE_DEVICES"] = ""
         rewritten_env["LT_ACCELERATOR"] = "cpu"
         strategy = options.strategy or ""
         if strategy.startswith(("fsdp", "deepspeed")):
             rewritten_env["LT_STRATEGY"] = "ddp"
+            substituted = (f"--strategy {strategy} was not verified: it runs on GPUs only, and on the CPU "
+                           "the rewritten script ran with ddp instead")
             notes.append(f"--strategy {strategy} does not run on CPU: the rewritten script ran with ddp")
         notes.append("both scripts ran on the CPU (CUDA hidden; Fabric's accelerator set to cpu)")
     elif run_on == "cuda":
@@ -143,7 +200,32 @@ def verify(
         rewritten_env["LT_DEVICES"] = str(run_devices)
         notes.append(f"the rewritten script ran on {run_devices} device(s) (LT_DEVICES)")
 
-    common = dict(max_steps=steps, cwd=Path.cwd(), timeout=timeout, python=python, threads=threads)
+    processes = run_devices or (options.effective_devices if isinstance(options.effective_devices, int) else 1)
+    claims = claims_for(options, changing_rules, processes if processes > 1 else 1)
+    kind = tolerance_kind(options, rule_kinds, processes if processes > 1 else 1)
+    base = tolerance or Tolerance()
+    tol = replace(base, kind=kind)
+
+    # what the options need from the machine, before anything runs
+    needed = environment.needs(options, run_on, run_devices, against=against is not None)
+    if needed:
+        machine = environment.probe(python, needed, env=rewritten_env, cwd=Path.cwd())
+        lacking = environment.missing(needed, machine)
+        if lacking:
+            why = environment.describe(lacking, machine)
+            if any(n.why.startswith("--strategy fsdp") or n.why.startswith("--strategy deepspeed")
+                   for n in lacking if n.what == environment.CUDA):
+                why += ("; or --run-on cpu, which runs the rest of the rewrite with ddp on the CPU "
+                        "(reported as not verified, with the curves)")
+            verdict = Verdict(NOT_VERIFIED, f"not verified: {why}; nothing was run",
+                              {"tolerance": asdict(tol), "needs": [n.what for n in lacking]})
+            return Verification(script, options, verdict, _not_run("original", "the machine can't run the options"),
+                                _not_run("rewritten", "the machine can't run the options"), against, notes)
+
+    common = dict(max_steps=steps, cwd=Path.cwd(), timeout=timeout, python=python, threads=threads,
+                  track_params=bool(options.freeze))
+    traced = dict(trace_precision=options.precision in HALF)
+    load = _load()
     on_start("original")
     original = run_script(script, script_args, label="original", env=env, **common)
     if original.timed_out:  # no verdict can come of it: don't wait a second timeout
@@ -151,20 +233,25 @@ def verify(
         notes.append(f"the rewritten script was not run: the original timed out after {timeout:g} s")
     elif against is not None:  # the user's own file, run where it is
         on_start("rewritten")
-        rewritten = run_script(Path(against), script_args, label="rewritten", env=rewritten_env, **common)
+        rewritten = run_script(Path(against), script_args, label="rewritten", env=rewritten_env, **common, **traced)
     else:
         on_start("rewritten")
         with _rewritten_file(script, rewritten_source) as rewritten_path:
             if rewritten_path.parent != script.resolve().parent:  # the script's folder was read-only
                 rewritten_env["PYTHONPATH"] = os.pathsep.join(
                     filter(None, [str(script.resolve().parent), rewritten_env.get("PYTHONPATH")]))
-            rewritten = run_script(rewritten_path, script_args, label="rewritten", env=rewritten_env, **common)
+            rewritten = run_script(rewritten_path, script_args, label="rewritten", env=rewritten_env,
+                                   **common, **traced)
         if rewritten.error:
             rewritten.error = rewritten.error.replace(str(rewritten_path), f"{script} (rewritten)")
 
-    kind = tolerance_kind(options, rule_kinds, max(rewritten.world_size, run_devices or 1))
-    base = tolerance or Tolerance()
-    tol = replace(base, kind=kind)
-    verdict = compare(original, rewritten, tol, requested_precision=options.precision)
+    if rewritten.world_size > 1 and processes <= 1:  # the script's own Fabric(devices=N)
+        claims = claims_for(options, changing_rules, rewritten.world_size)
+        tol = replace(tol, kind=CHANGES_TRAINING)
+    verdict = compare(original, rewritten, tol, requested_precision=options.precision, claims=claims)
+    verdict.comparison.update(load_average=max(load, _load()), cores=os.cpu_count())
+    if substituted is not None and verdict.verdict not in ("error",):
+        verdict = Verdict(NOT_VERIFIED, f"not verified: {substituted}; with ddp: {verdict.label}: "
+                                        f"{verdict.reason}", verdict.comparison)
     return Verification(script, options, verdict, original, rewritten, against, notes)
 
