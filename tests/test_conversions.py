@@ -816,20 +816,154 @@ def test_data_parallel_gives_way_to_the_strategy():
     assert "model, optimizer = fabric.setup(model, optimizer)" in out
 
 
-def test_hand_made_ddp_is_left_alone():
+def test_hand_made_ddp_at_module_level_becomes_fabric():
+    """torchrun style: Fabric is created where the process group started; the wrapper goes."""
     result = convert("""
         import torch
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         dist.init_process_group("nccl")
+        rank = dist.get_rank()
         model = DDP(torch.nn.Linear(4, 1).cuda())
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         loss = model(torch.randn(2, 4).cuda()).sum()
         loss.backward()
         optimizer.step()
+        if rank == 0:
+            print("done")
     """)
-    assert_left_alone(result, "AR101", "hand-made distributed training", "init_process_group")
+    out = result.output
+    assert "fabric = Fabric(devices=int(os.environ.get(\"LOCAL_WORLD_SIZE\", 1)))" in out
+    assert "rank = fabric.global_rank" in out and "model = torch.nn.Linear(4, 1).to(fabric.device)" in out
+    assert "init_process_group" not in out and "DDP" not in out and "import torch.distributed" not in out
+    assert out.index("fabric.launch()") < out.index("rank = fabric.global_rank")
+
+
+HAND_DDP_HEAD = """
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+"""
+
+
+@pytest.mark.parametrize("body,reason", [
+    ("""
+    def worker(rank, n):
+        dist.init_process_group("gloo", rank=rank, world_size=n)
+        group = dist.new_group([0])
+        model = DDP(torch.nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+
+    mp.spawn(worker, args=(2,), nprocs=2)
+    """, "custom process group (new_group)"),
+    ("""
+    def worker(rank, n):
+        dist.init_process_group("gloo", rank=rank, world_size=n)
+        model = DDP(torch.nn.Linear(4, 1), process_group=None)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+
+    mp.spawn(worker, args=(2,), nprocs=2)
+    """, "process_group="),
+    ("""
+    def worker(rank, n):
+        dist.init_process_group("gloo", rank=rank, world_size=n)
+        model = DDP(torch.nn.Linear(4, 1), broadcast_buffers=False)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+
+    mp.spawn(worker, args=(2,), nprocs=2)
+    """, "DDPStrategy"),
+    ("""
+    def worker(rank, n):
+        dist.init_process_group("gloo", rank=rank, world_size=n)
+        model = DDP(torch.nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+
+    def run(fn, n):
+        mp.spawn(fn, args=(n,), nprocs=n)
+
+    run(worker, 2)
+    """, "not a function defined at the top of this file"),
+    ("""
+    import os
+
+    def setup():
+        rank = int(os.environ["RANK"])
+        dist.init_process_group("gloo")
+        return rank
+
+    def main():
+        rank = setup()
+        model = DDP(torch.nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+
+    main()
+    """, "in setup() can't become `fabric.global_rank`"),
+    ("""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    model = torch.nn.Linear(4, 1)
+    loader = DataLoader(list(range(8)), sampler=DistributedSampler(list(range(8))))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in loader:
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+    """, "no `init_process_group` in this file"),
+])
+def test_hand_made_ddp_refused_with_a_reason(body, reason):
+    result = convert(HAND_DDP_HEAD + body)
+    assert_left_alone(result, "AR101", "hand-made distributed training", reason)
+
+
+def test_spawned_worker_receives_fabric_and_devices_follow_nprocs():
+    result = convert(HAND_DDP_HEAD + """
+    def worker(rank, world_size, lr):
+        \"\"\"One process.\"\"\"
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        model = torch.nn.Linear(4, 1).to(rank)
+        ddp = DDP(model, device_ids=[rank], find_unused_parameters=True)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=lr)
+        ddp(torch.randn(2, 4).to(rank)).sum().backward()
+        optimizer.step()
+        print(f"rank {rank} done")
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        n = torch.cuda.device_count()
+        mp.spawn(worker, args=(n, 0.1), nprocs=n, join=True)
+    """)
+    out = result.output
+    assert 'fabric = Fabric(strategy="ddp_find_unused_parameters_true", devices=n)' in out
+    assert "fabric.launch(worker, n, 0.1)" in out
+    assert 'def worker(fabric, world_size, lr):\n    """One process."""\n    rank = fabric.local_rank\n' in out
+    assert 'print(f"rank {rank} done")' in out  # per process, as before
+    assert "destroy_process_group" not in out and "mp.spawn" not in out
+    # --devices replaces the world size the worker is told
+    two = convert(HAND_DDP_HEAD + """
+    def worker(rank, world_size):
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        model = DDP(torch.nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+
+    if __name__ == "__main__":
+        mp.spawn(worker, args=(8,), nprocs=8)
+    """, devices=2, accelerator="cpu")
+    assert "world_size = fabric.world_size" in two.output
+    assert 'Fabric(accelerator="cpu", devices=2)' in two.output
 
 
 # ---------------------------------------------------------------------------------------

@@ -40,7 +40,6 @@ from accelerate_rewrite.rules.optimizer_8bit import Optimizer8bit
 ALL_RULES: tuple[Rule, ...] = (
     FabricLaunch(),
     FabricDataParallel(),
-    FabricHandDDP(),
     FabricSetup(),
     FabricDataloaders(),
     FabricDevice(),
@@ -49,6 +48,7 @@ ALL_RULES: tuple[Rule, ...] = (
     FabricPrint(),
     FabricCheckpoint(),
     FabricRankZero(),
+    FabricHandDDP(),
     AmpApiMigration(),
     UnscaleBeforeClip(),
     ScalerOnce(),

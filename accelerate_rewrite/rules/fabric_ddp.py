@@ -25,7 +25,7 @@ _IMPORTS = (
 class FabricHandDDP(FabricRule):
     """Hand-made DistributedDataParallel becomes Fabric's: Fabric starts the processes.
 
-    What it does, for scripts launched by `mp.spawn(worker, args=(...), nprocs=n)` or by
+    What it does: for scripts launched by `mp.spawn(worker, args=(...), nprocs=n)` or by
     torchrun (the place read from `RANK` / `LOCAL_RANK` / `WORLD_SIZE` or `dist.get_rank()`):
     - `dist.init_process_group(...)`, `dist.destroy_process_group()` and
       `torch.cuda.set_device(...)` go, with the `MASTER_ADDR` / `MASTER_PORT` set next to the

@@ -21,6 +21,8 @@ class FabricLaunch(FabricRule):
     strategy or several nodes ask for more; and calls `fabric.launch()` right after, before any set-up call
     (unless `--devices 1`). The lines go where the script starts to deal with the device, the
     model or the data; a device definition that the conversion makes unused is replaced by them.
+    A script that starts its own processes (AR111) gets them where it started them, with its
+    own world size as `devices`; `mp.spawn(fn, ...)` becomes `fabric.launch(fn, ...)`.
 
     Why: Fabric owns the device, the processes and the precision; every other Fabric rule
     relies on this object.
@@ -29,9 +31,9 @@ class FabricLaunch(FabricRule):
 
     Leaves alone (and says why): scripts that already use Lightning Fabric, the Lightning
     Trainer or Hugging Face Accelerate (importing lightning only for `seed_everything` does not
-    count); scripts with hand-made distributed training (`init_process_group`, `DDP(model)`,
-    `DistributedSampler`); scripts with nothing to train; strategies that need `launch(fn)`
-    (ddp_spawn, ddp_notebook, ...); models built inside a class. It does not set a mixed
+    count); hand-made distributed training that AR111 can't take over (it says why);
+    scripts with nothing to train; strategies that need `launch(fn)` (ddp_spawn,
+    ddp_notebook, ...); models built inside a class. It does not set a mixed
     precision over a script that already runs its own autocast/GradScaler, nor any
     low precision with LBFGS.
     """
