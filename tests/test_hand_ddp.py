@@ -1,0 +1,99 @@
+"""Issue 14.1: hand-made DDP becomes Fabric's, and every rank trains as it did.
+
+The originals start their own 2 gloo processes (``fixtures/ddp_spawn`` with ``mp.spawn``,
+``fixtures/ddp_torchrun`` under ``python -m torch.distributed.run --nproc_per_node 2``); the
+rewrites with ``--devices 2 --accelerator cpu`` are started with plain ``python`` (Fabric
+starts the second process). Each rank prints its own losses: they must be the original's,
+rank by rank, digit for digit (32-true), and so must what rank 0 prints at the end (an
+all-reduced figure) and the files it writes.
+
+The torchrun fixture's rewrite without ``--devices`` (``devices`` from torchrun's
+``LOCAL_WORLD_SIZE``) runs under torchrun itself in the ``slow`` set.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("lightning")
+
+from accelerate_rewrite.codemod.engine import rewrite  # noqa: E402
+from accelerate_rewrite.options import Options  # noqa: E402
+from tests.goldens import FIXTURES  # noqa: E402
+
+pytestmark = pytest.mark.runs
+
+TWO = Options.create(devices=2, accelerator="cpu")
+LOSS = re.compile(r"rank (\d+)\]? epoch (\d+) step (\d+) loss ([0-9.]+)")
+#: what rank 0 prints at the end, from figures reduced over the processes
+SUMMARY = {"ddp_spawn": r"mean last loss over 2 processes: [0-9.]+",
+           "ddp_torchrun": r"train accuracy [0-9.]+ over 2 processes"}
+WRITES = {"ddp_spawn": "ddp_toy.pt", "ddp_torchrun": "torchrun_net.pt"}
+
+
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "MASTER_PORT": _free_port()}
+    for name in ("LT_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        env.pop(name, None)
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _torchrun(script: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+            _free_port(), script]
+
+
+def _losses(text: str) -> list[tuple[str, ...]]:
+    return sorted(LOSS.findall(text))
+
+
+@pytest.mark.parametrize("name", ["ddp_spawn", "ddp_torchrun"])
+def test_every_rank_trains_as_before(name, tmp_path):
+    source = (FIXTURES / name / "input.py").read_text(encoding="utf-8")
+    result = rewrite(source, TWO, path=f"fixtures/{name}/input.py")
+    assert result.changed and not result.dropped, result.dropped
+    assert any(n.rule == "AR111" for n in result.changes)
+    for folder, text in (("original", source), ("rewritten", result.output)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "input.py").write_text(text, encoding="utf-8")
+    start = _torchrun("input.py") if name == "ddp_torchrun" else [sys.executable, "input.py"]
+    original = _run(start, tmp_path / "original")
+    rewritten = _run([sys.executable, "input.py"], tmp_path / "rewritten")
+    assert original.returncode == 0, original.stderr[-2000:]
+    assert rewritten.returncode == 0, rewritten.stderr[-2000:]
+    expected = _losses(original.stdout)
+    assert {rank for rank, *_ in expected} == {"0", "1"} and len(expected) >= 20
+    assert _losses(rewritten.stdout) == expected
+    summary = re.findall(SUMMARY[name], original.stdout)
+    assert summary and re.findall(SUMMARY[name], rewritten.stdout) == summary
+    assert (tmp_path / "rewritten" / WRITES[name]).exists()
+
+
+@pytest.mark.slow
+def test_torchrun_script_keeps_running_under_torchrun(tmp_path):
+    """Without --devices the rewrite takes its devices from torchrun's LOCAL_WORLD_SIZE."""
+    name = "ddp_torchrun"
+    source = (FIXTURES / name / "input.py").read_text(encoding="utf-8")
+    result = rewrite(source, Options.create(), path=f"fixtures/{name}/input.py")
+    assert 'devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1))' in result.output
+    for folder, text in (("original", source), ("rewritten", result.output)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "input.py").write_text(text, encoding="utf-8")
+    original = _run(_torchrun("input.py"), tmp_path / "original")
+    rewritten = _run(_torchrun("input.py"), tmp_path / "rewritten")
+    assert rewritten.returncode == 0, rewritten.stderr[-2000:]
+    assert _losses(rewritten.stdout) == _losses(original.stdout)
