@@ -478,8 +478,8 @@ def verify_command(script, option_values, against, steps,
     options need (CUDA, transformer_engine, bitsandbytes), the precision asked for left no trace
     in the training steps, or a strategy was substituted (fsdp run as ddp on the CPU);
     3 NOT COMPARED: the rewrite changes training on purpose (more processes, --accumulate
-    without --keep-effective-batch) and the curves differ; 4 DATA ORDER CHANGED: a
-    DistributedSampler (ddp on one device) draws the batches in another order.
+    without --keep-effective-batch) and the curves differ; 4 DATA ORDER CHANGED (distributed
+    sampler): a DistributedSampler (ddp on one device) draws the batches in another order.
     """
     import sys
     from pathlib import Path

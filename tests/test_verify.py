@@ -390,7 +390,7 @@ def test_fabric_16_mixed_on_cpu_is_not_verified_before_anything_runs(fixture_scr
     v = verify(fixture_script("module_loop"), Options.create(precision="16-mixed"), **RUN)
     assert v.verdict.verdict == "not-verified", v.verdict.reason
     assert v.verdict.exit_code == 2
-    assert v.verdict.reason.startswith("not verified: needs CUDA for --precision 16-mixed with Fabric")
+    assert v.verdict.reason.startswith("needs CUDA for --precision 16-mixed with Fabric")
     assert "bf16-mixed instead" in v.verdict.reason
     assert v.original.losses == v.rewritten.losses == []  # nothing ran
 

@@ -102,10 +102,10 @@ def test_every_verdict_has_its_own_documented_exit_code():
     from accelerate_rewrite.cli import cli
 
     text = " ".join(CliRunner().invoke(cli, ["verify", "--help"], terminal_width=200).output.split())
-    for words in ("0 PASS", "1 FAIL", "2 ERROR", "2 NOT VERIFIED", "3 NOT COMPARED", "4 DATA ORDER CHANGED"):
+    for words in ("0 PASS", "1 FAIL", "2 ERROR", "2 NOT VERIFIED", "3 NOT COMPARED", "4 DATA ORDER CHANGED (distributed sampler)"):
         assert words in text, words
     readme = " ".join((Path(__file__).resolve().parent.parent / "README.md").read_text().split())
-    for words in ("0 PASS", "1 FAIL", "2 ERROR", "2 NOT VERIFIED", "3 NOT COMPARED", "4 DATA ORDER CHANGED"):
+    for words in ("0 PASS", "1 FAIL", "2 ERROR", "2 NOT VERIFIED", "3 NOT COMPARED", "4 DATA ORDER CHANGED (distributed sampler)"):
         assert words in readme, words
 
 
@@ -134,7 +134,7 @@ def test_a_machine_that_cant_run_it_is_not_verified_never_broke(last, needs):
     rewritten = RunRecord("rewritten", exit_code=1, error=f"Traceback (most recent call last):\n{last}")
     v = compare(_run(), rewritten, Tolerance())
     assert v.verdict == NOT_VERIFIED and v.exit_code == 2
-    assert v.reason.startswith(f"not verified: needs {needs}")
+    assert v.reason.startswith(f"needs {needs}")
     assert "broke" not in v.reason
 
 
@@ -172,7 +172,7 @@ def test_a_change_of_training_that_nothing_checks_is_not_compared():
     other = _run("rewritten", [2.0, 1.5, 1.2])
     v = compare(_run(), other, Tolerance(kind=CHANGES_TRAINING), claims=claims)
     assert v.verdict == NOT_COMPARED and v.exit_code == 3
-    assert v.reason.startswith("not compared") and "--accumulate 4" in v.reason
+    assert v.reason.startswith("the rewrite changes training on purpose") and "--accumulate 4" in v.reason
     # the same curves: parity was measured, whatever the rewrite might have changed
     v = compare(_run(), _run("rewritten"), Tolerance(kind=CHANGES_TRAINING), claims=claims)
     assert v.verdict == PASS
@@ -237,7 +237,8 @@ def test_a_distributed_sampler_on_one_process_is_a_data_order_change():
     shuffled = _run("rewritten", [2.1, 1.7, 1.65, 1.45, 1.42, 1.28], distributed_samplers=[[1, True]])
     v = compare(_run(), shuffled, Tolerance())
     assert v.verdict == DATA_ORDER and v.exit_code == 4
-    assert v.reason.startswith("data order changed (distributed sampler)")
+    assert v.label == "DATA ORDER CHANGED (distributed sampler)"
+    assert v.reason.startswith("the rewritten run draws its batches through a DistributedSampler")
     # the same order (a sequential sampler): the curves agree, and that is a pass
     same = _run("rewritten", distributed_samplers=[[1, False]])
     assert compare(_run(), same, Tolerance()).verdict == PASS
@@ -287,7 +288,7 @@ def test_not_verified_before_running_names_what_is_missing_and_what_would_verify
     monkeypatch.setattr(environment, "probe", lambda python, wanted, env=None, cwd=None: environment.Machine(0, {}))
     v = session.verify(script, Options.create(**options), against=script, steps=3)
     assert v.verdict.verdict == NOT_VERIFIED and v.verdict.exit_code == 2
-    assert v.verdict.reason.startswith("not verified: needs ")
+    assert v.verdict.reason.startswith("needs ")
     assert "broke" not in v.verdict.reason
     for word in words:
         assert word in v.verdict.reason, word

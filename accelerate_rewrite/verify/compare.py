@@ -43,7 +43,7 @@ PASS, FAIL, ERROR = "pass", "fail", "error"
 NOT_VERIFIED, NOT_COMPARED, DATA_ORDER = "not-verified", "not-compared", "data-order-changed"
 EXIT_CODES = {PASS: 0, FAIL: 1, ERROR: 2, NOT_VERIFIED: 2, NOT_COMPARED: 3, DATA_ORDER: 4}
 LABELS = {PASS: "PASS", FAIL: "FAIL", ERROR: "ERROR", NOT_VERIFIED: "NOT VERIFIED",
-          NOT_COMPARED: "NOT COMPARED", DATA_ORDER: "DATA ORDER CHANGED"}
+          NOT_COMPARED: "NOT COMPARED", DATA_ORDER: "DATA ORDER CHANGED (distributed sampler)"}
 HALF = {"16-mixed": "float16", "bf16-mixed": "bfloat16", "16-true": "float16", "bf16-true": "bfloat16"}
 
 
@@ -290,7 +290,7 @@ def compare(
         made = "" if original.losses else "; it made no optimizer step, so nothing else could be compared"
         needs = machine_failure(rewritten.error)
         if needs is not None:
-            return verdict(NOT_VERIFIED, f"not verified: needs {needs}: the rewritten script stopped with "
+            return verdict(NOT_VERIFIED, f"needs {needs}: the rewritten script stopped with "
                                          f"{last_line(rewritten.error)} (this machine can't run it; the "
                                          f"rewrite itself is not in question):\n{rewritten.error}")
         if rewritten.timed_out:
@@ -399,12 +399,12 @@ def compare(
                      f"share of the data ({len(rewritten.losses)} steps against {len(original.losses)})"
                      if rewritten.world_size > original.world_size else "")
         done = f"; checked: {'; '.join(checked)}" if checked else ""
-        return verdict(NOT_COMPARED, f"not compared: the rewrite changes training on purpose "
+        return verdict(NOT_COMPARED, f"the rewrite changes training on purpose "
                                      f"({'; '.join(unchecked)}){order}: the curves are shown side by side; "
                                      f"both ran without error, NaN or inf{processes}{done}")
     why, what = parity()
     if why is not None and _data_order(original, rewritten) and rewritten.world_size == 1:
-        return verdict(DATA_ORDER, "data order changed (distributed sampler): the rewritten run draws its "
+        return verdict(DATA_ORDER, "the rewritten run draws its "
                                    "batches through a DistributedSampler, in another order than the "
                                    f"original's ({_data_order(original, rewritten).lstrip('; ')}), so the "
                                    "steps see other samples and are not compared one by one; both ran "

@@ -63,12 +63,21 @@ def render(console, v: Verification) -> None:
     table.add_row("precision used", *(run.precision if ran(run) else "-" for run in (o, r)))
     table.add_row("peak memory", _memory(o), _memory(r))
     table.add_section()
+    tol, basis = c["tolerance"], c.get("basis", c["tolerance"]["kind"])
+
+    def allowed(value: float, limit: Optional[float]) -> str:
+        return f"{value:.2e}" + ("" if limit is None else f" (allowed {limit:g})")
+
+    exact = basis == "exact"
     if c.get("max_rel_diff") is not None:
-        table.add_row("relative difference", "max", f"{c['max_rel_diff']:.2e}")
-        table.add_row("", "mean", f"{c['mean_rel_diff']:.2e}")
+        table.add_row("loss difference (relative)", "max", allowed(c["max_rel_diff"], tol["max_rel"] if exact else None))
+        table.add_row("", "mean", allowed(c["mean_rel_diff"], None if exact else tol["mean_rel"]))
+    if c.get("last_rel_diff") is not None:
+        table.add_row("", "last 10% of steps", allowed(c["last_rel_diff"], tol["last_rel"]))
     if c.get("max_grad_norm_rel_diff") is not None:
-        table.add_row("gradient norm difference", "max", f"{c['max_grad_norm_rel_diff']:.2e}")
-        table.add_row("", "mean", f"{c['mean_grad_norm_rel_diff']:.2e}")
+        table.add_row("gradient norm difference", "max",
+                      allowed(c["max_grad_norm_rel_diff"], tol["max_rel"] if exact else None))
+        table.add_row("", "mean", allowed(c["mean_grad_norm_rel_diff"], None if exact else tol["grad_rel"]))
     table.add_row("speedup (median step)", "", _ratio(c.get("speedup")))
     table.add_row("memory", "", memory_text(c.get("rewritten_memory_x")))
     table.add_row("tolerance", "", c["tolerance"]["kind"])

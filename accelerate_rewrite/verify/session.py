@@ -217,7 +217,7 @@ def verify(
                    for n in lacking if n.what == environment.CUDA):
                 why += ("; or --run-on cpu, which runs the rest of the rewrite with ddp on the CPU "
                         "(reported as not verified, with the curves)")
-            verdict = Verdict(NOT_VERIFIED, f"not verified: {why}; nothing was run",
+            verdict = Verdict(NOT_VERIFIED, f"{why}; nothing was run",
                               {"tolerance": asdict(tol), "needs": [n.what for n in lacking]})
             return Verification(script, options, verdict, _not_run("original", "the machine can't run the options"),
                                 _not_run("rewritten", "the machine can't run the options"), against, notes)
@@ -251,7 +251,7 @@ def verify(
     verdict = compare(original, rewritten, tol, requested_precision=options.precision, claims=claims)
     verdict.comparison.update(load_average=max(load, _load()), cores=os.cpu_count())
     if substituted is not None and verdict.verdict not in ("error",):
-        verdict = Verdict(NOT_VERIFIED, f"not verified: {substituted}; with ddp: {verdict.label}: "
+        verdict = Verdict(NOT_VERIFIED, f"{substituted}; with ddp: {verdict.label}: "
                                         f"{verdict.reason}", verdict.comparison)
     return Verification(script, options, verdict, original, rewritten, against, notes)
 
