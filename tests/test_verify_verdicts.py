@@ -331,3 +331,19 @@ def test_memory_is_said_in_words_and_a_busy_machine_is_warned_about():
     assert report.warnings(v) == []
     verdict.comparison.update(load_average=3.5, cores=2)
     assert "load average 3.5 on 2 cores" in report.warnings(v)[0]
+
+
+def test_the_plot_has_a_gradient_norm_panel_and_marks_the_failing_figure(tmp_path):
+    pytest.importorskip("matplotlib")
+    from accelerate_rewrite.verify import report
+
+    original, rewritten = _run(), _run("rewritten", norms=[n * 1.5 for n in NORMS])
+    verdict = compare(original, rewritten, Tolerance())
+    assert verdict.verdict == FAIL
+    v = session.Verification(Path("train.py"), Options.create(), verdict, original, rewritten)
+    assert report.failing_figure(v) == "gradient norm"
+    report.write_plot(tmp_path / "out.png", v)
+    assert (tmp_path / "out.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lossy = compare(original, _run("rewritten", [x * 1.1 for x in LOSSES]), Tolerance())
+    assert report.failing_figure(session.Verification(Path("t.py"), Options.create(), lossy, original,
+                                                      rewritten)) == "loss"

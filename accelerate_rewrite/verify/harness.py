@@ -20,6 +20,15 @@ torch, random and numpy, and hooks the places every variant of a training loop p
 - ``GradScaler.step``: a step it skips (inf gradients) still counts as a step, with its loss.
 - ``torch.autocast`` and ``GradScaler``: which precision really ran (autocast("cuda") on a
   machine without CUDA disables itself; Fabric turns 16-mixed into bf16 on CPU).
+- with ``trace_precision`` (the rewritten run under a mixed or half precision): per step, the
+  half dtypes in the autograd graph of the losses it backwarded (each node's input metadata,
+  read before the backward frees the graph). That is the evidence that the forward which fed
+  this step ran in low precision: an autocast elsewhere (an evaluation loop) leaves none.
+- ``DistributedSampler``: one in the run (Fabric's under ddp, even on one device) orders the
+  data its own way.
+- with ``track_params`` (``--freeze``): a fingerprint (blake2b of the bytes) of every parameter
+  of the model the first optimizer trains, by name (wrappers' prefixes taken off), before the
+  first step and at the end.
 
 After ``max_steps`` steps of the first optimizer it stops the script cleanly (SystemExit(0)).
 At exit it writes ``rank{R}-{pid}.json`` into the run's folder; also during the run (at most

@@ -94,8 +94,21 @@ def write_json(path: Path, v: Verification) -> None:
     path.write_text(json.dumps(v.to_json(), indent=2) + "\n", encoding="utf-8")
 
 
+def failing_figure(v: Verification) -> Optional[str]:
+    """Which figure the verdict turned on: "loss", "gradient norm", or None."""
+    if v.verdict.verdict != "fail":
+        return None
+    reason = v.verdict.reason
+    if "gradient" in reason.split(":")[0] or reason.startswith("the gradients") or "gradient applied" in reason:
+        return "gradient norm"
+    if "loss" in reason.splitlines()[0] or "steps) differ" in reason:
+        return "loss"
+    return None
+
+
 def write_plot(path: Path, v: Verification) -> None:
-    """Both loss curves, and the relative difference per step (needs matplotlib)."""
+    """Both loss curves, both gradient-norm curves, and the relative difference of each per step
+    (needs matplotlib); the figure the verdict failed on is marked in red in its title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -104,18 +117,36 @@ def write_plot(path: Path, v: Verification) -> None:
     from accelerate_rewrite.verify.compare import rel_diffs
 
     o, r = v.original.losses, v.rewritten.losses
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True,
-                                      gridspec_kw={"height_ratios": [2, 1]})
-    top.plot(range(1, len(o) + 1), o, label="original", linewidth=2)
-    top.plot(range(1, len(r) + 1), r, label="rewritten", linestyle="--")
+    go, gr = v.original.grad_norms, v.rewritten.grad_norms
+    failed = failing_figure(v)
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(8, 8), sharex=True,
+                                              gridspec_kw={"height_ratios": [2, 2, 1]})
+
+    def steps(values):
+        return range(1, len(values) + 1)
+
+    top.plot(steps(o), o, label="original", linewidth=2)
+    top.plot(steps(r), r, label="rewritten", linestyle="--")
     top.set_ylabel("loss")
-    top.set_title(f"{v.script.name}: {v.verdict.verdict} ({v.rewritten.precision})")
+    top.set_title(f"{v.script.name}: {v.verdict.label} ({v.rewritten.precision})"
+                  + (" - failed on the loss" if failed == "loss" else ""),
+                  color="tab:red" if failed == "loss" else "black")
     top.legend()
+    middle.plot(steps(go), [g if g is not None else float("nan") for g in go], label="original", linewidth=2)
+    middle.plot(steps(gr), [g if g is not None else float("nan") for g in gr], label="rewritten", linestyle="--")
+    middle.set_ylabel("gradient norm")
+    middle.set_title("gradient norm applied per step" + (" - failed here" if failed == "gradient norm" else ""),
+                     color="tab:red" if failed == "gradient norm" else "black")
     diffs = rel_diffs(o, r)
-    bottom.plot(range(1, len(diffs) + 1), [max(d, 1e-12) for d in diffs], color="tab:red")
+    grad_diffs = rel_diffs(go, gr)
+    bottom.plot(steps(diffs), [max(d, 1e-12) for d in diffs], color="tab:red", label="loss")
+    if grad_diffs:
+        bottom.plot(steps(grad_diffs), [max(d, 1e-12) for d in grad_diffs], color="tab:purple",
+                    linestyle=":", label="gradient norm")
     bottom.set_yscale("log")
     bottom.set_ylabel("relative difference")
     bottom.set_xlabel("optimizer step")
+    bottom.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
