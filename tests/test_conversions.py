@@ -897,20 +897,23 @@ HAND_DDP_HEAD = """
     ("""
     import os
 
-    def setup():
-        rank = int(os.environ["RANK"])
-        dist.init_process_group("gloo")
-        return rank
+    def is_main():
+        return int(os.environ["RANK"]) == 0
+
+    def log(message):
+        if is_main():
+            print(message)
 
     def main():
-        rank = setup()
+        dist.init_process_group("gloo")
         model = DDP(torch.nn.Linear(4, 1))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         model(torch.randn(2, 4)).sum().backward()
         optimizer.step()
+        log("done")
 
     main()
-    """, "in setup() can't become `fabric.global_rank`"),
+    """, "in is_main() can't become `fabric.global_rank`"),
     ("""
     from torch.utils.data import DataLoader, DistributedSampler
 

@@ -16,7 +16,6 @@ CASES = [(name, option_set) for name in fixture_names() for option_set in OPTION
 #: fixtures the Fabric conversion leaves alone on purpose, and the reason it must give
 LEFT_ALONE = {
     "already_fabric": "already uses Lightning Fabric",
-    "hand_ddp": "hand-made distributed training",
     "nothing_to_do": "no training found",
 }
 #: fixtures the native (--backend torch) mixed precision leaves alone, and the reason it gives

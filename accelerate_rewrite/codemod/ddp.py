@@ -169,7 +169,7 @@ class _Finder:
         calls = {name: [c.call for c in f.calls if c.qualname in quals or c.names & set(quals)]
                  for name, quals in (("init", INIT), ("spawn", SPAWN), ("ddp", DDP), ("sampler", SAMPLERS),
                                      ("destroy", DESTROY))}
-        d.found = any(calls.values())
+        d.found = bool(f.hand_ddp())
         if not d.found:
             return d
         for node, qual in f.qualified_refs:

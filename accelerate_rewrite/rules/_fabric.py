@@ -138,6 +138,8 @@ class FabricPlan:
     #: hand-made DDP taken over (codemod/ddp.py); with ``ddp.spawn`` Fabric is created where
     #: ``mp.spawn`` was, and the spawned function receives it
     ddp: Optional[HandDDP] = None
+    #: id(FunctionDef) -> function that gets `fabric` as a new first parameter (its callers pass it)
+    added_params: dict[int, cst.FunctionDef] = field(default_factory=dict)
 
     def ref_at(self, facts: ScriptFacts, node: cst.CSTNode) -> Optional[str]:
         """How ``fabric`` is spelled where ``node`` stands, or None if it can't be reached."""
@@ -346,14 +348,45 @@ class _Planner:
                         if _innermost_scope(f, d.call) is home]
         interesting += extra
         if p.ddp is not None:  # Fabric starts the processes where the script started them
-            interesting += [s for s in p.ddp.starts if _innermost_scope(f, s) is home]
-            interesting += [f.statement(n) for n, _ in p.ddp.reads if _innermost_scope(f, n) is home]
+            interesting += self._ddp_statements(home)
         p.anchor = first_in_common_block(f, interesting)
         if p.anchor is None:
             self.refuse(first.stmt, "could not find one place before the model, optimizer and "
                                     "loaders are built to create Fabric")
             return False
         return True
+
+    def _ddp_statements(self, home: Scope) -> list[cst.BaseStatement]:
+        """The statements of ``home`` that start the hand-made world or read a process's place,
+        or call a function of the script that does (``rank, world_size = setup()``)."""
+        f, p = self.f, self.p
+        out: list[cst.BaseStatement] = []
+        for node in [*p.ddp.starts, *(n for n, _ in p.ddp.reads)]:
+            scope = _innermost_scope(f, node)
+            if scope is home:
+                out.append(f.statement(node))
+            elif isinstance(scope, cst.FunctionDef) and f.functions.get(scope.name.value) is not None \
+                    and f.functions[scope.name.value].node is scope:
+                out += [f.statement(c) for c in f.functions[scope.name.value].calls
+                        if _innermost_scope(f, c) is home]
+        return out
+
+    def _ddp_helpers(self) -> None:
+        """A function of the script that reads the process's place where `fabric` can't be
+        reached (``def setup(): rank = int(os.environ["RANK"]) ...``), called only where it can,
+        receives `fabric` as a new first parameter."""
+        f, p = self.f, self.p
+        for node, _ in p.ddp.reads:
+            func = f.function(node)
+            if func is None or p.ref_at(f, node) is not None or id(func) in p.added_params:
+                continue
+            fn = f.functions.get(func.name.value)
+            if fn is None or fn.node is not func or fn.other_uses or not fn.calls \
+                    or any(x.name.value == NAME for x in positional_params(func)):
+                continue
+            if all(p.ref_at(f, c) is not None and p.after_creation(f, c) for c in fn.calls):
+                p.added_params[id(func)] = func
+                p.refs[id(func)] = NAME
 
     def _spawned_home(self, ddp: HandDDP) -> bool:
         """``mp.spawn(worker, ...)``: Fabric is created where spawn was and launches the worker,
@@ -417,6 +450,8 @@ class _Planner:
         if isinstance(p.home, cst.Module):
             self._block_early_functions()
             return  # a global: every function that runs after its creation sees it
+        if p.ddp is not None:
+            self._ddp_helpers()
         changed = True
         while changed:
             changed = False

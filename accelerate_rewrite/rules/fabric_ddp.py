@@ -41,7 +41,9 @@ class FabricHandDDP(FabricRule):
       `devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1))` (the processes torchrun starts on
       this node; 1 under plain `python`);
     - `int(os.environ["RANK"])` / `dist.get_rank()` -> `fabric.global_rank`, `LOCAL_RANK` ->
-      `fabric.local_rank`, `WORLD_SIZE` / `dist.get_world_size()` -> `fabric.world_size`,
+      `fabric.local_rank`, `WORLD_SIZE` / `dist.get_world_size()` -> `fabric.world_size`; a
+      function of the script that reads them (`rank, device = setup()`) and is called only
+      where `fabric` exists receives it as a new first parameter;
       `dist.barrier()` -> `fabric.barrier()`, `dist.all_reduce(t)` ->
       `t = fabric.all_reduce(t, reduce_op="sum")`;
     - a loader with a `DistributedSampler` of its own keeps it: set up with Fabric when its
@@ -124,6 +126,13 @@ class FabricHandDDP(FabricRule):
         for use in d.module_uses:
             ctx.change(use, f"`{short(use)}` keeps working: Fabric's set-up model has `.module` too "
                             "(the script's own module)")
+        for func in p.added_params.values():
+            ctx.edits.replace(func.params, lambda u: u.with_changes(params=[cst.Param(cst.Name(NAME)), *u.params]))
+            for call in f.functions[func.name.value].calls:
+                ref = p.ref_at(f, call)
+                ctx.edits.replace(call, lambda u, ref=ref: u.with_changes(args=[cst.Arg(expr(ref)), *u.args]))
+            ctx.change(func, f"`{func.name.value}` receives `{NAME}` (its callers pass it): it reads the "
+                             "process's place from it")
         if d.spawn is not None:
             self._worker(ctx, p)
         for module, obj in _IMPORTS:
