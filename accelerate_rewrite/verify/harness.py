@@ -93,7 +93,8 @@ class Recorder:
         self.seed: int = int(config.get("seed", 0))
         self.threads: Optional[int] = config.get("threads")
         #: per step, the half dtypes in the autograd graph of the losses it backwarded
-        self.trace_precision: bool = bool(config.get("trace_precision"))
+        #: (the half dtype asked for, "float16" or "bfloat16": the walk stops when it is found)
+        self.trace_precision: Any = config.get("trace_precision") or False
         #: a fingerprint of every parameter of the model before the first step and at the end
         self.track_params: bool = bool(config.get("track_params"))
         self.step_dtypes: set[str] = set()
@@ -304,7 +305,7 @@ class Recorder:
                 stack.extend(fn for fn, _ in node.next_functions)
             except (AttributeError, RuntimeError):  # an older torch, a custom node
                 continue
-            if len(found) == 2:
+            if len(found) == 2 or self.trace_precision in found:  # what was asked for is there
                 break
         self.graph_nodes = max(self.graph_nodes, len(seen))
         return found

@@ -22,7 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from accelerate_rewrite.verify.harness import CONFIG_ENV
 
@@ -251,7 +251,7 @@ def run_script(
     python: str = sys.executable,
     threads: Optional[int] = None,
     seed: int = 0,
-    trace_precision: bool = False,
+    trace_precision: Union[bool, str] = False,  # or the half dtype asked for
     track_params: bool = False,
 ) -> RunRecord:
     """Run ``python script args`` under the harness and return what it recorded."""

@@ -224,7 +224,7 @@ def verify(
 
     common = dict(max_steps=steps, cwd=Path.cwd(), timeout=timeout, python=python, threads=threads,
                   track_params=bool(options.freeze))
-    traced = dict(trace_precision=options.precision in HALF)
+    traced = dict(trace_precision=HALF.get(options.precision or "", False))
     load = _load()
     on_start("original")
     original = run_script(script, script_args, label="original", env=env, **common)
