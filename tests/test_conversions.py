@@ -1197,3 +1197,43 @@ def test_deepspeed_sets_model_and_optimizer_up_together():
     out = convert(SIMPLE, strategy="deepspeed").output
     assert "model, optimizer = fabric.setup(model, optimizer)\n" in out
     assert "setup_optimizers" not in out
+
+
+STYLE_TRANSFER = """
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cnn = torch.nn.Conv2d(3, 8, 3).to(device).eval()
+    target = torch.rand(1, 8, 14, 14, device=device)
+
+
+    def run(input_img, steps=3):
+        input_img.requires_grad_(True)
+        optimizer = torch.optim.LBFGS([input_img])
+        for _ in range(steps):
+            def closure():
+                optimizer.zero_grad()
+                loss = torch.nn.functional.mse_loss(cnn(input_img), target)
+                loss.backward()
+                return loss
+            optimizer.step(closure)
+        return input_img
+
+
+    run(torch.rand(1, 3, 16, 16, device=device))
+"""
+
+
+def test_an_optimizer_over_a_tensor_converts_the_backward_at_32_true():
+    """Issue 14.5: style transfer optimizes an image: nothing to set up, the backward goes
+    through Fabric and the note says why there is no setup."""
+    result = convert(STYLE_TRANSFER)
+    assert "fabric.backward(loss)" in result.output and "fabric.setup(" not in result.output
+    assert any("optimizes tensors (`[input_img]`)" in m for m in skips(result, "AR103"))
+
+
+@pytest.mark.parametrize("options,what", [({"precision": "bf16-mixed"}, "precision bf16-mixed"),
+                                          ({"devices": 2}, "devices=2")])
+def test_an_optimizer_over_a_tensor_is_refused_where_fabric_could_not_apply(options, what):
+    result = convert(STYLE_TRANSFER, **options)
+    assert_left_alone(result, "AR101", "optimizes tensors", f"no module to apply {what} to")

@@ -33,12 +33,16 @@ from tests.goldens import FIXTURES  # noqa: E402
 pytestmark = pytest.mark.runs
 
 TWO = Options.create(devices=2, accelerator="cpu")
-LOSS = re.compile(r"(?:rank (\d+)\]? )?epoch (\d+) step (\d+) loss ([0-9.]+)")
+LOSS = re.compile(r"(?:(?:rank |GPU)(\d+)\]? )?epoch (\d+) step (\d+) loss ([0-9.]+)")
 #: what rank 0 prints at the end, from figures reduced over the processes
 SUMMARY = {"ddp_spawn": r"mean last loss over 2 processes: [0-9.]+",
            "ddp_torchrun": r"train accuracy [0-9.]+ over 2 processes",
-           "hand_ddp": r"saved ddp_model.pt"}
-WRITES = {"ddp_spawn": "ddp_toy.pt", "ddp_torchrun": "torchrun_net.pt", "hand_ddp": "ddp_model.pt"}
+           "hand_ddp": r"saved ddp_model.pt",
+           "ddp_trainer": r"Epoch 2 \| Training snapshot saved at snapshot.pt"}
+WRITES = {"ddp_spawn": "ddp_toy.pt", "ddp_torchrun": "torchrun_net.pt", "hand_ddp": "ddp_model.pt",
+          "ddp_trainer": "snapshot.pt"}
+#: command-line arguments: the Trainer fixture's epochs and how often it saves
+ARGS = {"ddp_trainer": ["4", "2"]}
 
 
 def _free_port() -> str:
@@ -63,25 +67,38 @@ def _losses(text: str) -> list[tuple[str, ...]]:
     return sorted(LOSS.findall(text))
 
 
-@pytest.mark.parametrize("name", ["ddp_spawn", "ddp_torchrun",
-                                  # torchrun with a set-up helper that returns the rank; it
-                                  # prints on rank 0 only
-                                  pytest.param("hand_ddp", marks=pytest.mark.slow)])
-def test_every_rank_trains_as_before(name, tmp_path):
+def _both(name: str, tmp_path: Path, options: Options = TWO, runs: int = 1):
+    """The original and its rewrite, each in its own folder, run ``runs`` times there."""
     source = (FIXTURES / name / "input.py").read_text(encoding="utf-8")
-    result = rewrite(source, TWO, path=f"fixtures/{name}/input.py")
+    result = rewrite(source, options, path=f"fixtures/{name}/input.py")
     assert result.changed and not result.dropped, result.dropped
     assert any(n.rule == "AR111" for n in result.changes)
     for folder, text in (("original", source), ("rewritten", result.output)):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "input.py").write_text(text, encoding="utf-8")
     start = [sys.executable, "input.py"] if name == "ddp_spawn" else _torchrun("input.py")
-    original = _run(start, tmp_path / "original")
-    rewritten = _run([sys.executable, "input.py"], tmp_path / "rewritten")
-    assert original.returncode == 0, original.stderr[-2000:]
-    assert rewritten.returncode == 0, rewritten.stderr[-2000:]
+    out = []
+    for _ in range(runs):
+        original = _run(start + ARGS.get(name, []), tmp_path / "original")
+        rewritten = _run([sys.executable, "input.py", *ARGS.get(name, [])], tmp_path / "rewritten")
+        assert original.returncode == 0, original.stderr[-2000:]
+        assert rewritten.returncode == 0, rewritten.stderr[-2000:]
+        out.append((original, rewritten))
+    return out
+
+
+@pytest.mark.parametrize("name", ["ddp_spawn",
+                                  # the tutorial's Trainer class (self.gpu_id), torchrun
+                                  "ddp_trainer",
+                                  # torchrun, a loader iterated twice an epoch
+                                  pytest.param("ddp_torchrun", marks=pytest.mark.slow),
+                                  # torchrun with a set-up helper that returns the rank; it
+                                  # prints on rank 0 only
+                                  pytest.param("hand_ddp", marks=pytest.mark.slow)])
+def test_every_rank_trains_as_before(name, tmp_path):
+    [(original, rewritten)] = _both(name, tmp_path)
     expected = _losses(original.stdout)
-    assert {rank for rank, *_ in expected} == ({""} if name == "hand_ddp" else {"0", "1"})
+    assert {rank for rank, *_ in expected} == ({""} if name == "hand_ddp" else {"0", "1"}), original.stdout
     assert len(expected) >= 8
     assert _losses(rewritten.stdout) == expected
     summary = re.findall(SUMMARY[name], original.stdout)
@@ -103,3 +120,16 @@ def test_torchrun_script_keeps_running_under_torchrun(tmp_path):
     rewritten = _run(_torchrun("input.py"), tmp_path / "rewritten")
     assert rewritten.returncode == 0, rewritten.stderr[-2000:]
     assert _losses(rewritten.stdout) == _losses(original.stdout)
+
+
+@pytest.mark.slow
+def test_the_trainer_resumes_from_its_snapshot_as_before(tmp_path):
+    """The second run of the Trainer fixture resumes from the snapshot rank 0 wrote (saved
+    from `self.model.module`, loaded before the model is wrapped): every rank's losses from
+    there on are the original's."""
+    _, (original, rewritten) = _both("ddp_trainer", tmp_path, runs=2)
+    assert "Resuming training from snapshot at Epoch 2" in original.stdout
+    assert "Resuming training from snapshot at Epoch 2" in rewritten.stdout
+    expected = _losses(original.stdout)
+    assert expected and {step[1] for step in expected} == {"2", "3"}
+    assert _losses(rewritten.stdout) == expected

@@ -34,7 +34,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import Binding, Key, ScriptFacts, code, positional_params
+from accelerate_rewrite.codemod.facts import DATALOADERS, Binding, Key, ScriptFacts, code, positional_params
 
 INIT = ("torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group")
 DESTROY = ("torch.distributed.destroy_process_group",
@@ -319,10 +319,14 @@ class _Finder:
         for node, attr in d.reads:
             if attr in ("global_rank", "local_rank"):
                 assign = f.parent(node)
-                if isinstance(assign, cst.Assign) and len(assign.targets) == 1 \
-                        and isinstance(assign.targets[0].target, cst.Name):
-                    func = f.function(node)
-                    d.rank_names.setdefault(id(func) if func else None, set()).add(assign.targets[0].target.value)
+                target = assign.targets[0].target if isinstance(assign, cst.Assign) and len(assign.targets) == 1 \
+                    else None
+                func = f.function(node)
+                if isinstance(target, cst.Name):
+                    d.rank_names.setdefault(id(func) if func else None, set()).add(target.value)
+                elif m.matches(target, m.Attribute(value=m.Name("self"))) and func is not None \
+                        and f.enclosing_class(func) is not None:  # ``self.gpu_id``: in every method
+                    d.rank_names.setdefault(id(f.enclosing_class(func)), set()).add(code(target))
 
     def _collectives(self) -> None:
         f, d = self.f, self.d
@@ -386,6 +390,12 @@ class _Finder:
                             d.removed.append(s)
                             removed.add(id(s))
                             changed = True
+        for block in {id(f.block(s)): f.block(s) for s in list(d.removed)}.values():
+            owner = f.parent(block)
+            if isinstance(owner, cst.If) and owner.orelse is None and all(id(x) in removed for x in block.body) \
+                    and not m.findall(owner.test, m.Call(func=~m.Attribute(attr=m.Name("is_available")))):
+                d.removed.append(owner)  # ``if torch.cuda.is_available(): torch.cuda.set_device(...)``
+                removed.add(id(owner))
         for name, fn in f.functions.items():
             func = fn.node
             if not isinstance(func, cst.FunctionDef) or not isinstance(func.body, cst.IndentedBlock) \
@@ -423,7 +433,9 @@ class _Finder:
         f, d = self.f, self.d
         sampler_ids = {id(c) for c in samplers}
         for loader in f.loaders:
-            call = loader.call
+            call = loader.call if loader.call is not None else self._returned_call(loader)
+            if call is None:
+                continue
             arg = next((a for a in call.args if a.keyword is not None and a.keyword.value == "sampler"), None)
             if arg is None:
                 continue
@@ -434,15 +446,33 @@ class _Finder:
                 continue
             d.loaders.append(self._sharded(loader, value))
 
+    def _returned_call(self, loader: Binding) -> Optional[cst.Call]:
+        """``train_data = prepare_dataloader(...)`` where the helper returns ``DataLoader(...)``."""
+        f = self.f
+        value = loader.value
+        if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
+            return None
+        fn = f.functions.get(value.func.value)
+        if fn is None or not isinstance(fn.node, cst.FunctionDef):
+            return None
+        returned = [r.value for r in m.findall(fn.node, m.Return())]
+        if len(returned) == 1 and isinstance(returned[0], cst.Call) and f.qualnames(returned[0]) & set(DATALOADERS):
+            return returned[0]
+        return None
+
     def _sharded(self, loader: Binding, sampler: cst.BaseExpression) -> ShardedLoader:
         """Whether Fabric's ``set_epoch`` (the count of iterations of the loader) is the one the
         script gives its sampler, so the loader can be set up with its sampler kept."""
         f = self.f
         name = loader.key[1]
-        loops = [loop for loop in m.findall(f.module, m.For())
-                 if code(_unwrap(loop.iter)) == name and f.function(loop) is f.function(loader.stmt)]
-        calls = [c for c in f.attribute_calls if c.func.attr.value == "set_epoch"
-                 and code(c.func.value) in (code(sampler), f"{name}.sampler")]
+
+        def is_loader(node: cst.BaseExpression) -> bool:
+            return f.same_object(f.key_of(node), loader.key)
+
+        loops = [loop for loop in m.findall(f.module, m.For()) if is_loader(_unwrap(loop.iter))]
+        calls = [c for c in f.attribute_calls if c.func.attr.value == "set_epoch" and (
+            (isinstance(sampler, cst.Name) and code(c.func.value) == code(sampler))
+            or m.matches(c.func.value, m.Attribute(attr=m.Name("sampler"))) and is_loader(c.func.value.value))]
         keep = f"`{name}` keeps its DistributedSampler"
         if not calls:
             return ShardedLoader(loader, sampler, False,

@@ -135,11 +135,14 @@ class FabricPlan:
     removed_device_defs: list[Binding] = field(default_factory=list)
     thread_args: list[tuple[cst.Arg, str]] = field(default_factory=list)  # call args -> ref
     trivial_stmts: list[cst.BaseStatement] = field(default_factory=list)
+    #: optimizers over tensors, not a model's parameters (``LBFGS([input_img])``): nothing to set up
+    tensor_optimizers: list[Optimizer] = field(default_factory=list)
     #: hand-made DDP taken over (codemod/ddp.py); with ``ddp.spawn`` Fabric is created where
     #: ``mp.spawn`` was, and the spawned function receives it
     ddp: Optional[HandDDP] = None
-    #: id(FunctionDef) -> function that gets `fabric` as a new first parameter (its callers pass it)
-    added_params: dict[int, cst.FunctionDef] = field(default_factory=dict)
+    #: id(FunctionDef or ClassDef) -> a function that gets `fabric` as a new first parameter, a
+    #: class whose ``__init__`` gets it after ``self`` and keeps it in ``self.fabric`` (callers pass it)
+    added_params: dict[int, Union[cst.FunctionDef, cst.ClassDef]] = field(default_factory=dict)
 
     def ref_at(self, facts: ScriptFacts, node: cst.CSTNode) -> Optional[str]:
         """How ``fabric`` is spelled where ``node`` stands, or None if it can't be reached."""
@@ -371,22 +374,53 @@ class _Planner:
                         if _innermost_scope(f, c) is home]
         return out
 
-    def _ddp_helpers(self) -> None:
-        """A function of the script that reads the process's place where `fabric` can't be
-        reached (``def setup(): rank = int(os.environ["RANK"]) ...``), called only where it can,
-        receives `fabric` as a new first parameter."""
+    def _new_params(self) -> None:
+        """Functions and classes of the script that need `fabric` where it can't be reached (a
+        backward in a Trainer's method, a read of the process's place in ``setup()``), and are
+        called only where it can: a function receives it as a new first parameter, a class as
+        a new first parameter of ``__init__``, kept in ``self.fabric`` for its methods."""
         f, p = self.f, self.p
-        for node, _ in p.ddp.reads:
-            func = f.function(node)
-            if func is None or p.ref_at(f, node) is not None or id(func) in p.added_params:
-                continue
-            fn = f.functions.get(func.name.value)
-            if fn is None or fn.node is not func or fn.other_uses or not fn.calls \
-                    or any(x.name.value == NAME for x in positional_params(func)):
-                continue
-            if all(p.ref_at(f, c) is not None and p.after_creation(f, c) for c in fn.calls):
-                p.added_params[id(func)] = func
-                p.refs[id(func)] = NAME
+        needs = [s.call for s in f.backward_sites] + [o.stmt for o in f.optimizers] \
+            + ([n for n, _ in p.ddp.reads] if p.ddp else [])
+        changed = True
+        while changed:
+            changed = False
+            for node in needs:
+                func = f.function(node)
+                if func is None or p.ref_at(f, node) is not None:
+                    continue
+                cls = f.enclosing_class(func)
+                target = cls if cls is not None else func
+                fn = f.functions.get(target.name.value)
+                if id(target) in p.added_params or fn is None or fn.node is not target or fn.other_uses \
+                        or not fn.calls or any(id(a) in p.blocked for a in (target, func)):
+                    continue
+                init = init_of(cls) if cls is not None else func
+                if init is None or id(init) in p.threaded_params \
+                        or any(x.name.value == NAME for x in positional_params(init)):
+                    continue
+                if cls is not None and (m.findall(cls, m.Attribute(value=m.Name("self"), attr=m.Name(NAME)))
+                                        or not self._plain_methods(cls)):
+                    continue
+                if not all(p.ref_at(f, c) is not None and p.after_creation(f, c) for c in fn.calls):
+                    continue
+                p.added_params[id(target)] = target
+                p.refs[id(init)] = NAME
+                if cls is not None:
+                    for method in cls.body.body:
+                        if isinstance(method, cst.FunctionDef) and method is not init:
+                            p.refs[id(method)] = f"self.{NAME}"
+                changed = True
+
+    @staticmethod
+    def _plain_methods(cls: cst.ClassDef) -> bool:
+        """Every method takes ``self`` first: no static or class methods that would not see it."""
+        for method in cls.body.body:
+            if isinstance(method, cst.FunctionDef):
+                params = positional_params(method)
+                if method.decorators or not params or params[0].name.value != "self":
+                    return False
+        return True
 
     def _spawned_home(self, ddp: HandDDP) -> bool:
         """``mp.spawn(worker, ...)``: Fabric is created where spawn was and launches the worker,
@@ -450,8 +484,6 @@ class _Planner:
         if isinstance(p.home, cst.Module):
             self._block_early_functions()
             return  # a global: every function that runs after its creation sees it
-        if p.ddp is not None:
-            self._ddp_helpers()
         changed = True
         while changed:
             changed = False
@@ -476,6 +508,7 @@ class _Planner:
                         for stmt_ in target.body.body:
                             if isinstance(stmt_, cst.FunctionDef) and stmt_ is not func:
                                 p.refs[id(stmt_)] = f"self.{NAME}"
+        self._new_params()
 
     def _block_early_functions(self) -> None:
         """With Fabric created at module level, a function called (or handed on) before the
@@ -528,6 +561,18 @@ class _Planner:
         f, p = self.f, self.p
         by_model: dict[Key, list[Optimizer]] = {}
         for opt in f.optimizers:
+            if not opt.models and _over_tensors(opt):
+                # ``optim.LBFGS([input_img])`` (style transfer): no module to set up; Fabric still
+                # takes the backward and the device, but can't apply a precision or a strategy
+                if self.o.many_devices or p.precision not in (None, "32-true", "64-true"):
+                    what = (f"devices={self.o.effective_devices}" if self.o.many_devices
+                            else f"precision {p.precision}")
+                    self.refuse(opt.stmt, f"`{opt.path}` optimizes tensors (`{short(opt.call.args[0].value)}`), "
+                                          f"not a model's parameters: Fabric has no module to apply {what} to; "
+                                          "at 32-true on one device it converts")
+                    return
+                p.tensor_optimizers.append(opt)
+                continue
             if len(opt.models) != 1:
                 why = ("its parameters come from several models" if opt.models
                        else "could not tell which model's parameters it takes")
@@ -685,6 +730,8 @@ class _Planner:
             if key in seen:
                 continue
             seen.add(key)
+            if loop is None and self._called_from_data_loop(site.function):
+                continue  # ``self._run_batch(source, targets)`` in a loop over a sharded loader
             if loop is None:
                 if o.many_devices:  # synthetic data, a benchmark: nothing to shard, but say so
                     p.loader_skips.append((site.call, f"`{short(site.call)}` is not in a loop over data: with "
@@ -708,6 +755,27 @@ class _Planner:
                                          "explicit move, and with several devices every "
                                          "process would see all of them (set the loader up "
                                          "with fabric.setup_dataloaders by hand)"))
+
+    def _called_from_data_loop(self, func: Optional[cst.FunctionDef]) -> bool:
+        """``func`` (a function of the script, or a method called on ``self``) is called only in
+        loops over loaders that are set up or sharded by their own DistributedSampler."""
+        f, p = self.f, self.p
+        if func is None:
+            return False
+        fn = f.functions.get(func.name.value)
+        if fn is not None and fn.node is func:
+            calls = list(fn.calls)
+        elif f.enclosing_class(func) is not None:
+            calls = [c for c in f.attribute_calls if m.matches(
+                c.func, m.Attribute(value=m.Name("self"), attr=m.Name(func.name.value)))]
+        else:
+            return False
+        for call in calls:
+            loop = next((a for a in f.ancestors(call) if isinstance(a, cst.For)), None)
+            key = f.key_of(unwrap_iter(loop.iter)) if loop is not None else None
+            if key is None or not (self._set_up(key, LOADER) or (p.ddp is not None and p.ddp.sharded(f, key))):
+                return False
+        return bool(calls)
 
     def _devices(self) -> None:
         f, p = self.f, self.p
@@ -840,6 +908,15 @@ class _Planner:
         if isinstance(parent, cst.FormattedStringExpression):
             return f"{ref}.device"
         return None
+
+
+def _over_tensors(opt: Optimizer) -> bool:
+    """``LBFGS([input_img])``, ``Adam([z, w])``: a list of names or attributes, no ``parameters()``."""
+    if opt.call is None or not opt.call.args or opt.call.args[0].keyword is not None:
+        return False
+    params = opt.call.args[0].value
+    return isinstance(params, (cst.List, cst.Tuple)) and bool(params.elements) and all(
+        isinstance(e, cst.Element) and isinstance(e.value, (cst.Name, cst.Attribute)) for e in params.elements)
 
 
 def _is_counter(source: cst.BaseExpression) -> bool:

@@ -126,13 +126,6 @@ class FabricHandDDP(FabricRule):
         for use in d.module_uses:
             ctx.change(use, f"`{short(use)}` keeps working: Fabric's set-up model has `.module` too "
                             "(the script's own module)")
-        for func in p.added_params.values():
-            ctx.edits.replace(func.params, lambda u: u.with_changes(params=[cst.Param(cst.Name(NAME)), *u.params]))
-            for call in f.functions[func.name.value].calls:
-                ref = p.ref_at(f, call)
-                ctx.edits.replace(call, lambda u, ref=ref: u.with_changes(args=[cst.Arg(expr(ref)), *u.args]))
-            ctx.change(func, f"`{func.name.value}` receives `{NAME}` (its callers pass it): it reads the "
-                             "process's place from it")
         if d.spawn is not None:
             self._worker(ctx, p)
         for module, obj in _IMPORTS:

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.rules._fabric import FabricRule, core_except, NAME, code, expr, plan, short
+from accelerate_rewrite.codemod.facts import init_of
+from accelerate_rewrite.rules._fabric import FabricRule, core_except, NAME, code, expr, plan, short, stmt
 
 
 class FabricDevice(FabricRule):
@@ -15,7 +17,11 @@ class FabricDevice(FabricRule):
     uses of the device (`torch.zeros(..., device=device)`, a metric's `.to(device)`) become
     `fabric.device`. A `device` parameter threaded through functions (`train(model, loader,
     device)`, a Trainer keeping `self.device`) becomes `fabric` (`self.fabric`), and the call
-    sites pass `fabric`. The device definition goes once nothing uses it.
+    sites pass `fabric`. A function or class of the script that needs `fabric` where it can't
+    be reached (a backward or an optimizer in `Trainer`'s methods, a read of the rank in
+    `setup()`) and is called only where it can, receives it as a new first parameter (a class:
+    after `self` in `__init__`, kept in `self.fabric`). The device definition goes once
+    nothing uses it.
 
     Why: Fabric decides the device of every process; a hard-coded `cuda` or `cuda:0` is wrong
     on the second GPU, and moves that Fabric already does are noise.
@@ -65,6 +71,8 @@ class FabricDevice(FabricRule):
         for func_id, param in p.threaded_params.items():
             e.replace(param, lambda u: u.with_changes(name=cst.Name(NAME), annotation=None))
             ctx.change(param, f"parameter `{param.name.value}` became `{NAME}` (its callers pass it)")
+        for target in p.added_params.values():
+            _add_parameter(ctx, p, target)
         for cls_id, attr in p.threaded_attrs.items():
             for node in _attr_assignments(f, cls_id, attr):
                 e.replace(node, lambda u: u.with_changes(
@@ -88,6 +96,32 @@ class FabricDevice(FabricRule):
             ctx.skip(call, f"`{short(call)}` in `{where}` makes its tensor on the CPU whatever device "
                            "Fabric gives the model (as it did in the original): pass "
                            "`device=` of an input (`x.device`) for it to follow the model")
+
+
+def _add_parameter(ctx: RuleContext, p, target) -> None:
+    """`fabric` as a new first parameter of a function (after ``self`` in a class's
+    ``__init__``, which keeps it in ``self.fabric``), passed by every call."""
+    f, e = ctx.facts, ctx.edits
+    fabric = cst.Param(cst.Name(NAME))
+    if isinstance(target, cst.ClassDef):
+        init = init_of(target)
+        e.replace(init.params, lambda u: u.with_changes(params=[u.params[0], fabric, *u.params[1:]]))
+        body = list(init.body.body)
+        first = next((s for s in body if not m.matches(
+            s, m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())]))), body[0])
+        keep = stmt(f"self.{NAME} = {NAME}\n")
+        if first is body[0]:
+            keep = keep.with_changes(leading_lines=first.leading_lines)
+            e.replace(first, lambda u: u.with_changes(leading_lines=[]))
+        e.insert_before(first, keep)
+        what = f"`{target.name.value}(...)` receives `{NAME}` (its callers pass it) and keeps it in `self.{NAME}`"
+    else:
+        e.replace(target.params, lambda u: u.with_changes(params=[fabric, *u.params]))
+        what = f"`{target.name.value}` receives `{NAME}` as its first parameter (its callers pass it)"
+    for call in f.functions[target.name.value].calls:
+        ref = p.ref_at(f, call)
+        e.replace(call, lambda u, r=ref: u.with_changes(args=[cst.Arg(expr(r)), *u.args]))
+    ctx.change(target, what)
 
 
 #: torch functions that make a tensor on the default (CPU) device unless given ``device=``

@@ -3,6 +3,7 @@ from __future__ import annotations
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 import libcst.matchers as m
 
+from accelerate_rewrite.codemod.facts import code
 from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, expr, plan, short
 
 
@@ -40,7 +41,10 @@ class FabricPrint(FabricRule):
             if p.ddp is not None:
                 func = f.function(call)
                 ranks = p.ddp.rank_names.get(id(func) if func is not None else None, set())
-                named = sorted({n.value for n in m.findall(call, m.Name()) if n.value in ranks})
+                cls = f.enclosing_class(func) if func is not None else None
+                attrs = p.ddp.rank_names.get(id(cls), set()) if cls is not None else set()
+                named = sorted({n.value for n in m.findall(call, m.Name()) if n.value in ranks}
+                               | {code(a) for a in m.findall(call, m.Attribute()) if code(a) in attrs})
                 if named:
                     ctx.skip(call, f"`{short(call)}` prints on every process, as before: it names the "
                                    f"rank (`{named[0]}`)")

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.rules._fabric import FabricRule, core_except, plan, stmt
+from accelerate_rewrite.rules._fabric import FabricRule, core_except, plan, short, stmt
 
 
 class FabricSetup(FabricRule):
@@ -24,7 +24,9 @@ class FabricSetup(FabricRule):
 
     Leaves alone: an optimizer whose parameters come from several models, or from something it
     can't trace to a model; then nothing of the Fabric conversion is applied (a model that is
-    not set up would silently miss the precision and the strategy).
+    not set up would silently miss the precision and the strategy). An optimizer over tensors
+    (`optim.LBFGS([input_img])`, style transfer) has nothing to set up: at 32-true on one device
+    the rest converts (backward, device) and the note says so; otherwise nothing is converted.
     """
 
     code = "AR103"
@@ -38,6 +40,9 @@ class FabricSetup(FabricRule):
         if p.refusal is not None:
             return
         fsdp = (ctx.options.strategy or "").startswith("fsdp")
+        for opt in p.tensor_optimizers:
+            ctx.skip(opt.stmt, f"`{opt.path}` optimizes tensors (`{short(opt.call.args[0].value)}`), not a "
+                               "model's parameters: nothing to set up (Fabric takes the backward and the device)")
         for group in p.setups:
             opts = [o.path for o in group.optimizers]
             ref = group.ref
