@@ -242,3 +242,42 @@ def test_half_after_training_for_a_smaller_checkpoint_is_left_alone():
     removed = [n for n in result.changes if n.rule == "AR209"]
     assert [n.line for n in removed] == [3, 6]  # the model's cast before training, the batch's
     assert 'model.half()\ntorch.save(model.state_dict(), "small.pt")' in result.output
+
+
+def test_the_forward_is_found_from_the_loss_back():
+    """Issue 14.6: a model the rewrite can't tell is one (held on a Trainer, built elsewhere)
+    still has its forward found: the statements that compute the loss, from the first call."""
+    result = native("""
+    class Trainer:
+        def __init__(self, net, opt, device):
+            self.net, self.opt = net, opt
+            self.device = device
+
+        def step(self, x, y):
+            self.opt.zero_grad()
+            out = self.net(x.to(self.device))
+            loss = F.mse_loss(out, y.to(self.device))
+            loss.backward()
+            self.opt.step()
+
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = torch.nn.Linear(4, 1)
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), device)
+    """, precision="bf16-mixed")
+    assert "dtype=torch.bfloat16):\n            out = self.net(x.to(self.device))\n" \
+           "            loss = F.mse_loss(" in result.output
+    assert "self.opt.zero_grad()\n        with torch.autocast" in result.output
+
+
+def test_a_loss_that_comes_from_elsewhere_is_still_refused():
+    result = native("""
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(loss):
+        loss.backward()
+        optimizer.step()
+    """, precision="bf16-mixed")
+    assert not result.changed
+    assert "neither a model of the script nor a call that computes the loss" in reasons(result)

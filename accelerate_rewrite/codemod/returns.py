@@ -68,10 +68,43 @@ def _loader_positions(f: "F.ScriptFacts", func: cst.FunctionDef) -> Optional[tup
     return tuple(key if kind == "name" else (() if kind == "call" else None) for kind, key in shapes[0])
 
 
+def _returned_names(func: cst.FunctionDef) -> Optional[list[Optional[cst.Name]]]:
+    """Per element of what ``func`` returns, the name it returns there (None: not a name), when
+    it has one return of a name or a tuple."""
+    returns = _returns(func)
+    if len(returns) != 1 or returns[0].value is None:
+        return None
+    value = returns[0].value
+    elements = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+    return [e if isinstance(e, cst.Name) else None for e in elements]
+
+
+def _alias_results(f: "F.ScriptFacts", fn: "F.Function") -> None:
+    """``dataset, model, optimizer = load_train_objs()``: the names the result is unpacked into
+    hold what the helper's names held (the flow of kinds joins them)."""
+    names = _returned_names(fn.node)
+    if names is None or not any(names):
+        return
+    for call in fn.calls:
+        assign = f.parent(call)
+        if not isinstance(assign, cst.Assign) or assign.value is not call or len(assign.targets) != 1:
+            continue
+        target = assign.targets[0].target
+        elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) \
+            else [target]
+        if len(elements) != len(names):
+            continue
+        for element, name in zip(elements, names):
+            key = f.key_of(element) if isinstance(element, (cst.Name, cst.Attribute)) else None
+            if key is not None and name is not None:
+                f._aliases.append((key, name))
+
+
 def find_returned_loaders(f: "F.ScriptFacts") -> None:
     for fn in f.functions.values():
         if not isinstance(fn.node, cst.FunctionDef) or not fn.calls:
             continue
+        _alias_results(f, fn)
         positions = _loader_positions(f, fn.node)
         if positions is None:
             continue

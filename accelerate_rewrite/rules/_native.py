@@ -244,8 +244,36 @@ class _Planner:
         if first is None:
             if start > 0 and self._backward_not_step(body[start - 1]):
                 return []  # a second loss of the same forward pass (apex's num_losses, retain_graph)
-            return "no forward pass of a model found before it in the same block"
+            traced = self._computing_the_loss(site, candidates)
+            if traced:
+                return traced
+            return ("no forward pass found before it in the same block: neither a model of the script "
+                    "nor a call that computes the loss")
         return self._uses_of_forward(candidates[first:])
+
+    @staticmethod
+    def _computing_the_loss(site: Site, candidates: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """The forward found from the loss back (``output = self.model(source)``; ``loss =
+        F.mse_loss(output, targets)``, where the rewrite can't tell ``self.model`` is a model):
+        the statements of the block that compute the loss's names, from the first of them that
+        calls something, through the last. Empty when the loss is not computed there by a call."""
+        needed = {n.value for n in m.findall(site.loss, m.Name())}
+        used: list[int] = []
+        for i in range(len(candidates) - 1, -1, -1):
+            s = candidates[i]
+            if not isinstance(s, cst.SimpleStatementLine):
+                continue
+            bound = {n.value for small in s.body if isinstance(small, (cst.Assign, cst.AnnAssign, cst.AugAssign))
+                     for target in ([t.target for t in small.targets] if isinstance(small, cst.Assign)
+                                    else [small.target])
+                     for n in m.findall(target, m.Name())}
+            if bound & needed:
+                used.append(i)
+                needed |= {n.value for n in m.findall(s, m.Name())} - bound
+        calls = [i for i in used if m.findall(candidates[i], m.Call())]
+        if not calls:
+            return []
+        return candidates[min(calls):max(used) + 1]
 
     def _no_bce_under_autocast(self) -> bool:
         f = self.f
