@@ -14,7 +14,10 @@ class NativeAutocast(Rule):
     What it does: with `--backend torch --precision bf16-mixed` (dtype `torch.bfloat16`) or
     `16-mixed` (`torch.float16`, with AR208's GradScaler), the statements of each training step
     from the first one that runs a model up to the backward go into
-    `with torch.autocast(...):`; the backward and the optimizer step stay outside. Loops that run
+    `with torch.autocast(...):`; the backward and the optimizer step stay outside. Where the
+    rewrite can't tell that a call runs a model (`self.model(source)` in a Trainer given its
+    model), the forward is found from the loss back: the statements of the block that compute
+    the loss, from the first of them that calls something. Loops that run
     a model without training (evaluation, under `torch.no_grad()` as they were) get autocast
     from their first model call to the end of the loop body. The device type is the script's
     own: `device.type` for a `torch.device`, `torch.device(device).type` for a device that may
@@ -32,8 +35,8 @@ class NativeAutocast(Rule):
     Leaves alone (and says why): scripts that already use autocast or a GradScaler (nothing is
     wrapped twice), that use Fabric, the Trainer or Accelerate, LBFGS (low precision breaks its
     line search), a backward in the same statement as the forward pass, a training step whose
-    forward pass is not in the backward's block, and places where no device variable is in
-    reach. Precisions the native path can't express (64-true, transformer-engine) are refused
+    loss is not computed in the backward's block (a `step(loss)` helper), and places where no
+    device variable is in reach. Precisions the native path can't express (64-true, transformer-engine) are refused
     with a pointer to `--backend fabric`.
     """
 
