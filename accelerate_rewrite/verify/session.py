@@ -80,7 +80,8 @@ class _Claims(Claims):
         return bool(self.freeze or self.clip_grad_norm is not None or self.unchecked)
 
 
-def claims_for(options: Options, changing_rules: Sequence[str], processes: int) -> _Claims:
+def claims_for(options: Options, changing_rules: Sequence[str], processes: int,
+               rule_kinds: Sequence[str] = ()) -> _Claims:
     """What a rewrite with these options claims to change in training, for compare's checks.
     ``changing_rules``: the other changes-training rules that applied ("AR404 name")."""
     unchecked: list[str] = []
@@ -92,7 +93,8 @@ def claims_for(options: Options, changing_rules: Sequence[str], processes: int) 
     if options.group_by_length == "all":
         unchecked.append("--group-by-length all: the training batches are grouped by length")
     unchecked += list(changing_rules)
-    basis = APPROXIMATE if options.mixed_or_low_precision or _approximate_options(options) else EXACT
+    basis = (APPROXIMATE if options.mixed_or_low_precision or _approximate_options(options)
+             or "approximate" in rule_kinds else EXACT)
     return _Claims(basis=basis, freeze=tuple(options.freeze), clip_grad_norm=options.clip_grad_norm,
                    unchecked=tuple(unchecked))
 
@@ -201,7 +203,7 @@ def verify(
         notes.append(f"the rewritten script ran on {run_devices} device(s) (LT_DEVICES)")
 
     processes = run_devices or (options.effective_devices if isinstance(options.effective_devices, int) else 1)
-    claims = claims_for(options, changing_rules, processes if processes > 1 else 1)
+    claims = claims_for(options, changing_rules, processes if processes > 1 else 1, rule_kinds)
     kind = tolerance_kind(options, rule_kinds, processes if processes > 1 else 1)
     base = tolerance or Tolerance()
     tol = replace(base, kind=kind)
@@ -246,7 +248,7 @@ def verify(
             rewritten.error = rewritten.error.replace(str(rewritten_path), f"{script} (rewritten)")
 
     if rewritten.world_size > 1 and processes <= 1:  # the script's own Fabric(devices=N)
-        claims = claims_for(options, changing_rules, rewritten.world_size)
+        claims = claims_for(options, changing_rules, rewritten.world_size, rule_kinds)
         tol = replace(tol, kind=CHANGES_TRAINING)
     verdict = compare(original, rewritten, tol, requested_precision=options.precision, claims=claims)
     verdict.comparison.update(load_average=max(load, _load()), cores=os.cpu_count())
