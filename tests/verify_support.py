@@ -4,7 +4,8 @@
 arguments, working folder, steps, threads and CUDA visibility) the original's run is the same
 whatever the rewrite options are, so the tests patch ``session.run_script`` with
 :meth:`OriginalRuns.run_script`: the first run of an original is real and remembered, later
-ones get a copy of it. The rewritten runs always run.
+ones get a copy of it (recorded with the parameters' fingerprints, which only --freeze reads).
+The rewritten runs always run.
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ class OriginalRuns:
     def run_script(self, script, args=(), *, label, **kwargs) -> runner.RunRecord:
         if label != "original":
             return runner.run_script(script, args, label=label, **kwargs)
+        # the parameters' fingerprints (--freeze) are recorded in every original: one record
+        # serves every option set, and the freeze tests need no run of their own
+        kwargs["track_params"] = True
         env = kwargs.get("env") or {}
         key = (
             str(Path(script).resolve()), tuple(args), kwargs.get("max_steps"), kwargs.get("threads"),
             str(kwargs.get("cwd")), env.get("CUDA_VISIBLE_DEVICES"), kwargs.get("python"),
-            kwargs.get("timeout"), kwargs.get("seed"), kwargs.get("track_params"),
+            kwargs.get("timeout"), kwargs.get("seed"),
         )
         if key not in self.cache:
             self.real_runs += 1
