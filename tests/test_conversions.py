@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -1237,3 +1238,13 @@ def test_an_optimizer_over_a_tensor_converts_the_backward_at_32_true():
 def test_an_optimizer_over_a_tensor_is_refused_where_fabric_could_not_apply(options, what):
     result = convert(STYLE_TRANSFER, **options)
     assert_left_alone(result, "AR101", "optimizes tensors", f"no module to apply {what} to")
+
+
+def test_a_conditional_optimizer_with_clipping_is_refused_at_16_mixed():
+    """Issue 14.4: torch's clipping stays where the optimizer is not certain; under 16-mixed it
+    would clip scaled gradients, so nothing is converted."""
+    source = (Path(__file__).resolve().parent.parent / "fixtures" / "conditional_optimizer" / "input.py").read_text(
+        encoding="utf-8")
+    result = rewrite(source, Options.create(precision="16-mixed"), path="train.py")
+    assert not result.changed
+    assert any("would clip scaled gradients" in m for m in skips(result, "AR101"))

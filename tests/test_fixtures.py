@@ -22,6 +22,7 @@ LEFT_ALONE = {
 NATIVE_LEFT_ALONE = {
     "already_autocast": "runs its own GradScaler: nothing is wrapped twice",
     "already_fabric": "already uses Lightning Fabric",
+    "conditional_optimizer": "is built only under `if args.use_optimizer:`",
     "cuda_amp": "runs its own GradScaler",
     "gan_bce": "CUDA refuses for BCELoss",
     "lbfgs": "can't step an LBFGS closure",

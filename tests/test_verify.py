@@ -53,7 +53,9 @@ DIVERGING = {"pure_half"}
 #: fixtures whose point is a refusal, in a style another fixture already runs (module_loop), and
 #: hf_finetune, which downloads its weights (text_classification is the runnable NLP fixture);
 #: the hand-made DDP fixtures start their own processes: tests/test_hand_ddp.py runs them on 2
-NOT_RUN = {"accumulates_already", "hf_finetune", "ddp_spawn", "ddp_torchrun", "ddp_trainer", "hand_ddp"}
+#: conditional_optimizer runs both ways, on both of its paths, in tests/test_conditional.py
+NOT_RUN = {"accumulates_already", "hf_finetune", "ddp_spawn", "ddp_torchrun", "ddp_trainer", "hand_ddp",
+           "conditional_optimizer"}
 #: (a list, so that collecting the tests, once per xdist worker, rewrites nothing; the first
 #: test keeps it current)
 RUNNABLE = ["accelerator_api", "already_autocast", "apex_o1", "apex_o2_two_losses", "checkpointing",

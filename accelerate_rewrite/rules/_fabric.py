@@ -17,6 +17,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import (
+    CLIP_NORM,
+    CLIP_VALUE,
     DEVICE,
     LOADER,
     MODEL,
@@ -88,6 +90,9 @@ class SetupGroup:
     #: methods of the model's class, other than forward, that the script calls on the set-up
     #: model: with a strategy that wraps it (DDP, FSDP) Fabric raises unless they are marked
     forward_methods: list[str] = field(default_factory=list)
+    #: the optimizers are built under this ``if`` only (``if args.use_optimizer:``): they are set
+    #: up with the model there, and the model alone in its ``else`` (made when there is none)
+    otherwise: Optional[cst.If] = None
 
 
 @dataclass
@@ -597,12 +602,37 @@ class _Planner:
             unique: dict[str, Optimizer] = {}
             for o in opts:  # the same optimizer built in an if/else: one setup after both
                 unique.setdefault(o.path, o)
+            guard = self._only_under_if(opts, built)
+            if guard is not None:
+                after, ref = opts[-1].stmt, p.ref_at(f, guard)
             p.setups.append(SetupGroup(model_key[1], list(unique.values()), ref, model_key, after,
-                                       self._forward_methods(model_key)))
+                                       self._forward_methods(model_key), otherwise=guard))
+        guarded = [g for g in p.setups if g.otherwise is not None]
+        if guarded and p.precision == "16-mixed" and (f.calls_to(*CLIP_NORM, *CLIP_VALUE)):
+            g = guarded[0]
+            self.refuse(g.optimizers[0].stmt, f"`{g.optimizers[0].path}` is built only under "
+                                              f"`if {short(g.otherwise.test)}:`, so the clipping stays "
+                                              "torch's, which under 16-mixed would clip scaled gradients; "
+                                              "nothing was converted (bf16-mixed or 32-true convert it)")
+            return
         if p.setup_skips:
             node, why = p.setup_skips[0]
             self.refuse(node, f"{why}; without setting every trained model up, Fabric can't apply "
                               "its precision or strategy, so nothing was converted")
+
+    def _only_under_if(self, opts: list[Optimizer], built: list[cst.BaseStatement]) -> Optional[cst.If]:
+        """``if args.use_optimizer: optimizer = ...`` (and no optimizer in its ``else``), the model
+        built before that ``if``: the ``if``, where the setup goes into both branches."""
+        f = self.f
+        guard = f.parent(f.block(opts[0].stmt))
+        if not isinstance(guard, cst.If) or any(f.block(o.stmt) is not guard.body for o in opts) \
+                or isinstance(guard.orelse, cst.If) or not built \
+                or any(f.line(b) >= f.line(guard) or guard in f.ancestors(b) for b in built) \
+                or (guard.orelse is not None and m.findall(guard.orelse, m.Name(opts[0].path.split(".")[0]))):
+            return None
+        if self.p.ref_at(f, guard) is None or not self.p.after_creation(f, guard):
+            return None
+        return guard
 
     def _forward_methods(self, model_key: Key) -> list[str]:
         """``model.decode(z)``, ``model.sample(n)``: methods defined in the model's class in this

@@ -394,6 +394,16 @@ class _Planner:
                 self.refuse(call, f"`{short(call)}` takes arguments (a closure): a GradScaler "
                                   "can't step it")
                 return
+        for opt in f.optimizers:
+            guard = f.parent(f.block(opt.stmt))
+            if isinstance(guard, cst.If) and not any(
+                    o is not opt and o.path == opt.path and guard in f.ancestors(o.stmt) for o in f.optimizers):
+                # bound on one path only: the scaler's calls next to its steps would read it where
+                # the engine can't show it bound (and a scaled backward on the other path steps by hand)
+                self.refuse(opt.stmt, f"`{opt.path}` is built only under `if {short(guard.test)}:`: "
+                                      "the GradScaler's steps can't be shown to find it; convert by hand, "
+                                      "or use --backend fabric (it sets the model up on both paths)")
+                return
         if not self._scaler_home():
             return
         for site in sites:

@@ -58,6 +58,10 @@ class FabricClipGradients(FabricRule):
             if group is None or model is None or ref is None or len(group.optimizers) != 1:
                 ctx.skip(call, f"`{code(call.func)}(...)` left as is: can't tell which set-up model and optimizer it clips")
                 continue
+            if group.otherwise is not None:
+                ctx.skip(call, f"`{code(call.func)}(...)` left as is: the optimizer exists only when "
+                               f"`{code(group.otherwise.test)}` (fabric.clip_gradients needs it)")
+                continue
             optimizer = p.visible_name(f, call, group.optimizers[0].key)
             if optimizer is None:
                 ctx.skip(call, f"`{code(call.func)}(...)` left as is: the optimizer is not in reach here")

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import libcst as cst
+
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.rules._fabric import FabricRule, core_except, plan, short, stmt
 
@@ -62,3 +64,13 @@ class FabricSetup(FabricRule):
             names = ", ".join([group.model, *opts])
             ctx.edits.insert_after(group.after, stmt(f"{names} = {ref}.setup({names})\n"), *marks)
             ctx.change(group.after, f"set up `{names}` with Fabric")
+            if group.otherwise is not None:
+                alone = stmt(f"{group.model} = {ref}.setup({group.model})\n")
+                guard = group.otherwise
+                if guard.orelse is None:
+                    ctx.edits.replace(guard, lambda u, a=alone, ms=marks: u.with_changes(
+                        orelse=cst.Else(body=cst.IndentedBlock(body=[a, *ms]))))
+                else:
+                    ctx.edits.insert_after(guard.orelse.body.body[-1], alone, *marks)
+                ctx.change(guard, f"`{', '.join(opts)}` is built only under `if {short(guard.test)}:`: set up "
+                                  f"with `{group.model}` there, `{group.model}` alone otherwise")
