@@ -347,3 +347,16 @@ def test_the_plot_has_a_gradient_norm_panel_and_marks_the_failing_figure(tmp_pat
     lossy = compare(original, _run("rewritten", [x * 1.1 for x in LOSSES]), Tolerance())
     assert report.failing_figure(session.Verification(Path("t.py"), Options.create(), lossy, original,
                                                       rewritten)) == "loss"
+
+
+def test_a_claim_check_on_other_data_does_not_hold_the_first_step_to_the_original():
+    # --freeze on 2 processes: each rank's first batch is another; the frozen parameters are
+    # still checked, the first loss is not, and the processes leave the run not compared
+    names = ["embeddings.weight", "head.w"]
+    original = _run(params_start={n: "a" for n in names}, params_end={n: "b" for n in names})
+    rewritten = _run("rewritten", [2.2, 1.9, 1.7], world_size=2, params_start={n: "a" for n in names},
+                     params_end={"embeddings.weight": "a", "head.w": "b"})
+    v = compare(original, rewritten, Tolerance(kind=CHANGES_TRAINING),
+                claims=Claims(freeze=("embeddings",), unchecked=("2 processes, each with its share of the data",)))
+    assert v.verdict == NOT_COMPARED, v.reason
+    assert "checked: the 1 parameters --freeze names are bitwise unchanged, the other 1 moved" in v.reason
