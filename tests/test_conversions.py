@@ -328,7 +328,7 @@ def test_trainer_class_keeping_self_device():
     assert "self.device" not in out
 
 
-def test_device_param_with_default_not_passed_refuses_the_conversion_with_a_note():
+def test_device_param_with_default_not_passed_gets_fabric_as_a_new_parameter():
     result = convert("""
         import torch
         import torch.nn as nn
@@ -351,9 +351,10 @@ def test_device_param_with_default_not_passed_refuses_the_conversion_with_a_note
 
         main()
     """)
-    # a backward that can't reach `fabric` would crash under mixed precision: no half conversion
-    assert not result.changed
-    assert any("can't reach `fabric` in train()" in m for m in skips(result, "AR101"))
+    # the device parameter is not passed, so it can't become `fabric`: `fabric` comes as a new
+    # first parameter instead (issue 14.3), and the batches of the set-up loader need no move
+    assert 'def train(fabric, model, optimizer, loader, device="cuda"):' in result.output
+    assert "train(fabric, model, optimizer, loader)" in result.output and ".to(device)" not in result.output
 
 
 DEFAULT_DEVICE_PARAM = {
