@@ -146,19 +146,24 @@ def _evidence_problem(requested: Optional[str], original: RunRecord, rewritten: 
 
 def _exact_problem(original: RunRecord, rewritten: RunRecord, diffs, grad_diffs,
                    tolerance: Tolerance) -> Optional[str]:
+    """The first step where the losses or the applied gradients part ways (whichever is first:
+    a lost zero_grad changes the gradient of step 2 and the loss only from step 3)."""
     first = next((i for i, d in enumerate(diffs) if d > tolerance.max_rel), None)
+    first_grad = next((i for i, d in enumerate(grad_diffs) if d > tolerance.max_rel), None)
+    if first_grad is not None and (first is None or first_grad < first):
+        losses = ("the losses agree" if first is None else
+                  f"the losses agree until step {first}")
+        return (f"{losses}, but the gradient applied at step {first_grad + 1} "
+                f"differs: norm {rewritten.grad_norms[first_grad]:.6g} instead of "
+                f"{original.grad_norms[first_grad]:.6g} (relative {grad_diffs[first_grad]:.2e}, allowed "
+                f"{tolerance.max_rel:g}: --rtol); a loss scaled differently (e.g. not divided under "
+                "accumulation), or gradients left from the previous step, change the gradient while "
+                "the losses follow only a step later, or not at all under Adam")
     if first is not None:
         return (f"the losses differ from step {first + 1} on: "
                 f"{rewritten.losses[first]:.6g} instead of {original.losses[first]:.6g} "
                 f"(relative {diffs[first]:.2e}, allowed {tolerance.max_rel:g} for a "
                 "rewrite that keeps the math: --rtol)")
-    first = next((i for i, d in enumerate(grad_diffs) if d > tolerance.max_rel), None)
-    if first is not None:
-        return (f"the losses agree, but the gradient applied at step {first + 1} "
-                f"differs: norm {rewritten.grad_norms[first]:.6g} instead of "
-                f"{original.grad_norms[first]:.6g} (relative {grad_diffs[first]:.2e}, allowed "
-                f"{tolerance.max_rel:g}: --rtol); a loss scaled differently (e.g. not divided under "
-                "accumulation) changes the gradient while Adam's steps, and so the losses, hide it")
     return None
 
 
