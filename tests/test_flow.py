@@ -75,11 +75,24 @@ for x, y in loader:
 """
 
 
-def test_an_optimizer_built_under_a_flag_is_never_set_up_on_one_path_only():
-    """Set up inside the ``if``, the model would stay not set up when the flag is off (its
-    batches on the GPU, itself on the CPU); set up after it, ``optimizer`` may be unbound. The
-    flow check refuses the second, and says why."""
+def test_an_optimizer_built_under_a_flag_is_set_up_on_both_paths():
+    """Set up inside the ``if`` only, the model would stay not set up when the flag is off (its
+    batches on the GPU, itself on the CPU); set up after it, ``optimizer`` may be unbound. So
+    the model is set up with the optimizer in the ``if``, and alone in a new ``else``
+    (issue 14.4): nothing reads a name some path leaves unbound, and the flow check passes."""
     result = rewrite(CONDITIONAL, Options())
+    assert not result.dropped, result.dropped
+    assert ("if args.use_optimizer:\n    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)\n"
+            "    model, optimizer = fabric.setup(model, optimizer)\nelse:\n    model = fabric.setup(model)\n"
+            in result.output)
+
+
+def test_the_flow_check_still_refuses_a_setup_after_a_conditional_binding():
+    """An ``elif`` chain is not one of the shapes the rules set up per branch: the setup goes
+    after it, and the flow check drops the rule that reads the maybe-unbound name."""
+    source = CONDITIONAL.replace("if args.use_optimizer:\n    optimizer =",
+                                 "if args.lr > 1:\n    pass\nelif args.use_optimizer:\n    optimizer =")
+    result = rewrite(source, Options())
     assert not result.changed
     [dropped] = [d for d in result.dropped if d.startswith("AR103")]
     assert "it reads `optimizer`" in dropped and "some path leaves it unbound" in dropped

@@ -625,7 +625,8 @@ class _Planner:
         built before that ``if``: the ``if``, where the setup goes into both branches."""
         f = self.f
         guard = f.parent(f.block(opts[0].stmt))
-        if not isinstance(guard, cst.If) or any(f.block(o.stmt) is not guard.body for o in opts) \
+        if not isinstance(guard, cst.If) or isinstance(f.parent(guard), cst.If) \
+                or any(f.block(o.stmt) is not guard.body for o in opts) \
                 or isinstance(guard.orelse, cst.If) or not built \
                 or any(f.line(b) >= f.line(guard) or guard in f.ancestors(b) for b in built) \
                 or (guard.orelse is not None and m.findall(guard.orelse, m.Name(opts[0].path.split(".")[0]))):
