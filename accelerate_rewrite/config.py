@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from accelerate_rewrite.options import OptionError, Options
+from accelerate_rewrite.options import OptionError, Options, normalize_glob
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -104,6 +104,11 @@ def _check_values(table: dict, where: str, allowed: Sequence[str], base: Optiona
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(f"{where}: {raw} must be a list of strings")
             value = tuple(value)
+        if key == "exclude":
+            try:
+                value = tuple(normalize_glob(g, "exclude") for g in value)
+            except OptionError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
         if key in SELECTION_KEYS:
             try:
                 select_rules(value)
@@ -149,6 +154,10 @@ def load(path: Path) -> Config:
             globs = [globs]
         if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
             raise ConfigError(f"{here}: paths must be a list of globs")
+        try:
+            globs = [normalize_glob(g, "paths") for g in globs]
+        except OptionError as exc:
+            raise ConfigError(f"{here}: {exc}") from None
         rest = _check_values({k: v for k, v in entry.items() if k != "paths"}, here,
                              [*OPTION_KEYS, *SELECTION_KEYS], base=values)
         overrides.append((tuple(globs), rest))

@@ -196,6 +196,32 @@ def normalize_freeze(value: str) -> str:
     return text
 
 
+def normalize_glob(value: str, what: str) -> str:
+    """A glob of paths (``exclude``, an override's ``paths``), checked as fnmatch will read it:
+    not empty, and every character class closed (fnmatch reads an unclosed ``[`` as a literal
+    character, so ``exclude = ["[abc"]`` would silently leave out nothing)."""
+    text = str(value)
+    i, n = 0, len(text)
+    while i < n:
+        if text[i] == "[":
+            j = i + 1
+            if j < n and text[j] == "!":
+                j += 1
+            if j < n and text[j] == "]":
+                j += 1
+            while j < n and text[j] != "]":
+                j += 1
+            if j >= n:
+                break
+            i = j
+        i += 1
+    if not text.strip() or i < n:
+        raise OptionError(f"invalid {what} glob {value!r}; valid values: globs of paths relative to the "
+                          "configuration's folder, whose character classes close (vendor/*, "
+                          "notebooks/scratch/*, data/[ab]*.py)")
+    return text
+
+
 def normalize_checkpointing(value: str) -> str:
     import re
 
