@@ -1,0 +1,396 @@
+"""The Fabric plan's making (see rules/_fabric.py for what it decides): where Fabric is
+created, what is set up with it, and which loaders; where `fabric` is reached is
+rules/_fabric_reach.py, what becomes of the device is rules/_fabric_devices.py."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from accelerate_rewrite.codemod.facts import (
+    CLIP_NORM,
+    CLIP_VALUE,
+    Binding,
+    Key,
+    Optimizer,
+    ScriptFacts,
+    positional_params,
+)
+from accelerate_rewrite.codemod.ddp import HandDDP, hand_ddp
+from accelerate_rewrite.codemod.loops import EVAL, eval_sums, loader_role, unwrap_iter
+from accelerate_rewrite.rules._apex import apex_use
+from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, Options
+from accelerate_rewrite.rules._fabric import (
+    NAME,
+    FabricPlan,
+    LoaderGroup,
+    Scope,
+    SetupGroup,
+    _innermost_scope,
+    common_after,
+    first_in_common_block,
+    short,
+)
+from accelerate_rewrite.rules._fabric_devices import Devices
+from accelerate_rewrite.rules._fabric_reach import Reach
+
+
+def make_plan(facts: ScriptFacts, options: Options) -> FabricPlan:
+    return _Planner(facts, options).run()
+
+
+class _Planner(Reach, Devices):
+    def __init__(self, facts: ScriptFacts, options: Options) -> None:
+        self.f = facts
+        self.o = options
+        self.p = FabricPlan()
+
+    def refuse(self, node: Optional[cst.CSTNode], why: str) -> FabricPlan:
+        self.p.refusal = (node, why)
+        return self.p
+
+    def run(self) -> FabricPlan:
+        f = self.f
+        if f.frameworks:
+            label, node = f.frameworks[0]
+            return self.refuse(node, f"already uses {label}; left alone")
+        if not f.backward_sites and not f.optimizers:
+            return self.refuse(None, "no training found (no optimizer, no backward call); nothing to do")
+        apex = apex_use(f)
+        if apex.problem is not None:
+            return self.refuse(apex.problem[0], f"NVIDIA apex.amp: {apex.problem[1]}")
+        if apex.unknown_level is not None and self.o.precision is None:
+            return self.refuse(apex.unknown_level, "apex's opt_level is not a literal O0-O3: give "
+                                                   "--precision (O0 is 32-true, O1 and O2 "
+                                                   "16-mixed, O3 16-true)")
+        ddp = hand_ddp(f)
+        if ddp.found:
+            if ddp.problem is not None:
+                return self.refuse(ddp.problem[0], f"hand-made distributed training: {ddp.problem[1]}; "
+                                                   "nothing was converted")
+            if self.o.single_device and ddp.kept:
+                return self.refuse(ddp.kept[0], f"hand-made distributed training: `{short(ddp.kept[0])}` "
+                                                "needs the process group, which Fabric starts only with "
+                                                "several devices (--devices 1 was given)")
+        if self.o.strategy in FUNCTION_LAUNCH_STRATEGIES:
+            return self.refuse(
+                None,
+                f"--strategy {self.o.strategy} needs the training code in a function passed to "
+                "fabric.launch(fn); this rewrite does not restructure scripts that way "
+                "(use --strategy ddp)",
+            )
+        taken = [n for n in m.findall(f.module, m.Name(NAME)) if f.key_of(n) is not None]
+        if taken:
+            return self.refuse(taken[0], f"the name `{NAME}` is already used in this script")
+        if not f.optimizers:
+            return self.refuse(f.backward_sites[0].call, "no optimizer found to set up with Fabric")
+        # Threading a device parameter into `fabric` is tried first; a function whose device
+        # is also used in a way Fabric does not replace keeps it, and the plan is made again.
+        self.excluded: set[int] = set()
+        for _ in range(len(f.functions) + 1):
+            self.p = FabricPlan()
+            self._plan()
+            if self.p.refusal is not None:
+                return self.p
+            stuck = self._stuck_threads()
+            if not stuck:
+                return self.p
+            self.excluded |= stuck
+        return self.refuse(None, "could not settle where `fabric` is passed")
+
+    def _plan(self) -> None:
+        p = self.p
+        if not self._find_home():
+            return
+        self._precision()
+        self._refs()
+        for site in self.f.backward_sites:
+            if p.ref_at(self.f, site.call) is None or not p.after_creation(self.f, site.call):
+                func = self.f.function(site.call)
+                where = f"in {func.name.value}()" if func is not None else "there"
+                self.refuse(site.call, f"`{short(site.call)}` can't reach `fabric` {where} (no "
+                                       "`device` parameter to turn into `fabric`, or one used in a "
+                                       "way Fabric does not replace); every backward must go "
+                                       "through Fabric, so nothing was converted")
+                return
+        if p.ddp is not None:
+            for node, attr in p.ddp.reads:
+                if p.ref_at(self.f, node) is None or not p.after_creation(self.f, node):
+                    func = self.f.function(node)
+                    where = f"in {func.name.value}()" if func is not None else "there"
+                    self.refuse(node, f"hand-made distributed training: `{short(node)}` {where} can't "
+                                      f"become `fabric.{attr}`: `fabric` can't be reached there, or only "
+                                      "later; nothing was converted")
+                    return
+        self._setups()
+        if p.refusal:
+            return
+        self._loaders()
+        self._devices()
+
+
+    # -- where Fabric is created --
+    def _find_home(self) -> bool:
+        f, p = self.f, self.p
+        ddp = hand_ddp(f)
+        if ddp.found:
+            p.ddp = ddp
+        if ddp.found and ddp.spawn is not None:
+            return self._spawned_home(ddp)
+        builds = [
+            b for b in f.bindings
+            if any(f.same_object(b.key, key) for opt in f.optimizers for key in opt.models)
+        ]
+        first = min(builds or f.optimizers, key=lambda b: f.line(b.stmt))
+        home = _innermost_scope(f, first.stmt)
+        extra: list[cst.BaseStatement] = []
+        # a factory (``def build(device): ...; return model, optimizer``): Fabric belongs
+        # where it is called
+        while isinstance(home, cst.FunctionDef) and self._is_factory(home):
+            call = f.functions[home.name.value].calls[0]
+            extra.append(f.statement(call))
+            home = _innermost_scope(f, call)
+        if isinstance(home, cst.FunctionDef) and f.enclosing_class(home) is not None:
+            self.refuse(
+                first.stmt,
+                f"the model is built inside a class ({f.enclosing_class(home).name.value}."
+                f"{home.name.value}); create Fabric where that object is made and pass it in "
+                "(not automated yet)",
+            )
+            return False
+        if isinstance(home, cst.Lambda):
+            self.refuse(first.stmt, "the model is built in a lambda")
+            return False
+        p.home = home
+        interesting = [b.stmt for b in f.bindings if _innermost_scope(f, b.stmt) is home]
+        interesting += [f.statement(d.call) for d in f.device_moves
+                        if _innermost_scope(f, d.call) is home]
+        interesting += extra
+        if p.ddp is not None:  # Fabric starts the processes where the script started them
+            interesting += self._ddp_statements(home)
+        p.anchor = first_in_common_block(f, interesting)
+        if p.anchor is None:
+            self.refuse(first.stmt, "could not find one place before the model, optimizer and "
+                                    "loaders are built to create Fabric")
+            return False
+        return True
+
+    def _ddp_statements(self, home: Scope) -> list[cst.BaseStatement]:
+        """The statements of ``home`` that start the hand-made world or read a process's place,
+        or call a function of the script that does (``rank, world_size = setup()``)."""
+        f, p = self.f, self.p
+        out: list[cst.BaseStatement] = []
+        for node in [*p.ddp.starts, *(n for n, _ in p.ddp.reads)]:
+            scope = _innermost_scope(f, node)
+            if scope is home:
+                out.append(f.statement(node))
+            elif isinstance(scope, cst.FunctionDef) and f.functions.get(scope.name.value) is not None \
+                    and f.functions[scope.name.value].node is scope:
+                out += [f.statement(c) for c in f.functions[scope.name.value].calls
+                        if _innermost_scope(f, c) is home]
+        return out
+
+
+    def _spawned_home(self, ddp: HandDDP) -> bool:
+        """``mp.spawn(worker, ...)``: Fabric is created where spawn was and launches the worker,
+        which receives it as its first argument; so `fabric` exists from the worker's first line."""
+        f, p = self.f, self.p
+        worker = ddp.spawn.worker
+        builds = [b for b in f.bindings if any(f.same_object(b.key, key) for opt in f.optimizers
+                                                for key in opt.models)] or list(f.optimizers)
+        outside = [b for b in builds if f.function(b.stmt) is not worker]
+        if outside:
+            self.refuse(outside[0].stmt, f"hand-made distributed training: `{outside[0].path}` is built "
+                                         f"outside `{worker.name.value}`, the function mp.spawn runs; "
+                                         "nothing was converted")
+            return False
+        if any(p.name.value == NAME for p in positional_params(worker)):
+            self.refuse(worker, f"`{worker.name.value}` already has a parameter named `{NAME}`")
+            return False
+        p.home = worker
+        p.anchor = next(s for s in worker.body.body)
+        return True
+
+    def _is_factory(self, func: cst.FunctionDef) -> bool:
+        """A module-level function that builds and returns the model, called once."""
+        f = self.f
+        fn = f.functions.get(func.name.value)
+        if fn is None or fn.node is not func or len(fn.calls) != 1 or fn.other_uses:
+            return False
+        built = {b.path for b in f.bindings if b.owner is func and b.kind in ("module", "optimizer")}
+        for ret in m.findall(func, m.Return()):
+            if ret.value is not None and {n.value for n in m.findall(ret.value, m.Name())} & built:
+                return True
+        return False
+
+    def _precision(self) -> None:
+        f, p, o = self.f, self.p, self.o
+        p.precision = o.precision or apex_use(f).precision
+        if p.precision in (None, "32-true", "64-true"):
+            return
+        own = f.uses_autocast()
+        if own:
+            p.omit_precision = (
+                own[0].call,
+                f"precision {p.precision} not set on Fabric: the script runs its own "
+                f"{own[0].qualname.rsplit('.', 1)[-1]}, and Fabric's on top would apply it twice; "
+                "leave the script's mixed precision as it is, or remove it and rerun",
+            )
+            return
+        lbfgs = [opt for opt in f.optimizers if opt.qualname.endswith("LBFGS")]
+        if lbfgs:
+            why = ("its GradScaler can't step an LBFGS closure" if p.precision == "16-mixed" else
+                   "LBFGS's line search and curvature pairs go astray in low precision "
+                   "(measured on fixtures/lbfgs with bf16-mixed: loss 98.9 instead of 18.7 at "
+                   "step 13)")
+            p.omit_precision = (lbfgs[0].stmt, f"precision {p.precision} not set: {why}; "
+                                               "LBFGS stays at 32-true")
+
+
+    # -- fabric.setup(model, optimizer) --
+    def _setups(self) -> None:
+        f, p = self.f, self.p
+        by_model: dict[Key, list[Optimizer]] = {}
+        for opt in f.optimizers:
+            if not opt.models and _over_tensors(opt):
+                # ``optim.LBFGS([input_img])`` (style transfer): no module to set up; Fabric still
+                # takes the backward and the device, but can't apply a precision or a strategy
+                if self.o.many_devices or p.precision not in (None, "32-true", "64-true"):
+                    what = (f"devices={self.o.effective_devices}" if self.o.many_devices
+                            else f"precision {p.precision}")
+                    self.refuse(opt.stmt, f"`{opt.path}` optimizes tensors (`{short(opt.call.args[0].value)}`), "
+                                          f"not a model's parameters: Fabric has no module to apply {what} to; "
+                                          "at 32-true on one device it converts")
+                    return
+                p.tensor_optimizers.append(opt)
+                continue
+            if len(opt.models) != 1:
+                why = ("its parameters come from several models" if opt.models
+                       else "could not tell which model's parameters it takes")
+                p.setup_skips.append((opt.stmt, f"optimizer `{opt.path}` not set up: {why}"))
+                continue
+            by_model.setdefault(opt.models[0], []).append(opt)
+        for model_key, opts in by_model.items():
+            opts.sort(key=lambda o: f.line(o.stmt))
+            # in a block that holds the model's binding too: an optimizer built under an ``if``
+            # the model is not in is set up after that ``if`` (where the engine's flow check then
+            # sees whether every path binds it), never inside it, where the model would stay
+            # not set up on the other path
+            built = [b.stmt for b in f.models if f.same_object(b.key, model_key)
+                     and f.function(b.stmt) is f.function(opts[0].stmt)]
+            after = common_after(f, [o.stmt for o in opts] + built)
+            ref = p.ref_at(f, after) if after is not None else None
+            if after is None or ref is None or not p.after_creation(f, after):
+                p.setup_skips.append(
+                    (opts[-1].stmt, f"`{opts[-1].path}` is built where `fabric` can't be reached")
+                )
+                continue
+            unique: dict[str, Optimizer] = {}
+            for o in opts:  # the same optimizer built in an if/else: one setup after both
+                unique.setdefault(o.path, o)
+            guard = self._only_under_if(opts, built)
+            if guard is not None:
+                after, ref = opts[-1].stmt, p.ref_at(f, guard)
+            p.setups.append(SetupGroup(model_key[1], list(unique.values()), ref, model_key, after,
+                                       self._forward_methods(model_key), otherwise=guard))
+        guarded = [g for g in p.setups if g.otherwise is not None]
+        if guarded and p.precision == "16-mixed" and (f.calls_to(*CLIP_NORM, *CLIP_VALUE)):
+            g = guarded[0]
+            self.refuse(g.optimizers[0].stmt, f"`{g.optimizers[0].path}` is built only under "
+                                              f"`if {short(g.otherwise.test)}:`, so the clipping stays "
+                                              "torch's, which under 16-mixed would clip scaled gradients; "
+                                              "nothing was converted (bf16-mixed or 32-true convert it)")
+            return
+        if p.setup_skips:
+            node, why = p.setup_skips[0]
+            self.refuse(node, f"{why}; without setting every trained model up, Fabric can't apply "
+                              "its precision or strategy, so nothing was converted")
+
+    def _only_under_if(self, opts: list[Optimizer], built: list[cst.BaseStatement]) -> Optional[cst.If]:
+        """``if args.use_optimizer: optimizer = ...`` (and no optimizer in its ``else``), the model
+        built before that ``if``: the ``if``, where the setup goes into both branches."""
+        f = self.f
+        guard = f.parent(f.block(opts[0].stmt))
+        if not isinstance(guard, cst.If) or isinstance(f.parent(guard), cst.If) \
+                or any(f.block(o.stmt) is not guard.body for o in opts) \
+                or isinstance(guard.orelse, cst.If) or not built \
+                or any(f.line(b) >= f.line(guard) or guard in f.ancestors(b) for b in built) \
+                or (guard.orelse is not None and m.findall(guard.orelse, m.Name(opts[0].path.split(".")[0]))):
+            return None
+        if self.p.ref_at(f, guard) is None or not self.p.after_creation(f, guard):
+            return None
+        return guard
+
+    def _forward_methods(self, model_key: Key) -> list[str]:
+        """``model.decode(z)``, ``model.sample(n)``: methods defined in the model's class in this
+        file, other than ``forward``, called on the model."""
+        f = self.f
+        classes = [f.functions[b.call.func.value].node for b in f.bindings_of("module")
+                   if f.same_object(b.key, model_key) and b.call is not None
+                   and isinstance(b.call.func, cst.Name) and b.call.func.value in f.functions]
+        defined = {s.name.value for cls in classes if isinstance(cls, cst.ClassDef)
+                   for s in cls.body.body if isinstance(s, cst.FunctionDef)}
+        out: list[str] = []
+        for call in f.attribute_calls:
+            name = call.func.attr.value
+            if name in defined and name != "forward" and not name.startswith("__") and name not in out \
+                    and f.same_object(f.key_of(call.func.value), model_key):
+                out.append(name)
+        return out
+
+    # -- fabric.setup_dataloaders(...) --
+    def _loaders(self) -> None:
+        f, p = self.f, self.p
+        groups: dict[tuple[int, bool], list[Binding]] = {}
+        reductions: list[tuple[cst.For, str, list[tuple[str, bool]]]] = []
+        for loader in f.loaders:
+            if loader.key in f.returned_loaders:
+                continue  # set up where the helper that returns it is called
+            sharded = p.ddp.sharded(f, loader.key) if p.ddp is not None else None
+            if sharded is not None and not sharded.set_up:
+                p.loader_skips.append((loader.stmt, sharded.why))
+                continue
+            ref = p.ref_at(f, loader.stmt)
+            if ref is None:
+                p.loader_skips.append((loader.stmt, f"`{loader.path}` is built where `fabric` can't be reached"))
+                continue
+            evaluation = loader_role(f, loader) == EVAL
+            if evaluation and self.o.shard_eval and self.o.many_devices:
+                sums = eval_sums(f, loader)
+                if sums.problem is None:
+                    evaluation = False  # sharded: its sums are reduced after its loops
+                    for loop, names in sums.reductions:
+                        reductions.append((loop, p.ref_at(f, loop) or ref, names))
+                    p.loader_skips.extend(sums.notes)
+                else:
+                    node, why = sums.problem
+                    p.loader_skips.append((node, f"--shard-eval: `{loader.path}` is not sharded: {why}; "
+                                                 "every process evaluates all of it"))
+            groups.setdefault((id(f.block(loader.stmt)), evaluation), []).append(loader)
+        for (_, evaluation), loaders in groups.items():
+            loaders.sort(key=lambda b: f.line(b.stmt))
+            last = loaders[-1].stmt
+            block = f.block(last)
+            if not p.after_creation(f, last):
+                # built before Fabric: set up right after the Fabric lines when that's the same block
+                if block is not f.block(p.anchor):
+                    for b in loaders:
+                        p.loader_skips.append((b.stmt, f"`{b.path}` is built before Fabric exists"))
+                    continue
+                last = p.anchor
+            p.loader_groups.append(LoaderGroup(loaders, last, p.ref_at(f, loaders[-1].stmt), evaluation))
+        set_up = {b.key for group in p.loader_groups for b in group.loaders}
+        p.reductions = [(loop, ref, names) for loop, ref, names in reductions
+                        if f.key_of(unwrap_iter(loop.iter)) in set_up or any(
+                            f.same_object(f.key_of(unwrap_iter(loop.iter)), key) for key in set_up)]
+
+
+def _over_tensors(opt: Optimizer) -> bool:
+    """``LBFGS([input_img])``, ``Adam([z, w])``: a list of names or attributes, no ``parameters()``."""
+    if opt.call is None or not opt.call.args or opt.call.args[0].keyword is not None:
+        return False
+    params = opt.call.args[0].value
+    return isinstance(params, (cst.List, cst.Tuple)) and bool(params.elements) and all(
+        isinstance(e, cst.Element) and isinstance(e.value, (cst.Name, cst.Attribute)) for e in params.elements)

@@ -1,0 +1,164 @@
+"""Where `fabric` can be reached: the functions a `device` parameter threads it into, the
+classes that keep it in `self.fabric`, the functions and classes that receive it as a new
+parameter, and those that run before it exists (a mixin of the Fabric planner)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from accelerate_rewrite.codemod.facts import (
+    DEVICE,
+    code,
+    init_of,
+    positional_params,
+)
+from accelerate_rewrite.rules._fabric import NAME
+
+
+class Reach:
+    """The planner's part that decides where `fabric` is reached (``self.f``: the facts,
+    ``self.p``: the plan being made)."""
+
+    def _stuck_threads(self) -> set[int]:
+        """Functions (or classes) threaded into `fabric` whose device is still read as it was."""
+        f, p = self.f, self.p
+        stuck: set[int] = set()
+        for node, _ in p.device_keeps:
+            key = f.key_of(node)
+            if key is None:
+                continue
+            owner = key[0]
+            if isinstance(owner, cst.ClassDef) and id(owner) in p.threaded_attrs:
+                stuck.add(id(init_of(owner)))
+            elif id(owner) in p.threaded_params:
+                stuck.add(id(owner))
+        return stuck
+
+    # -- where `fabric` can be reached --
+    def _refs(self) -> None:
+        f, p = self.f, self.p
+        p.refs[id(p.home)] = NAME
+        if isinstance(p.home, cst.Module):
+            self._block_early_functions()
+            return  # a global: every function that runs after its creation sees it
+        changed = True
+        while changed:
+            changed = False
+            for fn in f.functions.values():
+                target = fn.node
+                func = target if isinstance(target, cst.FunctionDef) else init_of(target)
+                if func is None or id(func) in p.threaded_params or fn.other_uses or not fn.calls \
+                        or id(func) in self.excluded:
+                    continue
+                param = self._device_param(func, fn)
+                if param is None:
+                    continue
+                if not all(p.ref_at(f, call) and p.after_creation(f, call) for call in fn.calls):
+                    continue
+                p.threaded_params[id(func)] = param
+                p.refs[id(func)] = NAME
+                changed = True
+                if isinstance(target, cst.ClassDef):
+                    attr = self._device_attr(target, param)
+                    if attr is not None:
+                        p.threaded_attrs[id(target)] = attr
+                        for stmt_ in target.body.body:
+                            if isinstance(stmt_, cst.FunctionDef) and stmt_ is not func:
+                                p.refs[id(stmt_)] = f"self.{NAME}"
+        self._new_params()
+
+    def _block_early_functions(self) -> None:
+        """With Fabric created at module level, a function called (or handed on) before the
+        Fabric lines would meet no ``fabric`` yet: block it, and what it calls."""
+        f, p = self.f, self.p
+        safe: dict[str, bool] = {}
+
+        def is_safe(name: str, seen: frozenset = frozenset()) -> bool:
+            if name in safe:
+                return safe[name]
+            if name in seen:
+                return True
+            fn = f.functions[name]
+            ok = True
+            for use in [*fn.calls, *fn.other_uses]:
+                outer = [a for a in f.ancestors(use) if isinstance(a, (cst.FunctionDef, cst.ClassDef))]
+                if not outer:
+                    ok = ok and f.line(use) >= f.line(p.anchor)
+                else:
+                    top = outer[-1].name.value
+                    ok = ok and (top == name or top not in f.functions or is_safe(top, seen | {name}))
+            safe[name] = ok
+            return ok
+
+        for name, fn in f.functions.items():
+            if not is_safe(name):
+                p.blocked.add(id(fn.node))
+                if isinstance(fn.node, cst.ClassDef):
+                    p.blocked.update(id(s) for s in fn.node.body.body if isinstance(s, cst.FunctionDef))
+
+    def _device_param(self, func: cst.FunctionDef, fn) -> Optional[cst.Param]:
+        f = self.f
+        for param in [*func.params.params, *func.params.kwonly_params]:
+            if DEVICE in f.kinds.get((func, param.name.value), set()) and param.default is None:
+                if any(p.name.value == NAME for p in func.params.params):
+                    return None
+                return param
+        return None
+
+    def _device_attr(self, cls: cst.ClassDef, param: cst.Param) -> Optional[str]:
+        init = init_of(cls)
+        for node in m.findall(init, m.Assign(targets=[m.AssignTarget(m.Attribute(m.Name("self")))],
+                                             value=m.Name(param.name.value))):
+            return code(node.targets[0].target)
+        return None
+
+    def _new_params(self) -> None:
+        """Functions and classes of the script that need `fabric` where it can't be reached (a
+        backward in a Trainer's method, a read of the process's place in ``setup()``), and are
+        called only where it can: a function receives it as a new first parameter, a class as
+        a new first parameter of ``__init__``, kept in ``self.fabric`` for its methods."""
+        f, p = self.f, self.p
+        needs = [s.call for s in f.backward_sites] + [o.stmt for o in f.optimizers] \
+            + ([n for n, _ in p.ddp.reads] if p.ddp else [])
+        changed = True
+        while changed:
+            changed = False
+            for node in needs:
+                func = f.function(node)
+                if func is None or p.ref_at(f, node) is not None:
+                    continue
+                cls = f.enclosing_class(func)
+                target = cls if cls is not None else func
+                fn = f.functions.get(target.name.value)
+                if id(target) in p.added_params or fn is None or fn.node is not target or fn.other_uses \
+                        or not fn.calls or any(id(a) in p.blocked for a in (target, func)):
+                    continue
+                init = init_of(cls) if cls is not None else func
+                if init is None or id(init) in p.threaded_params \
+                        or any(x.name.value == NAME for x in positional_params(init)):
+                    continue
+                if cls is not None and (m.findall(cls, m.Attribute(value=m.Name("self"), attr=m.Name(NAME)))
+                                        or not self._plain_methods(cls)):
+                    continue
+                if not all(p.ref_at(f, c) is not None and p.after_creation(f, c) for c in fn.calls):
+                    continue
+                p.added_params[id(target)] = target
+                p.refs[id(init)] = NAME
+                if cls is not None:
+                    for method in cls.body.body:
+                        if isinstance(method, cst.FunctionDef) and method is not init:
+                            p.refs[id(method)] = f"self.{NAME}"
+                changed = True
+
+    @staticmethod
+    def _plain_methods(cls: cst.ClassDef) -> bool:
+        """Every method takes ``self`` first: no static or class methods that would not see it."""
+        for method in cls.body.body:
+            if isinstance(method, cst.FunctionDef):
+                params = positional_params(method)
+                if method.decorators or not params or params[0].name.value != "self":
+                    return False
+        return True
