@@ -209,10 +209,10 @@ class Reporter:
                 where: Optional[list] = None) -> None:
         from rich.markup import escape
 
-        def at(line: int, sep: str = " ") -> str:  # "line 12", or a notebook's "cell 3, line 2"
+        def at(line: int, sep: str = " ") -> str:  # "line 12", or a notebook's "cell 3:line 2"
             if where is not None and 1 <= line <= len(where):
                 cell, in_cell = where[line - 1]
-                return f"cell {cell}, line {in_cell}" if sep == " " else f"cell {cell}:{in_cell}"
+                return f"cell {cell}:line {in_cell}"
             return f"line {line}" if sep == " " else str(line)
 
         if self.silent:
@@ -336,17 +336,25 @@ def prepare(target: Target, settings: Settings) -> Prepared:
 
 def _prepare_notebook(out: Prepared, source: "SourceFile", choice: "Choice", settings: Settings) -> Prepared:
     """A notebook: its code cells rewritten as one program and put back (codemod/notebook.py)."""
+    from dataclasses import replace
+
     from accelerate_rewrite.codemod import notebook
     from accelerate_rewrite.codemod.engine import RewriteError, rewrite
 
     path = str(out.target.path)
     try:
         program = notebook.read(source.text, path)
-        result = rewrite(program.text, choice.options, path=path, rules=choice.rules)
+        try:
+            result = rewrite(program.text, choice.options, path=path, rules=choice.rules)
+        except RewriteError as exc:  # a place in the joined cells: the cell and its line
+            raise RewriteError(notebook.locate(str(exc), program, path)) from None
         nb, changed = notebook.write_back(program, result.output, path) if result.changed else (program.nb, {})
     except notebook.NotebookError as exc:
         raise RewriteError(str(exc)) from None
     out.where = program.lines
+    # "on lines 50, 52" of the joined cells: "on cell 5:lines 18, 20"
+    result.notes = [replace(n, message=notebook.relocate(n.message, program)) for n in result.notes]
+    result.dropped = [notebook.relocate(line, program) for line in result.dropped]
     text = notebook.dumps(nb, source.text) if changed else source.text
     result.source, result.output = source.text, text
     out.result = result
