@@ -336,14 +336,22 @@ def prepare(target: Target, settings: Settings) -> Prepared:
 
 def _prepare_notebook(out: Prepared, source: "SourceFile", choice: "Choice", settings: Settings) -> Prepared:
     """A notebook: its code cells rewritten as one program and put back (codemod/notebook.py)."""
+    out.result, out.diff, out.where = rewrite_notebook(source.text, str(out.target.path), choice)
+    if settings.mode is Mode.OUTPUT or (settings.mode is Mode.WRITE and out.result.changed):
+        out.data = source.encode(out.result.output)
+    return out
+
+
+def rewrite_notebook(text: str, path: str, choice: "Choice") -> tuple["Result", str, list]:
+    """A notebook's rewrite (its ``output``: the notebook's new text), its diff (per changed
+    cell), and its program line -> (cell, line in the cell)."""
     from dataclasses import replace
 
     from accelerate_rewrite.codemod import notebook
     from accelerate_rewrite.codemod.engine import RewriteError, rewrite
 
-    path = str(out.target.path)
     try:
-        program = notebook.read(source.text, path)
+        program = notebook.read(text, path)
         try:
             result = rewrite(program.text, choice.options, path=path, rules=choice.rules)
         except RewriteError as exc:  # a place in the joined cells: the cell and its line
@@ -351,17 +359,11 @@ def _prepare_notebook(out: Prepared, source: "SourceFile", choice: "Choice", set
         nb, changed = notebook.write_back(program, result.output, path) if result.changed else (program.nb, {})
     except notebook.NotebookError as exc:
         raise RewriteError(str(exc)) from None
-    out.where = program.lines
     # "on lines 50, 52" of the joined cells: "on cell 5:lines 18, 20"
     result.notes = [replace(n, message=notebook.relocate(n.message, program)) for n in result.notes]
     result.dropped = [notebook.relocate(line, program) for line in result.dropped]
-    text = notebook.dumps(nb, source.text) if changed else source.text
-    result.source, result.output = source.text, text
-    out.result = result
-    out.diff = notebook.cell_diffs(path, program, changed)
-    if settings.mode is Mode.OUTPUT or (settings.mode is Mode.WRITE and changed):
-        out.data = source.encode(text)
-    return out
+    result.source, result.output = text, notebook.dumps(nb, text) if changed else text
+    return result, notebook.cell_diffs(path, program, changed), program.lines
 
 
 def finish(prepared: Prepared, settings: Settings, report: Reporter) -> Outcome:
@@ -564,8 +566,11 @@ def run_stdin(
     try:
         choice = settings.choice_for(Path(filename) if filename else Path.cwd() / "stdin.py")
         source = decode(shown, raw)
+        diff, where = None, None
         if choice.excluded:
             result = None
+        elif shown.suffix == ".ipynb":
+            result, diff, where = rewrite_notebook(source.text, str(shown), choice)
         else:
             result = rewrite_text(source.text, shown, choice)
     except (SourceError, RewriteError, ConfigError) as exc:
@@ -573,12 +578,13 @@ def run_stdin(
         return 2
     changed = result is not None and result.changed
     if settings.diff and changed:
-        stdout.write(unified_diff(str(shown), result.source, result.output).encode("utf-8"))
+        stdout.write((diff if diff is not None else unified_diff(str(shown), result.source, result.output))
+                     .encode("utf-8"))
     elif settings.mode is not Mode.CHECK:
         stdout.write(source.encode(result.output) if changed else raw)
     stdout.flush()
     if result is not None:
         status = ("would be rewritten" if settings.mode is Mode.CHECK else "rewritten") if changed \
             else "left unchanged"
-        report.summary(shown, result, status, choice.options)
+        report.summary(shown, result, status, choice.options, where)
     return 1 if settings.mode is Mode.CHECK and changed else 0

@@ -266,3 +266,19 @@ def test_scripts_never_import_nbformat_or_ipython(monkeypatch, run, tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT)
     result = run("train.py", "--check")
     assert result.exit_code == 1 and "error" not in result.stderr
+
+
+def test_a_notebook_on_stdin(notebook, tmp_path, monkeypatch):
+    """``accelerate-rewrite - --stdin-filename train.ipynb``: the notebook's new text on stdout (the
+    cells' diffs with --diff), the notes by cell on stderr, as for the file."""
+    monkeypatch.chdir(tmp_path)
+    text = notebook.read_text()
+    runner = CliRunner(env={"NO_COLOR": "1"})
+    result = runner.invoke(cli, ["-", "--stdin-filename", "train.ipynb"], input=text, catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    assert "AR106 cell 4:line " in result.stderr
+    run_file = runner.invoke(cli, ["train.ipynb", "--write", "-q"], catch_exceptions=False)
+    assert run_file.exit_code == 0 and result.stdout == notebook.read_text()
+    diff = runner.invoke(cli, ["-", "--stdin-filename", "train.ipynb", "--diff"], input=text,
+                         catch_exceptions=False)
+    assert diff.stdout.startswith("--- train.ipynb (cell 2)\n+++ train.ipynb (cell 2)\n")
