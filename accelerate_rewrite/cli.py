@@ -91,8 +91,9 @@ def cli() -> None:
     """Rewrite plain PyTorch training scripts into faster ones: Lightning Fabric, or native
     mixed precision with --backend torch.
 
-    PATH is a file or a folder (searched for *.py, leaving out hidden folders, .venv,
-    __pycache__, node_modules, build and dist). By default the diff of each file that would
+    PATH is a file or a folder (searched for *.py and *.ipynb, leaving out hidden folders,
+    .venv, __pycache__, node_modules, build and dist); notebooks need the notebooks extra
+    (pip install 'accelerate-rewrite[notebooks]'). By default the diff of each file that would
     change is printed and nothing is written; a summary of what each rule changed, and of
     every place left alone with the reason, follows on stderr.
 
