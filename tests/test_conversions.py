@@ -1130,8 +1130,10 @@ def test_model_built_inside_a_class_method_is_refused():
 
 
         Experiment().run()
+        Experiment().run()
     """)
-    assert_left_alone(result, "AR101", "built inside a class", "Experiment.__init__")
+    # made twice: two models, one Fabric setup each would be two set-ups of one place
+    assert_left_alone(result, "AR101", "built inside a class", "Experiment.__init__", "made once")
 
 
 def test_nothing_to_train_is_left_alone():
@@ -1249,3 +1251,44 @@ def test_a_conditional_optimizer_with_clipping_is_refused_at_16_mixed():
     result = rewrite(source, Options.create(precision="16-mixed"), path="train.py")
     assert not result.changed
     assert any("would clip scaled gradients" in m for m in skips(result, "AR101"))
+
+
+def test_a_trainer_that_builds_its_model_in_init_receives_fabric():
+    """Issue 14.3: the model, optimizer and loader built in the ``__init__`` of a class made once:
+    Fabric is created where the object is made and passed in; the set-ups stay in ``__init__``."""
+    result = convert("""
+        import torch
+        import torch.nn.functional as F
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        class Trainer:
+            def __init__(self, lr):
+                self.device = "cuda" if torch.cuda.is_available() else "cpu"
+                self.model = torch.nn.Linear(8, 1).to(self.device)
+                self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
+                x = torch.randn(64, 8)
+                self.loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+
+            def train_epoch(self):
+                for x, y in self.loader:
+                    x, y = x.to(self.device), y.to(self.device)
+                    self.optimizer.zero_grad()
+                    loss = F.mse_loss(self.model(x), y)
+                    loss.backward()
+                    self.optimizer.step()
+
+
+        def main():
+            trainer = Trainer(1e-2)
+            trainer.train_epoch()
+
+
+        main()
+    """)
+    out = result.output
+    assert "    def __init__(self, fabric, lr):\n        self.fabric = fabric\n" in out
+    assert "        self.model, self.optimizer = fabric.setup(self.model, self.optimizer)\n" in out
+    assert "        self.loader = fabric.setup_dataloaders(self.loader)\n" in out
+    assert "self.fabric.backward(loss)" in out and "trainer = Trainer(fabric, 1e-2)" in out
+    assert out.index("fabric.launch()") < out.index("trainer = Trainer(fabric, 1e-2)")

@@ -16,6 +16,7 @@ from accelerate_rewrite.codemod.facts import (
     Key,
     Optimizer,
     ScriptFacts,
+    init_of,
     positional_params,
 )
 from accelerate_rewrite.codemod.ddp import HandDDP, hand_ddp
@@ -152,12 +153,21 @@ class _Planner(Reach, Devices):
             call = f.functions[home.name.value].calls[0]
             extra.append(f.statement(call))
             home = _innermost_scope(f, call)
-        if isinstance(home, cst.FunctionDef) and f.enclosing_class(home) is not None:
+        cls = f.enclosing_class(home) if isinstance(home, cst.FunctionDef) else None
+        made = f.functions.get(cls.name.value) if cls is not None else None
+        if cls is not None and home is init_of(cls) and made is not None and made.node is cls \
+                and len(made.calls) == 1 and not made.other_uses:
+            # ``class Trainer: def __init__(self, cfg): self.model = Net() ...``, made once:
+            # Fabric is created where the object is made, and passed in (_new_params)
+            extra.append(f.statement(made.calls[0]))
+            home = _innermost_scope(f, made.calls[0])
+            cls = None
+        if cls is not None:
             self.refuse(
                 first.stmt,
-                f"the model is built inside a class ({f.enclosing_class(home).name.value}."
-                f"{home.name.value}); create Fabric where that object is made and pass it in "
-                "(not automated yet)",
+                f"the model is built inside a class ({cls.name.value}.{home.name.value}), not in its "
+                "__init__ or in an object made once; create Fabric where that object is made and pass "
+                "it in",
             )
             return False
         if isinstance(home, cst.Lambda):

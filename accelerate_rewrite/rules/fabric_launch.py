@@ -33,9 +33,10 @@ class FabricLaunch(FabricRule):
     Trainer or Hugging Face Accelerate (importing lightning only for `seed_everything` does not
     count); hand-made distributed training that AR111 can't take over (it says why);
     scripts with nothing to train; strategies that need `launch(fn)` (ddp_spawn,
-    ddp_notebook, ...); models built inside a class. It does not set a mixed
-    precision over a script that already runs its own autocast/GradScaler, nor any
-    low precision with LBFGS.
+    ddp_notebook, ...); models built inside a class other than in the `__init__` of an
+    object made once (that one gets `fabric` where it is made). It does not set a mixed
+    precision over a script that already runs its own autocast/GradScaler, nor any low
+    precision with LBFGS.
     """
 
     code = "AR101"
