@@ -282,3 +282,12 @@ def test_a_notebook_on_stdin(notebook, tmp_path, monkeypatch):
     diff = runner.invoke(cli, ["-", "--stdin-filename", "train.ipynb", "--diff"], input=text,
                          catch_exceptions=False)
     assert diff.stdout.startswith("--- train.ipynb (cell 2)\n+++ train.ipynb (cell 2)\n")
+
+
+def test_a_magic_put_back_where_ipython_reads_it_otherwise_is_refused():
+    from accelerate_rewrite.codemod import notebook
+
+    program = notebook.read(nbformat.writes(new_notebook(cells=[new_code_cell("x = 1\n%time f()")])), "n.ipynb")
+    moved = program.text.replace(f"{notebook.MAGIC}(0)", f"y = ({notebook.MAGIC}(0))")
+    with pytest.raises(notebook.NotebookError, match="cell 1: a rewrite would put an IPython magic"):
+        notebook.write_back(program, moved, "n.ipynb")

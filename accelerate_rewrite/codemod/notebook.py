@@ -243,9 +243,22 @@ def write_back(program: Program, output: str, path: str) -> tuple[Any, dict[int,
             new = program.prefix + new
         if not old.endswith("\n") and new.endswith("\n"):
             new = new[:-2] if new.endswith("\r\n") else new[:-1]
-        if new != old:
-            cell["source"] = new
-            changed[index] = new
+        if new == old:
+            continue
+        if _PLACEHOLDER.search(program.masked[index]) or (position == 0 and program.prefix):
+            # as black does: the magics put back must be read by IPython as they were
+            before: list[str] = []
+            after: list[str] = []
+            _mask(old, before, path, index + 1)
+            try:
+                _mask(new, after, path, index + 1)
+            except NotebookError:
+                after = []
+            if after != before:
+                raise NotebookError(f"{path}:cell {index + 1}: a rewrite would put an IPython magic where "
+                                    "IPython reads it otherwise; the notebook is left alone (rewrite it as a script)")
+        cell["source"] = new
+        changed[index] = new
     return nb, changed
 
 
