@@ -90,10 +90,9 @@ class FabricHandDDP(FabricRule):
                                                       if id(s) in wrapped else
                                                       "Fabric starts and ends the processes"))
         for wrap in d.wraps:
-            if not wrap.rebinds:
-                ctx.edits.replace(wrap.call, lambda u: u.args[0].value.with_changes())
             if wrap.rebinds:
-                continue  # said with the removals
+                continue  # ``model = DDP(model)`` goes with the removals
+            ctx.edits.replace(wrap.call, lambda u: u.args[0].value)
             ctx.change(wrap.call, f"`{short(wrap.call)}` became `{code(wrap.inner)}`: fabric.setup wraps "
                                   "the model in DistributedDataParallel")
         for node, attr in d.reads:
