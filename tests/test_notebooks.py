@@ -289,3 +289,11 @@ def test_a_magic_put_back_where_ipython_reads_it_otherwise_is_refused():
     moved = program.text.replace(f"{notebook.MAGIC}(0)", f"y = ({notebook.MAGIC}(0))")
     with pytest.raises(notebook.NotebookError, match="cell 1: a rewrite would put an IPython magic"):
         notebook.write_back(program, moved, "n.ipynb")
+
+
+def test_a_suppression_comment_among_the_leading_magics_still_counts(run, tmp_path):
+    path = tmp_path / "skip.ipynb"
+    _notebook(path, [new_code_cell("%matplotlib inline\n# accelerate-rewrite: skip-file\n!nvidia-smi"),
+                     new_code_cell(HEAD.strip()), new_code_cell(LOOP.strip())])
+    result = run("skip.ipynb", "--check")
+    assert result.exit_code == 0 and "1 file left unchanged" in result.stderr

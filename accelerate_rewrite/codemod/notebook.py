@@ -17,7 +17,8 @@ kept as is.
 
 The leading block of the notebook (the magics, comments and blank lines before its first Python
 statement, ``!pip install`` cells included) is held out of the program too, so that an import the
-rewrite adds goes to the first code cell that is plain Python, below ``%matplotlib inline``.
+rewrite adds goes to the first code cell that is plain Python, below ``%matplotlib inline``
+(up to a suppression comment, ``# accelerate-rewrite: skip-file``, which stays in the program).
 
 After the rewrite the program is cut at the markers: a cell whose code changed gets its new
 source, all other cells, their outputs, the metadata and the notebook's format stay. An edit
@@ -205,8 +206,12 @@ def read(text: str, path: str) -> Program:
 
 
 def _leading(line: str) -> bool:
+    """A line of the leading block: blank, a comment (not a suppression comment, which the
+    program must keep: ``# accelerate-rewrite: skip-file``), or a whole-line magic."""
     stripped = line.strip()
-    return not stripped or stripped.startswith("#") or _MAGIC_LINE.fullmatch(line.rstrip("\r\n")) is not None
+    if stripped.startswith("#"):
+        return "accelerate-rewrite:" not in stripped
+    return not stripped or _MAGIC_LINE.fullmatch(line.rstrip("\r\n")) is not None
 
 
 def write_back(program: Program, output: str, path: str) -> tuple[Any, dict[int, str]]:
