@@ -1292,3 +1292,18 @@ def test_a_trainer_that_builds_its_model_in_init_receives_fabric():
     assert "        self.loader = fabric.setup_dataloaders(self.loader)\n" in out
     assert "self.fabric.backward(loss)" in out and "trainer = Trainer(fabric, 1e-2)" in out
     assert out.index("fabric.launch()") < out.index("trainer = Trainer(fabric, 1e-2)")
+
+
+def test_a_strategy_of_several_processes_is_launched_on_one_device_too():
+    """`Fabric(strategy="ddp", devices=1)` raises at setup without `fabric.launch()`."""
+    source = """
+        import torch
+
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = model(torch.randn(2, 4)).sum()
+        loss.backward()
+        optimizer.step()
+    """
+    assert "fabric.launch()" in convert(source, strategy="ddp", devices=1).output
+    assert "fabric.launch()" not in convert(source, devices=1).output

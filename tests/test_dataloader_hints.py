@@ -99,14 +99,16 @@ def test_the_pre_commit_default_selection_leaves_it_out(tmp_path):
 def test_training_with_workers_and_pinned_memory(tmp_path, monkeypatch):
     """train_function with the three keywords: the first epoch's batches and losses are the
     original's (workers and pinned memory keep them), the second epoch's shuffle is another
-    (persistent workers), so the run is compared as changes-training."""
+    (persistent workers), so the run is classified as changes-training, not compared."""
     pytest.importorskip("torch")
     from accelerate_rewrite.verify.session import verify
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "input.py").write_text((FIXTURES / "train_function" / "input.py").read_text())
     v = verify(tmp_path / "input.py", HINTS, steps=12, threads=1, run_on="cpu")
-    assert v.verdict.verdict == "pass", v.verdict.reason
+    # nothing checks the changed shuffle of the second epoch: "not compared" (exit 3), never a pass
+    assert v.verdict.verdict == "not-compared", v.verdict.reason
+    assert v.verdict.exit_code == 3 and "AR404" in v.verdict.reason
     assert v.verdict.comparison["tolerance"]["kind"] == "changes-training"
     assert v.rewritten.losses[:6] == v.original.losses[:6]  # 6 batches an epoch
     assert v.rewritten.losses[6:] != v.original.losses[6:]

@@ -19,7 +19,7 @@ class FabricLaunch(FabricRule):
     precision) and always `devices`: without `--devices` it is 1, the one device the original
     ran on (Fabric's own default, "auto", would take every GPU of the machine), unless a
     strategy or several nodes ask for more; and calls `fabric.launch()` right after, before any set-up call
-    (unless `--devices 1`). The lines go where the script starts to deal with the device, the
+    (unless `--devices 1` without a strategy: DDP, FSDP and DeepSpeed need it on one device too). The lines go where the script starts to deal with the device, the
     model or the data; a device definition that the conversion makes unused is replaced by them.
     A script that starts its own processes (AR111) gets them where it started them, with its
     own world size as `devices`; `mp.spawn(fn, ...)` becomes `fabric.launch(fn, ...)`.
@@ -73,7 +73,8 @@ class FabricLaunch(FabricRule):
             ctx.change(sp.stmt, f"`{short(sp.call)}` became `{NAME} = Fabric({args})` and "
                                 f"`{NAME}.launch({launch_args})`: Fabric starts the processes")
             return
-        launch = not ctx.options.single_device
+        # a strategy of several processes (ddp, fsdp, deepspeed) needs launch() even on one device
+        launch = not ctx.options.single_device or (ctx.options.strategy or "auto") != "auto"
         if launch:
             lines.append(stmt(f"{NAME}.launch()\n"))
         if not p.replaces_anchor:
