@@ -325,3 +325,14 @@ def test_the_hook_as_the_readme_shows_it(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     assert "files were modified by this hook" in done.stdout
     assert "torch.amp.GradScaler" in (repo / "train.py").read_text()
+
+
+def test_the_notebook_hook_brings_the_notebooks_extra():
+    """The main hook takes Python files only (its environment has no nbformat/IPython); the
+    jupyter hook takes notebooks too and installs the extra, as black-jupyter does."""
+    yaml = pytest.importorskip("yaml")
+    manifest = {h["id"]: h for h in yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())}
+    assert manifest["accelerate-rewrite"]["types_or"] == ["python"]
+    jupyter = manifest["accelerate-rewrite-jupyter"]
+    assert "jupyter" in jupyter["types_or"] and jupyter["additional_dependencies"] == [".[notebooks]"]
+    assert jupyter["entry"] == manifest["accelerate-rewrite"]["entry"]
