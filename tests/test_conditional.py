@@ -39,7 +39,8 @@ def test_the_model_is_set_up_on_both_paths(scripts):
     assert "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)" in output  # not certain: kept
 
 
-@pytest.mark.parametrize("args", [[], ["--use-optimizer", "--arch", "mlp"]], ids=["by-hand", "optimizer"])
+@pytest.mark.parametrize("args", [pytest.param([], marks=pytest.mark.slow, id="by-hand"),
+                                  pytest.param(["--use-optimizer", "--arch", "mlp"], id="optimizer")])
 def test_both_paths_train_as_before(scripts, args):
     root, _ = scripts
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}

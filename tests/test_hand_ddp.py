@@ -7,9 +7,10 @@ starts the second process). Each rank prints its own losses: they must be the or
 rank by rank, digit for digit (32-true), and so must what rank 0 prints at the end (an
 all-reduced figure) and the files it writes.
 
-``fixtures/hand_ddp`` (torchrun, its rank read in a set-up helper that receives ``fabric``)
-runs the same way in the ``slow`` set. The torchrun fixture's rewrite without ``--devices`` (``devices`` from torchrun's
-``LOCAL_WORLD_SIZE``) runs under torchrun itself in the ``slow`` set.
+The default set runs ddp_spawn (CI time); the ``slow`` set runs the torchrun fixtures the same
+way (``fixtures/ddp_torchrun``, ``fixtures/hand_ddp`` whose set-up helper receives ``fabric``,
+``fixtures/ddp_trainer`` and its resume from a snapshot), and the torchrun fixture's rewrite
+without ``--devices`` (``devices`` from torchrun's ``LOCAL_WORLD_SIZE``) under torchrun itself.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def _both(name: str, tmp_path: Path, options: Options = TWO, runs: int = 1):
 
 @pytest.mark.parametrize("name", ["ddp_spawn",
                                   # the tutorial's Trainer class (self.gpu_id), torchrun
-                                  "ddp_trainer",
+                                  pytest.param("ddp_trainer", marks=pytest.mark.slow),
                                   # torchrun, a loader iterated twice an epoch
                                   pytest.param("ddp_torchrun", marks=pytest.mark.slow),
                                   # torchrun with a set-up helper that returns the rank; it
