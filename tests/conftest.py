@@ -16,7 +16,8 @@ import pytest
 #: the files whose tests share runs through a per-worker cache
 _SHARED_RUNS = ("test_verify.py", "test_multi_device.py", "test_verify_mutations.py", "test_robustness.py",
                 "test_fixtures.py")
-_FIXTURE_CALL = re.compile(r'fixture_script\("(\w+)"\)')
+#: ``fixture_script("vae")`` (test_verify.py), ``_both("vae", work)`` (test_multi_device.py)
+_FIXTURE_CALL = re.compile(r'(?:fixture_script|_both)\("(\w+)"')
 
 
 def pytest_collection_modifyitems(config, items):

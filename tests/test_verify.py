@@ -129,7 +129,18 @@ def test_the_fixture_lists_are_current():
 
 # ---- every runnable fixture --------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", RUNNABLE)
+def _slow_if(names, slow):
+    return [pytest.param(*(n if isinstance(n, tuple) else (n,)), marks=pytest.mark.slow)
+            if (n[0] if isinstance(n, tuple) else n) in slow else n for n in names]
+
+
+#: fixtures whose runs in the default set are other tests' (module_loop: 2 processes, here;
+#: train_function: tests/test_dataloader_hints.py; imagenet_style: tests/test_multi_device.py):
+#: their 32-true verification is in the ``slow`` set (CI time)
+EXACT_SLOW = {"module_loop", "train_function", "imagenet_style"}
+
+
+@pytest.mark.parametrize("name", _slow_if(RUNNABLE, EXACT_SLOW))
 def test_fixture_at_32_true_is_exact(name, fixture_script):
     v = verify(fixture_script(name), Options.create(precision="32-true"), **RUN)
     _show(name, "32-true", v)
@@ -156,11 +167,6 @@ BF16_COVERED_ELSEWHERE = {"gan_bce", "apex_o2_two_losses", "finetune_encoder", "
 #: ``slow`` set (pytest -m slow), as are the native 16-mixed runs of NATIVE_SLOW below
 BF16_SLOW = {"module_loop", "train_function", "trainer_class", "torchmetrics_metrics", "imagenet_style",
              "rnn_classifier"}
-
-
-def _slow_if(names, slow):
-    return [pytest.param(*(n if isinstance(n, tuple) else (n,)), marks=pytest.mark.slow)
-            if (n[0] if isinstance(n, tuple) else n) in slow else n for n in names]
 
 
 @pytest.mark.parametrize("name", _slow_if([n for n in RUNNABLE if n not in BF16_COVERED_ELSEWHERE], BF16_SLOW))
