@@ -34,7 +34,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import DATALOADERS, Binding, Key, ScriptFacts, code, positional_params
+from accelerate_rewrite.codemod.facts import DATALOADERS, Binding, Key, ScriptFacts, code, positional_params, short
 
 INIT = ("torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group")
 DESTROY = ("torch.distributed.destroy_process_group",
@@ -260,7 +260,7 @@ class _Finder:
         f, d = self.f, self.d
         stmt = f.statement(call)
         if not _alone(stmt, call):
-            return not self.problem(call, f"`{_short(call)}` is part of a larger statement; convert it by hand")
+            return not self.problem(call, f"`{short(call)}` is part of a larger statement; convert it by hand")
         if stmt not in d.removed:
             d.removed.append(stmt)
         if f.qualname(call) in INIT:
@@ -271,7 +271,7 @@ class _Finder:
         f, d = self.f, self.d
         stmt = f.statement(call)
         if not call.args or call.args[0].keyword not in (None,) and call.args[0].keyword.value != "module":
-            return not self.problem(call, f"`{_short(call)}`: no model to unwrap")
+            return not self.problem(call, f"`{short(call)}`: no model to unwrap")
         inner = call.args[0].value
         for arg in call.args[1:]:
             key = arg.keyword.value if arg.keyword is not None else None
@@ -285,7 +285,7 @@ class _Finder:
                                           "Fabric with `strategy=DDPStrategy(...)` by hand")
         assign = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
         if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.value is call):
-            return not self.problem(call, f"`{_short(call)}` is not a plain assignment")
+            return not self.problem(call, f"`{short(call)}` is not a plain assignment")
         rebinds = code(assign.targets[0].target) == code(inner)
         d.wraps.append(Wrap(call, stmt, inner, rebinds))
         if rebinds:
@@ -309,7 +309,7 @@ class _Finder:
             arg = outer if isinstance(outer, cst.Arg) else None
             call = f.parent(arg) if arg is not None else None
             if not (isinstance(call, cst.Call) and m.matches(call.func, m.Name("int")) and len(call.args) == 1):
-                return self.problem(node, f"`{_short(node)}` is read as text: only `int(...)` of it is "
+                return self.problem(node, f"`{short(node)}` is read as text: only `int(...)` of it is "
                                           "converted")
             if var == "LOCAL_WORLD_SIZE":
                 return self.problem(node, "LOCAL_WORLD_SIZE is read: convert it to fabric's devices by hand")
@@ -521,8 +521,3 @@ def _reduce_op(f: ScriptFacts, op: cst.BaseExpression) -> Optional[str]:
     if qual.endswith(("ReduceOp.MAX", "ReduceOp.MIN", "ReduceOp.PRODUCT")):
         return code(op)
     return None
-
-
-def _short(node: cst.CSTNode, limit: int = 48) -> str:
-    text = " ".join(code(node).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."

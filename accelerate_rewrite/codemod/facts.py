@@ -471,6 +471,12 @@ def code(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
 
 
+def short(node: cst.CSTNode, limit: int = 48) -> str:
+    """One line of code for a message: whitespace folded, long code cut."""
+    text = " ".join(code(node).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def root_of(expr: cst.BaseExpression) -> cst.BaseExpression:
     """``model.fc.weight`` -> ``model``; ``self.model.fc`` -> ``self.model``."""
     while isinstance(expr, cst.Attribute):

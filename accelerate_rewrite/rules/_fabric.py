@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 import libcst as cst
+import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import (
     Binding,
@@ -25,7 +26,8 @@ from accelerate_rewrite.codemod.facts import (
     Key,
     Optimizer,
     ScriptFacts,
-    code,
+    code,  # noqa: F401 (the rules import it from here)
+    short,  # noqa: F401
 )
 from accelerate_rewrite.codemod.ddp import HandDDP
 from accelerate_rewrite.codemod.rule import Rule
@@ -54,14 +56,21 @@ def core_except(code_: str) -> tuple[str, ...]:
 Scope = Union[cst.Module, cst.FunctionDef, cst.Lambda]
 
 
-def short(node: cst.CSTNode, limit: int = 48) -> str:
-    """One line of code for a message: whitespace folded, long code cut."""
-    text = " ".join(code(node).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def expr(text: str) -> cst.BaseExpression:
     return cst.parse_expression(text)
+
+
+def insert_at_top(edits, func: cst.FunctionDef, new: list[cst.BaseStatement]) -> cst.BaseStatement:
+    """``new`` at the top of ``func``'s body, after its docstring; the first statement's leading
+    lines (a comment on top of the body) go above the new ones. Returns the statement they precede."""
+    body = list(func.body.body)
+    first = next((s for s in body if not m.matches(
+        s, m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())]))), body[0])
+    if first is body[0]:
+        new = [new[0].with_changes(leading_lines=first.leading_lines), *new[1:]]
+        edits.replace(first, lambda u: u.with_changes(leading_lines=[]))
+    edits.insert_before(first, *new)
+    return first
 
 
 def stmt(text: str) -> cst.BaseStatement:

@@ -5,7 +5,7 @@ import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import code
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.rules._fabric import NAME, FabricRule, core_except, expr, plan, short, stmt
+from accelerate_rewrite.rules._fabric import NAME, FabricRule, core_except, expr, insert_at_top, plan, short, stmt
 
 #: the imports the hand-made set-up needed, dropped when the result no longer reads them
 _IMPORTS = (
@@ -138,9 +138,6 @@ class FabricHandDDP(FabricRule):
         ctx.edits.replace(sp.rank.name, cst.Name(NAME))
         ctx.change(worker, f"`{worker.name.value}` receives `{NAME}` where mp.spawn gave it the process "
                            f"index `{sp.rank.name.value}`")
-        body = list(worker.body.body)
-        first = next((s for s in body if not m.matches(
-            s, m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())]))), body[0])
         new: list[cst.BaseStatement] = []
         rank = sp.rank.name.value
         if any(f.scope(n) is not None and n.value == rank and n is not sp.rank.name
@@ -150,8 +147,5 @@ class FabricHandDDP(FabricRule):
             # --devices replaces the script's world size: what the worker was told must follow
             new.append(stmt(f"{sp.world_param.name.value} = {NAME}.world_size\n"))
         if new:
-            if first is body[0]:
-                new[0] = new[0].with_changes(leading_lines=first.leading_lines)
-                ctx.edits.replace(first, lambda u: u.with_changes(leading_lines=[]))
-            ctx.edits.insert_before(first, *new)
+            first = insert_at_top(ctx.edits, worker, new)
             ctx.change(first, "read back from Fabric: " + ", ".join(f"`{short(s)}`" for s in new))

@@ -1,11 +1,10 @@
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.codemod.facts import init_of
-from accelerate_rewrite.rules._fabric import FabricRule, core_except, NAME, code, expr, plan, short, stmt
+from accelerate_rewrite.rules._fabric import FabricRule, core_except, NAME, code, expr, insert_at_top, plan, short, stmt
 
 
 class FabricDevice(FabricRule):
@@ -106,14 +105,7 @@ def _add_parameter(ctx: RuleContext, p, target) -> None:
     if isinstance(target, cst.ClassDef):
         init = init_of(target)
         e.replace(init.params, lambda u: u.with_changes(params=[u.params[0], fabric, *u.params[1:]]))
-        body = list(init.body.body)
-        first = next((s for s in body if not m.matches(
-            s, m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())]))), body[0])
-        keep = stmt(f"self.{NAME} = {NAME}\n")
-        if first is body[0]:
-            keep = keep.with_changes(leading_lines=first.leading_lines)
-            e.replace(first, lambda u: u.with_changes(leading_lines=[]))
-        e.insert_before(first, keep)
+        insert_at_top(e, init, [stmt(f"self.{NAME} = {NAME}\n")])
         what = f"`{target.name.value}(...)` receives `{NAME}` (its callers pass it) and keeps it in `self.{NAME}`"
     else:
         e.replace(target.params, lambda u: u.with_changes(params=[fabric, *u.params]))
