@@ -121,7 +121,7 @@ def plural(count: int, word: str) -> str:
 def numerics(result: "Result", options: Options) -> str:
     """What the applied rules do to the numbers, by their kinds, in one line (Fabric's own
     rules keep the math, but the precision they set on Fabric does not)."""
-    from accelerate_rewrite.codemod.rule import Kind
+    from accelerate_rewrite.codemod.result import Kind
 
     by_kind: dict[Kind, list[str]] = {}
     for note in result.changes:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional, Sequence
@@ -17,6 +17,7 @@ from accelerate_rewrite.codemod.checks import check
 from accelerate_rewrite.codemod.edits import apply_edits
 from accelerate_rewrite.codemod.facts import ScriptFacts
 from accelerate_rewrite.codemod.flow import maybe_unbound
+from accelerate_rewrite.codemod.result import Result  # noqa: F401 (plain data: codemod/result.py)
 from accelerate_rewrite.codemod.preserve import Region, lost_trivia, restore, split_tail
 from accelerate_rewrite.codemod.rule import Note, Rule, RuleContext
 from accelerate_rewrite.codemod.suppress import applies_to, changed_lines, protected_lines, skip_file_line
@@ -25,28 +26,6 @@ from accelerate_rewrite.options import Options
 
 class RewriteError(Exception):
     """The file can't be rewritten at all (a syntax error, ...); the message names the file."""
-
-
-@dataclass
-class Result:
-    path: str
-    source: str
-    output: str
-    notes: list[Note] = field(default_factory=list)
-    #: rules dropped for this file, with why (a failed check, an internal error)
-    dropped: list[str] = field(default_factory=list)
-
-    @property
-    def changed(self) -> bool:
-        return self.output != self.source
-
-    @property
-    def changes(self) -> list[Note]:
-        return [n for n in self.notes if not n.skipped]
-
-    @property
-    def skips(self) -> list[Note]:
-        return [n for n in self.notes if n.skipped]
 
 
 def _rule_name(code: str) -> str:
@@ -106,11 +85,14 @@ IDEMPOTENCE_ENV = "ACCELERATE_REWRITE_CHECK_IDEMPOTENCE"
 IDEMPOTENCE_MAX_LINES = 3000
 
 
-def _parse(source: str, path: str) -> tuple[ScriptFacts, str, str]:
-    """The facts, and the source as ``head`` (what LibCST reads) + ``tail`` (trailing lines
-    LibCST can't read, such as a last line that is a lone backslash, put back afterwards)."""
+def _parse(source: str, path: str, make=None):
+    """The facts (or what ``make(text)`` makes of the text), and the source as ``head`` (what
+    LibCST reads) + ``tail`` (trailing lines LibCST can't read, such as a last line that is a
+    lone backslash, put back afterwards)."""
+    if make is None:
+        make = lambda text: _analyse(text, _folder(path))  # noqa: E731
     try:
-        return _analyse(source, _folder(path)), source, ""
+        return make(source), source, ""
     except cst.ParserSyntaxError as exc:
         # Python's own parser names the place best (1-based line and column)
         try:
@@ -123,7 +105,7 @@ def _parse(source: str, path: str) -> tuple[ScriptFacts, str, str]:
             raise RewriteError(f"{path}: {py_exc}") from None
         for split in split_tail(source):
             try:
-                return _analyse(split[0], _folder(path)), split[0], split[1]
+                return make(split[0]), split[0], split[1]
             except cst.ParserSyntaxError:
                 continue
         raise RewriteError(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import inspect
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -11,39 +10,11 @@ from typing import TYPE_CHECKING, ClassVar, Optional
 import libcst as cst
 
 from accelerate_rewrite.codemod.edits import EditSet
+from accelerate_rewrite.codemod.result import Kind, Note  # noqa: F401 (their home is codemod/result.py)
 from accelerate_rewrite.options import Options
 
 if TYPE_CHECKING:
     from accelerate_rewrite.codemod.facts import ScriptFacts
-
-
-class Kind(str, enum.Enum):
-    """How much a rule may change what the script computes."""
-
-    SAFE = "safe"  # keeps the math
-    APPROXIMATE = "approximate"  # numerics change within a known tolerance
-    CHANGES_TRAINING = "changes-training"  # trains differently, on purpose
-
-
-@dataclass(frozen=True)
-class Note:
-    """A change a rule made, or a place it left alone and why. ``line`` is 1-based."""
-
-    rule: str
-    line: int
-    message: str
-    skipped: bool = False
-    #: what this change does to the numbers, when it is not the rule's usual kind (AR302
-    #: keeping the effective batch is approximate, accumulating without it changes training)
-    kind: Optional["Kind"] = None
-
-    def kind_with(self, options: Options) -> "Kind":
-        """The kind of this change: its own, or its rule's for these options."""
-        if self.kind is not None:
-            return self.kind
-        from accelerate_rewrite.rules import BY_CODE
-
-        return BY_CODE[self.rule].kind_for(options)
 
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "rules" / "examples"
