@@ -253,8 +253,19 @@ def _options(values: dict):
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="json: one record per file on stdout (path, changed, rules, "
                                       "places left alone, errors), nothing else.")
+@click.option("--follow-imports", is_flag=True,
+              help="Let a script's rewrite change the project's own modules it imports (engine.py, "
+                   "utils.py next to it) even when they are not among the PATHs given.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, metavar="N",
               help="Processes to rewrite files with [default: the cores, from 8 files on].")
+@click.option("--no-cache", is_flag=True, envvar="ACCELERATE_REWRITE_NO_CACHE",
+              help="Rewrite every file, reading and writing no cached results "
+                   "[env: ACCELERATE_REWRITE_NO_CACHE=1].")
+@click.option("--cache-dir", metavar="PATH", envvar="ACCELERATE_REWRITE_CACHE_DIR",
+              help="The folder of the cache of results (a file unchanged since a run with the same "
+                   "options, rules, configuration and imported modules is not rewritten again) "
+                   "[env: ACCELERATE_REWRITE_CACHE_DIR; default: the user cache folder, "
+                   "~/.cache/accelerate-rewrite on Linux].")
 def rewrite_command(
     paths: tuple[str, ...],
     option_values: dict,
@@ -272,6 +283,9 @@ def rewrite_command(
     stdin_filename: Optional[str],
     output_format: str,
     jobs: Optional[int],
+    no_cache: bool,
+    cache_dir: Optional[str],
+    follow_imports: bool = False,
 ) -> None:
     """Rewrite PATH... (files or folders) into Lightning Fabric scripts (or, with --backend
     torch, plain PyTorch with native mixed precision).
@@ -279,6 +293,7 @@ def rewrite_command(
     Without --write, -o or --check nothing is written: the diff goes to stdout (plain text
     that `git apply -p0` takes when piped), the summary to stderr.
     """
+    from accelerate_rewrite.cache import chosen_dir
     from accelerate_rewrite.runner import Mode, Settings, run
 
     options = _options(option_values)
@@ -321,7 +336,8 @@ def rewrite_command(
     settings = Settings(mode=mode, options=options, diff=show_diff, quiet=quiet, output=output,
                         cli_values=cli_values, defaults=defaults, isolated=isolated,
                         output_format=output_format, jobs=jobs, hook=pre_commit,
-                        force_exclude=force_exclude)
+                        force_exclude=force_exclude, cache_dir=chosen_dir(no_cache, cache_dir),
+                        follow_imports=follow_imports)
     if "-" in paths:
         if len(paths) != 1:
             _fail("'-' (the source on stdin) can't be combined with other paths")

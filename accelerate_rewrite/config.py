@@ -9,6 +9,8 @@ table, found by walking up from the file's folder (as ruff does). Keys (dashes o
     select, ignore       rules by code ("AR201"), code prefix ("AR1"), name
                          ("amp-api-migration"), "fixes" or "ALL"
     exclude              globs of paths (relative to the config's folder) never rewritten
+    follow-imports       true: the project's own modules a script imports may change with it
+                         even when not among the paths given (as --follow-imports)
     [[tool.accelerate-rewrite.overrides]]
     paths = ["legacy/*.py"]   and any key above but exclude: for the files the globs match
 
@@ -41,9 +43,9 @@ OPTION_KEYS = ("precision", "devices", "strategy", "num_nodes", "accelerator", "
                "group_by_length", "shard_eval")
 #: option keys that are flags: true or false in the configuration
 FLAG_KEYS = ("keep_effective_batch", "optimizer_8bit", "paged_optimizer", "compile", "dynamic_padding",
-             "shard_eval")
+             "shard_eval", "follow_imports")
 SELECTION_KEYS = ("select", "ignore")
-KEYS = (*OPTION_KEYS, *SELECTION_KEYS, "exclude", "overrides")
+KEYS = (*OPTION_KEYS, *SELECTION_KEYS, "exclude", "follow_imports", "overrides")
 #: the selector of the migrations and bug fixes (the pre-commit hook's default)
 FIXES = "fixes"
 
@@ -241,6 +243,22 @@ class Choice:
     options: Options
     rules: tuple
     excluded: bool = False
+    #: the project's modules the file imports may change with it (``follow-imports``)
+    follow_imports: bool = False
+
+
+def raw_values(file: Path, cli: dict[str, Any], *, defaults: Optional[dict] = None,
+               isolated: bool = False) -> tuple[Config, dict, dict]:
+    """The configuration of ``file``, the values that apply to it (``defaults``, then the
+    configuration, then the command line's values that were given) before they are resolved
+    into options and rules, and those given values. What ``choose`` resolves, and what the
+    cache keys a result by (without loading the rules)."""
+    config = Config() if isolated else config_for(file)
+    values = {"select": ("ALL",), **(defaults or {})}
+    values.update(config.values_for(file))
+    given = {k: v for k, v in cli.items() if v not in (None, (), [], False)}
+    values.update(given)
+    return config, values, given
 
 
 def choose(file: Path, cli: dict[str, Any], *, defaults: Optional[dict] = None,
@@ -250,11 +268,7 @@ def choose(file: Path, cli: dict[str, Any], *, defaults: Optional[dict] = None,
     not empty)."""
     from accelerate_rewrite.rules import ALL_RULES
 
-    config = Config() if isolated else config_for(file)
-    values = {"select": ("ALL",), **(defaults or {})}
-    values.update(config.values_for(file))
-    given = {k: v for k, v in cli.items() if v not in (None, (), [], False)}
-    values.update(given)
+    config, values, given = raw_values(file, cli, defaults=defaults, isolated=isolated)
     options = {k: v for k, v in values.items() if k in OPTION_KEYS}
     try:
         opts = Options.create(**options)
@@ -268,4 +282,5 @@ def choose(file: Path, cli: dict[str, Any], *, defaults: Optional[dict] = None,
     explicit = frozenset(r.code for r in rules if r.code in {n.upper() for n in named} or r.name in named)
     if explicit:
         opts = dataclasses.replace(opts, explicit=explicit)
-    return Choice(opts, rules, excluded=config.excluded(file))
+    return Choice(opts, rules, excluded=config.excluded(file),
+                  follow_imports=bool(values.get("follow_imports", False)))

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from accelerate_rewrite.codemod.engine import Result
+    from accelerate_rewrite.codemod.project import Scope
     from accelerate_rewrite.codemod.source import SourceFile
     from accelerate_rewrite.config import Choice
 
@@ -56,6 +57,11 @@ class Settings:
     #: changed it, as black and ruff say what they fixed
     hook: bool = False
     force_exclude: bool = False  # .gitignore applies to files named on the command line too
+    #: the project's own modules a script imports may change with it even when not given
+    #: (``--follow-imports``; otherwise only those among the paths given do)
+    follow_imports: bool = False
+    #: the folder of the rewrite cache (accelerate_rewrite/cache.py); None: no cache
+    cache_dir: Optional[Path] = None
 
     @property
     def shows_diff(self) -> bool:
@@ -264,6 +270,9 @@ class Prepared:
     excluded: bool = False
     diff: Optional[str] = None  # a notebook's: per changed cell
     where: Optional[list] = None  # a notebook's: program line -> (cell, line in cell)
+    #: the project's modules rewritten with the script (``result.members``, in order): each
+    #: one's file as read and the bytes to write (None: nothing to write)
+    members: list[tuple["SourceFile", Optional[bytes]]] = field(default_factory=list)
 
 
 #: a file that contains none of these (case aside) is only checked for syntax, with Python's own
@@ -281,13 +290,16 @@ def needs_analysis(text: str, options: Options, rules: Sequence = ()) -> bool:
     return any(word in lowered for word in words)
 
 
-def rewrite_text(text: str, path: Path, choice: "Choice") -> "Result":
+def rewrite_text(text: str, path: Path, choice: "Choice", scope: Optional["Scope"] = None) -> "Result":
     """The rewrite of one script's text, or, when no chosen rule could change it or say
-    anything of it, only a check of its syntax with Python's own parser (no analysis)."""
+    anything of it (nor of the project's modules it imports), only a check of its syntax with
+    Python's own parser (no analysis). ``scope``: which of those modules may change with it."""
     from accelerate_rewrite.codemod.engine import Result, RewriteError, rewrite
 
-    if needs_analysis(text, choice.options, choice.rules):
-        return rewrite(text, choice.options, path=str(path), rules=choice.rules)
+    if needs_analysis(text, choice.options, choice.rules) or (
+            scope is not None and any(needs_analysis(t, choice.options, choice.rules)
+                                      for t in _member_texts(path, text))):
+        return rewrite(text, choice.options, path=str(path), rules=choice.rules, scope=scope)
     try:
         compile(text, str(path), "exec", dont_inherit=True, flags=0x400)  # ast only
     except SyntaxError as exc:
@@ -295,9 +307,21 @@ def rewrite_text(text: str, path: Path, choice: "Choice") -> "Result":
     return Result(path=str(path), source=text, output=text)
 
 
-def prepare(target: Target, settings: Settings) -> Prepared:
+def _member_texts(path: Path, text: str) -> list[str]:
+    from accelerate_rewrite.codemod.project import candidates
+
+    def text_of(file: Path) -> Optional[str]:
+        try:
+            return file.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+
+    return [t for t in map(text_of, candidates(path, text, text_of)) if t is not None]
+
+
+def prepare(target: Target, settings: Settings, scope: Optional["Scope"] = None) -> Prepared:
     """Read, choose the options and rules, rewrite, encode; every failure becomes an error
-    message naming the file."""
+    message naming the file. ``scope``: the project's modules that may change with it."""
     from accelerate_rewrite.codemod.engine import RewriteError
     from accelerate_rewrite.codemod.source import SourceError, read_source
     from accelerate_rewrite.config import ConfigError
@@ -317,21 +341,35 @@ def prepare(target: Target, settings: Settings) -> Prepared:
         out.source = source
         if path.suffix == ".ipynb":
             return _prepare_notebook(out, source, choice, settings)
-        result = rewrite_text(source.text, path, choice)
+        result = rewrite_text(source.text, path, choice, scope)
         out.result = result
         if settings.mode is Mode.OUTPUT or (settings.mode is Mode.WRITE and result.changed):
-            try:
-                out.data = source.encode(result.output)
-            except UnicodeEncodeError as exc:
-                raise SourceError(
-                    f"{path}: the result can't be encoded as {source.encoding} ({exc.reason}); "
-                    "not written"
-                ) from None
+            out.data = _encode(path, source, result.output)
+        for member in result.members:
+            file = read_source(Path(member.path))
+            if file.text != member.source:
+                raise SourceError(f"{member.path}: changed on disk while {path} was rewritten; nothing written")
+            if member.changed and settings.mode is Mode.OUTPUT:
+                raise SourceError(f"{path}: its rewrite changes {member.path} too, and -o writes one file: "
+                                  "use --write, or --diff to see both")
+            out.members.append((file, _encode(Path(member.path), file, member.output)
+                                if settings.mode is Mode.WRITE and member.changed else None))
     except (SourceError, RewriteError, ConfigError) as exc:
         out.error = str(exc)
     except Exception as exc:  # a bug in the engine must not stop the other files
         out.error = f"{path}: internal error ({type(exc).__name__}: {exc}); file left as is"
     return out
+
+
+def _encode(path: Path, source: "SourceFile", text: str) -> bytes:
+    from accelerate_rewrite.codemod.source import SourceError
+
+    try:
+        return source.encode(text)
+    except UnicodeEncodeError as exc:
+        raise SourceError(
+            f"{path}: the result can't be encoded as {source.encoding} ({exc.reason}); not written"
+        ) from None
 
 
 def _prepare_notebook(out: Prepared, source: "SourceFile", choice: "Choice", settings: Settings) -> Prepared:
@@ -366,30 +404,45 @@ def rewrite_notebook(text: str, path: str, choice: "Choice") -> tuple["Result", 
     return result, notebook.cell_diffs(path, program, changed), program.lines
 
 
-def finish(prepared: Prepared, settings: Settings, report: Reporter) -> Outcome:
-    """Show, write and report one prepared file."""
-    from accelerate_rewrite.codemod.source import SourceError, write_atomic
+def finish(prepared: Prepared, settings: Settings, report: Reporter) -> list[Outcome]:
+    """Show, write and report one prepared file, and the project's modules rewritten with it
+    (written with it as one: all or none)."""
+    from accelerate_rewrite.codemod.source import SourceError, write_atomic, write_atomic_set
 
     path = prepared.target.path
     outcome = Outcome(path, error=prepared.error, result=prepared.result, options=prepared.options,
                       where=prepared.where)
     if outcome.error is not None:
         report.error(outcome.error)
-        return outcome
+        return [outcome]
     if prepared.excluded:
         outcome.status = "excluded by the configuration"
-        return outcome
+        return [outcome]
     result, source, data = prepared.result, prepared.source, prepared.data
     assert result is not None and source is not None
     outcome.changed = result.changed
+    members = [Outcome(Path(m.path), changed=m.changed, result=m, options=prepared.options)
+               for m in result.members]
 
     if settings.shows_diff and result.changed:
         diff = prepared.diff if prepared.diff is not None else unified_diff(str(path), result.source, result.output)
         render_diff(report.out, diff)
+    if settings.shows_diff:
+        for member in result.members:
+            if member.changed:
+                render_diff(report.out, unified_diff(member.path, member.source, member.output))
 
     status = "would be rewritten" if result.changed else "left unchanged"
+    for member in members:
+        member.status = "would be rewritten" if member.changed else "left unchanged"
     try:
-        if settings.mode is Mode.WRITE and data is not None:
+        writes = [(Path(m.path), d, f.raw) for m, (f, d) in zip(result.members, prepared.members) if d is not None]
+        if settings.mode is Mode.WRITE and writes:
+            write_atomic_set(([(path, data, source.raw)] if data is not None else []) + writes)
+            status = "rewritten" if data is not None else status
+            for member in members:
+                member.status = "rewritten" if member.changed else member.status
+        elif settings.mode is Mode.WRITE and data is not None:
             write_atomic(path, data, expected=source.raw)
             status = "rewritten"
         elif settings.mode is Mode.OUTPUT:
@@ -407,15 +460,21 @@ def finish(prepared: Prepared, settings: Settings, report: Reporter) -> Outcome:
     except SourceError as exc:
         outcome.error = str(exc)
         report.error(outcome.error)
-        return outcome
+        for member in members:
+            member.changed, member.status = False, "not written"
+        return [outcome, *members]
     outcome.status = status
 
     if settings.mode is Mode.CHECK:
-        if result.changed:
-            report.would_rewrite(path)
+        for one in (outcome, *members):
+            if one.changed:
+                report.would_rewrite(one.path)
     else:
         report.summary(path, result, status, outcome.options or settings.options, prepared.where)
-    return outcome
+        for member in members:
+            report.summary(member.path, member.result, member.status + f" (with {path})",
+                           outcome.options or settings.options)
+    return [outcome, *members]
 
 
 def exit_code(tally: Tally, mode: Mode) -> int:
@@ -473,6 +532,51 @@ def _summary_table(tally: Tally, report: Reporter) -> None:
     report.err.print(table)
 
 
+def projects(targets: Sequence[Target], settings: Settings) -> tuple[dict[Path, "Scope"], set[Path]]:
+    """Which targets are scripts whose project's modules (codemod/project.py) are among the
+    targets: each script's Scope (the targets may change with it, or any module with
+    ``--follow-imports``; a module that two scripts import changes with neither), and the
+    targets that a script given imports (rewritten with it, not on their own)."""
+    from accelerate_rewrite.codemod.project import Scope, candidates
+
+    python = [t for t in targets if t.error is None and t.path.suffix == ".py"]
+    if not python:
+        return {}, set()
+    real = {os.path.realpath(t.path): t.path for t in targets}
+    writable = frozenset(real)
+
+    def text_of(file: Path) -> Optional[str]:
+        try:
+            return file.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+
+    imports: dict[Path, list[str]] = {}
+    for target in python:
+        text = text_of(target.path)
+        if text is None or "import" not in text:
+            continue
+        files = [os.path.realpath(f) for f in candidates(target.path, text, text_of)]
+        if files:
+            imports[target.path] = files
+    claimed = {real[f] for files in imports.values() for f in files if f in real}
+    drivers = {path: files for path, files in imports.items() if path not in claimed}
+    importers: dict[str, list[Path]] = {}
+    for path, files in drivers.items():
+        for f in files:
+            importers.setdefault(f, []).append(path)
+    scopes = {}
+    for path, files in drivers.items():
+        shared = tuple((f, " and ".join(str(p) for p in importers[f] if p != path))
+                       for f in files if len(importers[f]) > 1)
+        try:
+            follow = settings.follow_imports or settings.choice_for(path).follow_imports
+        except Exception:  # noqa: BLE001 - a bad configuration: prepare() reports it
+            follow = settings.follow_imports
+        scopes[path] = Scope(writable=writable, follow=follow, shared=shared)
+    return scopes, claimed
+
+
 def run(
     paths: Sequence[str],
     settings: Settings,
@@ -485,6 +589,8 @@ def run(
     Files are read and rewritten in parallel (as many processes as cores, from 8 files on, or
     ``jobs``), then shown, written and reported in the order given."""
     import json
+
+    from accelerate_rewrite.cache import prepare as prepare_cached  # prepare, through the cache
 
     report = Reporter(
         settings,
@@ -499,28 +605,42 @@ def run(
                      and report.err.is_terminal)
 
     def handle(prepared: Prepared) -> None:
-        outcome = finish(prepared, settings, report)
-        tally.outcomes.append(outcome)
-        if settings.output_format == "json":
-            report.out.file.write(json.dumps(record(outcome)) + "\n")
-            report.out.file.flush()
+        for outcome in finish(prepared, settings, report):
+            tally.outcomes.append(outcome)
+            if settings.output_format == "json":
+                report.out.file.write(json.dumps(record(outcome)) + "\n")
+                report.out.file.flush()
 
-    def all_prepared():
-        if jobs == 1:
-            for target in targets:
-                yield prepare(target, settings)
+    scopes, claimed = projects(targets, settings)
+    first = [t for t in targets if t.path not in claimed]
+
+    def prepared_of(batch: list[Target]):
+        if jobs == 1 or len(batch) < 2:
+            for target in batch:
+                yield prepare_cached(target, settings, scopes.get(target.path))
             return
         from concurrent.futures import ProcessPoolExecutor
-        from itertools import repeat
 
         try:
             pool = ProcessPoolExecutor(max_workers=jobs)
         except (OSError, ImportError, NotImplementedError):  # no processes here: one at a time
-            for target in targets:
-                yield prepare(target, settings)
+            for target in batch:
+                yield prepare_cached(target, settings, scopes.get(target.path))
             return
         with pool:
-            yield from pool.map(prepare, targets, repeat(settings), chunksize=max(1, len(targets) // (4 * jobs)))
+            yield from pool.map(prepare_cached, batch, [settings] * len(batch),
+                                [scopes.get(t.path) for t in batch], chunksize=max(1, len(batch) // (4 * jobs)))
+
+    def all_prepared():
+        # scripts first; then the modules a script given imports that were not rewritten with
+        # it (not followed: codemod/project.py says why), on their own
+        covered: set[str] = set()
+        for prepared in prepared_of(first):
+            if prepared.result is not None:
+                covered.update(os.path.realpath(m.path) for m in prepared.result.members)
+            yield prepared
+        yield from prepared_of([t for t in targets if t.path in claimed
+                                and os.path.realpath(t.path) not in covered])
 
     if show_progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -2,6 +2,10 @@
 
     python -m tests.goldens          # rewrite every golden from the current code; then read the diff
 
+Projects (``fixtures/projects/NAME/``: a script ``train.py`` and the modules it imports) have,
+per option set of ``PROJECT_SETS``, ``expected/SET/FILE`` for each file the rewrite changes and
+``expected/SET.notes`` (every file's notes, and the dropped rules).
+
 Each fixture ``fixtures/NAME/input.py`` has, per option set, ``expected/SET.py`` (the rewritten
 script) and ``expected/SET.notes`` (what the summary says: changes, places left alone, dropped
 rules), so that a change in behaviour shows up as a readable diff in review.
@@ -9,6 +13,7 @@ rules), so that a change in behaviour shows up as a readable diff in review.
 
 from __future__ import annotations
 
+import contextlib
 from functools import lru_cache
 from pathlib import Path
 
@@ -79,5 +84,56 @@ def write_all() -> None:
             print(f"wrote fixtures/{name}/expected/{option_set}.py")
 
 
+PROJECTS = FIXTURES / "projects"
+#: the option sets a project is rewritten with (names of OPTION_SETS)
+PROJECT_SETS = ("default", "bf16-mixed-devices-4", "fsdp", "torch-16-mixed", "clip-1.0", "accumulate-4")
+
+
+def project_names() -> list[str]:
+    return sorted(p.parent.name for p in PROJECTS.glob("*/train.py"))
+
+
+@lru_cache(maxsize=None)
+def run_project(name: str, option_set: str) -> Result:
+    """The project's script rewritten with every module of the project allowed to change (as
+    ``accelerate-rewrite fixtures/projects/NAME``), from the repository's root: the paths in
+    the notes are relative to it."""
+    from accelerate_rewrite.codemod.project import Scope
+
+    with contextlib.chdir(ROOT):
+        path = f"fixtures/projects/{name}/train.py"
+        return rewrite(Path(path).read_text(encoding="utf-8"), Options.create(**OPTION_SETS[option_set]),
+                       path=path, scope=Scope(follow=True))
+
+
+def project_notes(result: Result) -> str:
+    out = []
+    for one in (result, *result.members):
+        out += [f"{one.path}:{n.line}: {n.rule} {'left alone: ' if n.skipped else ''}{n.message}"
+                for n in one.notes]
+    out += [f"dropped: {d}" for d in result.dropped]
+    return "\n".join(out) + "\n"
+
+
+def project_outputs(result: Result) -> dict[str, str]:
+    """file name -> rewritten text, for the files that change."""
+    return {Path(one.path).name: one.output for one in (result, *result.members) if one.changed}
+
+
+def write_projects() -> None:
+    for name in project_names():
+        for option_set in PROJECT_SETS:
+            result = run_project(name, option_set)
+            out = PROJECTS / name / "expected" / option_set
+            out.mkdir(parents=True, exist_ok=True)
+            for old in out.glob("*.py"):
+                old.unlink()
+            for file, text in project_outputs(result).items():
+                (out / file).write_text(text, encoding="utf-8")
+            (out.parent / f"{option_set}.notes").write_text(project_notes(result), encoding="utf-8")
+            print(f"wrote fixtures/projects/{name}/expected/{option_set}")
+
+
 if __name__ == "__main__":
     write_all()
+    write_projects()

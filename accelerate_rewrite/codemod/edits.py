@@ -279,12 +279,23 @@ def apply_edits(
     module: cst.Module,
     edit_sets: Iterable[EditSet],
     touched: Optional[list[tuple[cst.CSTNode, bool]]] = None,
+    *,
+    imports_read: bool = False,
 ) -> cst.Module:
     """The module with the edits applied; ``touched`` (if given) gets every node of ``module``
-    an edit is keyed on, with whether the edit removes it."""
-    edits = _merge(list(edit_sets))
+    an edit is keyed on, with whether the edit removes it. With ``imports_read`` (one file of a
+    project, codemod/project.py), only the imports whose names the result reads are added: the
+    edits of the other files ask for theirs."""
+    edit_sets = list(edit_sets)
+    edits = _merge(edit_sets)
     if not edits and not edits.unused_imports:
         return module
+    if imports_read and edits.imports:
+        trial = _merge(edit_sets)
+        trial.imports = []
+        names = _Names()
+        module.visit(_Apply(trial)).visit(names)
+        edits.imports = [w for w in edits.imports if _bound_by(w) in names.names]
     added = _plan_imports(module, edits) if edits.imports else []
     new = module.visit(_Apply(edits))
     if edits.unused_imports and _plan_unused_imports(module, new, edits):
@@ -479,6 +490,12 @@ class _Imports(cst.CSTVisitor):
 
     def visit_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> bool:
         return False  # ``if x: import y`` on one line: left as it is
+
+
+def _bound_by(wanted: tuple[str, Optional[str], Optional[str]]) -> str:
+    """The name an import asked for binds: ``(module, name, asname)``."""
+    module, obj, asname = wanted
+    return asname or obj or module.split(".")[0]
 
 
 def _binds(alias: cst.ImportAlias, is_from: bool) -> str:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import difflib
 import os
+import re
 
 import libcst as cst
 from libcst.metadata import PositionProvider
@@ -18,6 +19,7 @@ from accelerate_rewrite.codemod.edits import apply_edits
 from accelerate_rewrite.codemod.facts import ScriptFacts
 from accelerate_rewrite.codemod.flow import maybe_unbound
 from accelerate_rewrite.codemod.result import Result  # noqa: F401 (plain data: codemod/result.py)
+from accelerate_rewrite.codemod.project import Project, Scope, build, candidates, statement_starts
 from accelerate_rewrite.codemod.preserve import Region, lost_trivia, restore, split_tail
 from accelerate_rewrite.codemod.rule import Note, Rule, RuleContext
 from accelerate_rewrite.codemod.suppress import applies_to, changed_lines, protected_lines, skip_file_line
@@ -177,17 +179,131 @@ def rewrite(
     path: str = "<string>",
     rules: Optional[Sequence[Rule]] = None,
     check_idempotence: Optional[bool] = None,
+    scope: Optional[Scope] = None,
+    sources: Optional[dict[str, str]] = None,
 ) -> Result:
-    result = _rewrite(source, options, path=path, rules=rules)
+    """The rewrite of the script ``source`` (its file ``path``). The project's own modules it
+    imports are analysed with it (codemod/project.py); ``scope`` says which of them may change
+    (by default none: a conversion that needs them to is left out, and says so), and their
+    results are ``result.members``. ``sources``: the text of some of them (by path), instead of
+    what is on disk."""
+    scope = scope if scope is not None else Scope()
+    result = _rewrite(source, options, path=path, rules=rules, scope=scope, sources=sources)
     if check_idempotence is None:
         check_idempotence = os.environ.get(IDEMPOTENCE_ENV, "") == "1"
-    if check_idempotence and result.changed and source.count("\n") < IDEMPOTENCE_MAX_LINES:
-        again = _rewrite(result.output, options, path=path, rules=rules).output
-        if again != result.output:
-            diff = "".join(difflib.unified_diff(result.output.splitlines(True), again.splitlines(True),
-                                                "first run", "second run"))
-            raise AssertionError(f"{path}: a second run changes the result:\n{diff}")
+    changed = result.changed or any(m.changed for m in result.members)
+    if check_idempotence and changed and source.count("\n") < IDEMPOTENCE_MAX_LINES:
+        outputs = {**(sources or {}), **{m.path: m.output for m in result.members}}
+        again = _rewrite(result.output, options, path=path, rules=rules, scope=scope, sources=outputs)
+        pairs = [(path, result.output, again.output)] + [
+            (m.path, m.output, n.output) for m in result.members for n in again.members if n.path == m.path]
+        for where, first, second in pairs:
+            if second != first:
+                diff = "".join(difflib.unified_diff(first.splitlines(True), second.splitlines(True),
+                                                    "first run", "second run"))
+                raise AssertionError(f"{where}: a second run changes the result:\n{diff}")
     return result
+
+
+@dataclass
+class _Unit:
+    """One file the edits apply to: the script, or a module of its project."""
+
+    path: str
+    source: str
+    head: str
+    tail: str
+    roundtrip: str
+    view: cst.Module  # the file's tree, made of the analysed module's statements where it has them
+    undefined: dict[str, int]  # names the file read undefined already
+    unbound: tuple[str, dict]
+    #: a line of the analysed module -> (index of the unit that holds it, line in that file)
+    where: Callable[[int], tuple[int, int]]
+    index: int = 0
+    refusal: Optional[str] = None  # why this file may not change
+    first_read: Callable[[str], Optional[int]] = lambda name: None
+
+    def local(self, line: int) -> Optional[int]:
+        unit, local = self.where(line)
+        return local if unit == self.index else None
+
+
+def _project(source: str, path: str, scope: Scope, sources: Optional[dict[str, str]]) -> Optional[Project]:
+    """The script with the project's modules it imports (codemod/project.py), or None."""
+    from accelerate_rewrite.runner import TRAINING_WORDS
+
+    folder = _folder(path)
+    if folder is None or "import" not in source:
+        return None
+    overrides = {os.path.realpath(k): v for k, v in (sources or {}).items()}
+
+    def text_of(file: Path) -> Optional[str]:
+        real = os.path.realpath(file)
+        if real in overrides:
+            return overrides[real]
+        from accelerate_rewrite.codemod.source import SourceError, read_source
+
+        try:
+            return read_source(file).text
+        except (SourceError, OSError):
+            return None
+
+    if not candidates(Path(path), source, text_of):
+        return None
+
+    def read(file: Path):
+        text = text_of(file)
+        if text is None:
+            return None
+        try:
+            module, head, tail = _parse(text, str(file), make=cst.parse_module)
+        except RewriteError:
+            return None
+        return text, head, tail, module
+
+    module, head, _ = _parse(source, path, make=cst.parse_module)
+    return build(path, head, module, source, read, words=TRAINING_WORDS)
+
+
+def _units(facts: ScriptFacts, project: Project, scope: Scope) -> list[_Unit]:
+    from accelerate_rewrite.codemod.checks import _all_names_resolve, undefined_names
+
+    combined_starts = statement_starts(facts.module)
+    where = project.locator(combined_starts)
+    at: dict[tuple[int, int], int] = {o: k for k, o in enumerate(project.origin)}
+    units = []
+    for p, part in enumerate(project.parts):
+        body = [facts.module.body[at[(p, i)]] if (p, i) in at else stmt for i, stmt in enumerate(part.module.body)]
+        unit = _Unit(
+            path=part.path, source=part.source, head=part.head, tail=part.tail, roundtrip=part.module.code,
+            view=part.module.with_changes(body=body),
+            undefined={} if _all_names_resolve(part.head) else undefined_names(part.module),
+            unbound=(part.head, maybe_unbound(part.head)), where=where, index=p,
+            refusal=scope.refusal(part.path) if p else None)
+        unit.first_read = lambda name, u=unit: (lambda line: u.local(line) if line is not None else None)(
+            facts.first_read(name))
+        units.append(unit)
+    return units
+
+
+_LINES = re.compile(r"\b(?P<word>lines?) (?P<numbers>\d+(?:, \d+)*)\b(?! of the result)")
+
+
+def _relocate(message: str, unit: _Unit, units: list[_Unit]) -> str:
+    """A note naming lines of the analysed module (``on lines 36, 82``) names those of the
+    files instead (``on lines 12, 40``; ``engine.py:9`` for another file's)."""
+    def lines(match: re.Match) -> str:
+        groups: list[tuple[int, list[int]]] = []
+        for number in (int(n) for n in match.group("numbers").split(", ")):
+            owner, line = unit.where(number)
+            if groups and groups[-1][0] == owner:
+                groups[-1][1].append(line)
+            else:
+                groups.append((owner, [line]))
+        return ", ".join(f"{'lines' if len(ls) > 1 else 'line'} {', '.join(map(str, ls))}" if owner == unit.index
+                         else ", ".join(f"{units[owner].path}:{n}" for n in ls) for owner, ls in groups)
+
+    return _LINES.sub(lines, message)
 
 
 def _rewrite(
@@ -196,19 +312,35 @@ def _rewrite(
     *,
     path: str = "<string>",
     rules: Optional[Sequence[Rule]] = None,
+    scope: Optional[Scope] = None,
+    sources: Optional[dict[str, str]] = None,
 ) -> Result:
     if rules is None:
         from accelerate_rewrite.rules import ALL_RULES
 
         rules = ALL_RULES
-    facts, head, tail = _parse(source, path)
-    roundtrip = facts.memo("roundtrip", lambda: facts.module.code)
+    project = _project(source, path, scope, sources) if scope is not None else None
+    unfollowed = project.unfollowed if project is not None else []
+    several = project is not None and len(project.parts) > 1
+    if several:
+        key = tuple((part.path, part.source) for part in project.parts)
+        facts, project = _analyse_cached(key, project, _folder(path))
+    else:
+        facts, head, tail = _parse(source, path)
     result = Result(path=path, source=source, output=source)
     skip_line = skip_file_line(source)
     if skip_line is not None:
         result.notes.append(Note("file", skip_line, "`# accelerate-rewrite: skip-file`: the file is "
                                                     "left alone", skipped=True))
         return result
+    if several:
+        units = _units(facts, project, scope)
+    else:
+        roundtrip = facts.memo("roundtrip", lambda: facts.module.code)
+        units = [_Unit(path=path, source=source, head=head, tail=tail, roundtrip=roundtrip, view=facts.module,
+                       undefined=facts.undefined_names(),
+                       unbound=(head, facts.memo("maybe-unbound", lambda: maybe_unbound(head))),
+                       where=lambda line: (0, line), first_read=facts.first_read)]
     options = _for_script(facts, options)
     contexts: dict[str, RuleContext] = {}
     for rule in rules:
@@ -252,76 +384,120 @@ def _rewrite(
             result.dropped.append(f"{code}: not applied: {why}")
     active = [r for r in active if r.code not in gone]
 
-    protected = protected_lines(source)
-    if protected:
+    def apply_to(unit: _Unit, edit_sets, touched=None) -> str:
+        new = apply_edits(unit.view, edit_sets, touched, imports_read=several)
+        return restore(unit.head, unit.roundtrip, new.code)
+
+    for unit in units:
+        protected = protected_lines(unit.source)
+        if not protected:
+            continue
         for rule in list(active):
             if rule.code not in {r.code for r in active}:
                 continue
             edits = contexts[rule.code].edits
             if not edits:
                 continue
-            alone = restore(head, roundtrip, apply_edits(facts.module, [edits]).code) + tail
-            hit = next(((n, c) for n in sorted(changed_lines(source, alone))
+            alone = apply_to(unit, [edits]) + unit.tail
+            hit = next(((n, c) for n in sorted(changed_lines(unit.source, alone))
                         for c in [applies_to(protected, n, rule.code)] if c is not None), None)
             if hit is None:
                 continue
             gone = _dependents(rule.code, active, options)
             others = sorted(gone - {rule.code})
+            of = f" of {unit.path}" if unit.index else ""
             result.dropped.append(
-                f"{rule.code} {rule.name}: not applied: it would change line {hit[0]}, which "
-                f"`# accelerate-rewrite: ignore` (line {hit[1]}) leaves alone"
+                f"{rule.code} {rule.name}: not applied: it would change line {hit[0]}{of}, which "
+                f"`# accelerate-rewrite: ignore` (line {hit[1]}{of}) leaves alone"
                 + (f" (and with it {', '.join(others)}, which rely on it)" if others else ""))
             active = [r for r in active if r.code not in gone]
         for ctx in contexts.values():  # what the rules say about protected lines goes too
-            ctx.notes = [n for n in ctx.notes if applies_to(protected, n.line, n.rule) is None]
+            ctx.notes = [n for n in ctx.notes if (lambda local: local is None or applies_to(
+                protected, local, n.rule) is None)(unit.local(n.line))]
 
-    original_undefined = facts.undefined_names()
-    original_unbound = (head, facts.memo("maybe-unbound", lambda: maybe_unbound(head)))
-
-    def attempt(selected: Sequence[Rule]) -> tuple[str, list[str]]:
-        edit_sets = [contexts[r.code].edits for r in selected]
+    def attempt(chosen: Sequence[Rule]) -> tuple[list[str], list[str]]:
+        edit_sets = [contexts[r.code].edits for r in chosen]
         if not any(e or e.unused_imports for e in edit_sets):
-            return source, []  # no rule applied: the input itself, whatever LibCST would print
+            return [u.source for u in units], []  # no rule applied: the input itself
         touched: list[tuple[cst.CSTNode, bool]] = []
-        new = apply_edits(facts.module, edit_sets, touched)
-        head_code = restore(head, roundtrip, new.code)
-        code = head_code + tail
-        if code == source:
-            return code, []
-        problems = check(original_undefined, head_code, facts.first_read, original_unbound)
-        if not problems and tail:
-            try:
-                compile(code, "<rewritten>", "exec", dont_inherit=True)
-            except (SyntaxError, ValueError) as exc:
-                problems.append(f"the result does not compile ({exc})")
-        if not problems:
-            lost = lost_trivia(source, code, _regions(facts, touched))
-            if lost is not None:
-                problems.append(lost + " outside the statements the rules edit")
-        return code, problems
+        outputs, problems = [], []
+        regions: Optional[list[Region]] = None
+        for unit in units:
+            head_code = apply_to(unit, edit_sets, touched if unit.index == 0 else None)
+            code = head_code + unit.tail
+            outputs.append(code)
+            if code == unit.source:
+                continue
+            if unit.refusal is not None:
+                problems.append(unit.refusal)
+                continue
+            found = check(unit.undefined, head_code, unit.first_read, unit.unbound)
+            if not found and unit.tail:
+                try:
+                    compile(code, "<rewritten>", "exec", dont_inherit=True)
+                except (SyntaxError, ValueError) as exc:
+                    found.append(f"the result does not compile ({exc})")
+            if not found:
+                if regions is None:
+                    regions = _regions(facts, touched)
+                mine = [r if r == (1, 1 << 30) else (unit.where(r[0])[1], unit.where(r[1])[1])
+                        for r in regions if r == (1, 1 << 30)
+                        or unit.where(r[0])[0] == unit.where(r[1])[0] == unit.index]
+                lost = lost_trivia(unit.source, code, mine)
+                if lost is not None:
+                    found.append(lost + " outside the statements the rules edit")
+            problems.extend(f"in {unit.path}, {p}" if unit.index else p for p in found)
+        return outputs, problems
 
-    output, problems = attempt(active)
+    outputs, problems = attempt(active)
     while problems:
-        # find the first rule whose edits break the result, drop it and what relies on it
-        culprit: Optional[Rule] = None
-        for i in range(1, len(active) + 1):
-            _, problems_i = attempt(active[:i])
-            if problems_i:
-                culprit, problems = active[i - 1], problems_i
-                break
-        if culprit is None:  # only the whole set fails: drop the last rule
-            culprit = active[-1]
+        # the first rule whose edits break the result (the shortest failing prefix, found by
+        # bisection), dropped with what relies on it
+        tried: dict[int, list[str]] = {len(active): problems}
+        low, high = 1, len(active)
+        while low < high:
+            middle = (low + high) // 2
+            tried[middle] = attempt(active[:middle])[1]
+            if tried[middle]:
+                high = middle
+            else:
+                low = middle + 1
+        culprit, problems = active[low - 1], tried.get(low) or problems
         gone = _dependents(culprit.code, active, options)
         others = sorted(gone - {culprit.code})
         result.dropped.append(
-            f"{culprit.code} {culprit.name}: dropped for this file: " + "; ".join(problems)
+            f"{culprit.code} {culprit.name}: dropped for this {'project' if several else 'file'}: "
+            + "; ".join(problems)
             + (f" (and with it {', '.join(others)}, which rely on it)" if others else "")
         )
         active = [r for r in active if r.code not in gone]
-        output, problems = attempt(active)
+        outputs, problems = attempt(active)
 
+    per_unit: list[list[Note]] = [[] for _ in units]
     for rule in active:
-        result.notes.extend(contexts[rule.code].notes)
-    result.notes.sort(key=lambda n: (n.line, n.rule))
-    result.output = output
+        for note in contexts[rule.code].notes:
+            index, line = units[0].where(note.line)
+            per_unit[index].append(replace(note, line=line, message=_relocate(note.message, units[index], units))
+                                   if several else note)
+    for line, why in unfollowed:
+        per_unit[0].append(Note("project", line, why, skipped=True))
+    for notes in per_unit:
+        notes.sort(key=lambda n: (n.line, n.rule))
+    result.notes = per_unit[0]
+    result.output = outputs[0]
+    result.members = [Result(path=u.path, source=u.source, output=outputs[u.index], notes=per_unit[u.index])
+                      for u in units[1:]]
     return result
+
+
+_PROJECTS: dict[tuple, tuple[ScriptFacts, Project]] = {}
+
+
+def _analyse_cached(key: tuple, project: Project, folder: Optional[Path]) -> tuple[ScriptFacts, Project]:
+    """The facts of a project's analysed module, kept for the next rewrites of the same files
+    (as ``_analyse`` keeps a script's): the tests rewrite each project with many options."""
+    if key not in _PROJECTS:
+        if len(_PROJECTS) >= 4:
+            _PROJECTS.pop(next(iter(_PROJECTS)))
+        _PROJECTS[key] = (ScriptFacts(project.combined, folder), project)
+    return _PROJECTS[key]

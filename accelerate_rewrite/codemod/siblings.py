@@ -89,3 +89,35 @@ def loader_results(folder: Optional[Path], dotted: str, name: str) -> Optional[t
     if not shapes or any(s != shapes[0] for s in shapes) or not any(shapes[0]):
         return None
     return shapes[0]
+
+
+def imported_modules(folder: Optional[Path], module: ast.Module) -> list[tuple[str, Path]]:
+    """The project's own modules that ``module`` imports at its top level (``from engine import
+    train``, ``import utils``): (dotted name, file), in import order, each once. Only files in
+    ``folder`` are named (never an installed package, never a relative import)."""
+    if folder is None:
+        return []
+    out: dict[str, Path] = {}
+    for node in module.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        for dotted in names:
+            path = _file(folder, dotted)
+            if path is not None and dotted not in out:
+                out[dotted] = path
+    return list(out.items())
+
+
+def imported_files(path: Path, source: str) -> list[Path]:
+    """The files of the project's own modules that the script at ``path`` imports (see
+    ``imported_modules``): what its rewrite may read besides itself, so a cache of its result
+    must be keyed by them too."""
+    try:
+        module = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    return [p for _, p in imported_modules(Path(path).parent, module)]

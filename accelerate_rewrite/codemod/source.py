@@ -140,3 +140,65 @@ def write_atomic(path: Path, data: bytes, *, expected: bytes | None = None) -> N
         except OSError:
             pass
         raise SourceError(f"{path}: write failed ({exc.strerror}); the original is unchanged") from None
+
+
+def write_atomic_set(items: list[tuple[Path, bytes, bytes]]) -> None:
+    """Write several files as one: ``(path, data, expected)`` each, all or none.
+
+    Every file is checked (unchanged since read, writable) and its new text written to a
+    temporary file beside it before any is renamed over its original; a rename that fails puts
+    back the originals already replaced, so that a project's files never disagree (a script
+    passing ``fabric`` to a function that does not take it)."""
+    staged: list[tuple[Path, Path, str, bytes]] = []  # (shown, target, temporary, original)
+
+    def discard() -> None:
+        for _, _, tmp, _ in staged:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+    try:
+        for path, data, expected in items:
+            target = Path(os.path.realpath(path))
+            remove_stale_temps(target)
+            try:
+                current = target.read_bytes()
+            except OSError as exc:
+                raise SourceError(f"{path}: cannot be re-read before writing ({exc.strerror})") from None
+            if current != expected:
+                raise SourceError(f"{path}: changed on disk since it was read; not overwritten")
+            mode = stat.S_IMODE(target.stat().st_mode)
+            if not mode & 0o222 or not os.access(target, os.W_OK):
+                raise SourceError(f"{path}: is read-only; not written")
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f".{target.name}{TEMP_MARK}{os.getpid()}-", suffix=".tmp",
+                                           dir=target.parent)
+            except OSError as exc:
+                raise SourceError(f"{path}: cannot write in {target.parent} ({exc.strerror}); not written") from None
+            staged.append((path, target, tmp, expected))
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, mode)
+    except SourceError as exc:
+        discard()
+        raise SourceError(f"{exc}; none of the {len(items)} files of the project written") from None
+    except OSError as exc:
+        discard()
+        raise SourceError(f"write failed ({exc.strerror}); none of the {len(items)} files of the project "
+                          "written") from None
+    done: list[tuple[Path, Path, str, bytes]] = []
+    for entry in staged:
+        try:
+            os.replace(entry[2], entry[1])
+        except OSError as exc:
+            for shown, target, _, original in done:  # put back what was replaced
+                write_atomic(target, original)
+            staged[:] = [e for e in staged if e not in done]
+            discard()
+            raise SourceError(f"{entry[0]}: write failed ({exc.strerror}); none of the {len(items)} files "
+                              "of the project changed") from None
+        done.append(entry)
+
