@@ -8,10 +8,21 @@ same original again."""
 
 from __future__ import annotations
 
+import atexit
 import inspect
+import os
 import re
+import shutil
+import tempfile
 
 import pytest
+
+#: the rewrite cache (accelerate_rewrite/cache.py) of this run, the pre-commit hook's subprocesses
+#: included, goes to a folder of its own, never the user's; tests/test_cache.py gives each of its
+#: tests its own
+_CACHE = tempfile.mkdtemp(prefix="accelerate-rewrite-cache-")
+os.environ["ACCELERATE_REWRITE_CACHE_DIR"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, True)
 
 #: the files whose tests share runs through a per-worker cache
 _SHARED_RUNS = ("test_verify.py", "test_multi_device.py", "test_verify_mutations.py", "test_robustness.py",
