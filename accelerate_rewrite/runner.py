@@ -176,10 +176,24 @@ def final_line(tally: Tally, mode: Mode) -> str:
 class Reporter:
     """Everything the user sees, besides the diff text itself."""
 
-    def __init__(self, settings: Settings, out: "Console", err: "Console") -> None:
+    def __init__(self, settings: Settings, out: Optional["Console"] = None,
+                 err: Optional["Console"] = None) -> None:
         self.settings = settings
-        self.out = out
-        self.err = err
+        self._out = out
+        self._err = err
+
+    @property
+    def out(self) -> "Console":
+        """stdout's console, made when first used: a run that prints nothing never loads rich."""
+        if self._out is None:
+            self._out = make_console()
+        return self._out
+
+    @property
+    def err(self) -> "Console":
+        if self._err is None:
+            self._err = make_console(stderr=True)
+        return self._err
 
     def _flush_out(self) -> None:
         try:
@@ -213,8 +227,6 @@ class Reporter:
 
     def summary(self, path: Path, result: "Result", status: str, options: Options,
                 where: Optional[list] = None) -> None:
-        from rich.markup import escape
-
         def at(line: int, sep: str = " ") -> str:  # "line 12", or a notebook's "cell 3:line 2"
             if where is not None and 1 <= line <= len(where):
                 cell, in_cell = where[line - 1]
@@ -223,6 +235,8 @@ class Reporter:
 
         if self.silent:
             if self.settings.hook and self.settings.output_format == "text" and result.changed:
+                from rich.markup import escape
+
                 counts: dict[str, int] = {}
                 for note in result.changes:
                     counts[note.rule] = counts.get(note.rule, 0) + 1
@@ -232,6 +246,8 @@ class Reporter:
             return
         if not (result.changed or result.skips or result.dropped):
             return
+        from rich.markup import escape  # here: a run that says nothing never loads rich
+
         self._flush_out()
         shown = escape(str(path))
         p = self.err.print
@@ -421,8 +437,9 @@ def finish(prepared: Prepared, settings: Settings, report: Reporter) -> list[Out
     result, source, data = prepared.result, prepared.source, prepared.data
     assert result is not None and source is not None
     outcome.changed = result.changed
+    # the modules that change, or that a rule says something of (the others were only read)
     members = [Outcome(Path(m.path), changed=m.changed, result=m, options=prepared.options)
-               for m in result.members]
+               for m in result.members if m.changed or m.notes]
 
     if settings.shows_diff and result.changed:
         diff = prepared.diff if prepared.diff is not None else unified_diff(str(path), result.source, result.output)
@@ -592,11 +609,7 @@ def run(
 
     from accelerate_rewrite.cache import prepare as prepare_cached  # prepare, through the cache
 
-    report = Reporter(
-        settings,
-        out if out is not None else make_console(),
-        err if err is not None else make_console(stderr=True),
-    )
+    report = Reporter(settings, out, err)
     tally = Tally()
     targets = collect(paths, force_exclude=settings.force_exclude)
     jobs = settings.jobs if settings.jobs is not None else (os.cpu_count() or 1) if len(targets) >= 8 else 1
@@ -680,7 +693,7 @@ def run_stdin(
 
     stdin = stdin if stdin is not None else sys.stdin.buffer
     stdout = stdout if stdout is not None else sys.stdout.buffer
-    report = Reporter(settings, make_console(), err if err is not None else make_console(stderr=True))
+    report = Reporter(settings, err=err)
     shown = Path(filename) if filename else Path("-")
     raw = stdin.read()
     try:

@@ -1,0 +1,240 @@
+"""Issue 14.2: a project, not a file. A script and the project's own modules it imports
+(``from engine import train_one_epoch``) are converted together (codemod/project.py): the golden
+outputs of every file, the refusals and their reasons, the command line (every file shown and
+written as a set, ``--check``, ``--follow-imports``), and the rewritten project run on CPU: at
+32-true on one device it prints what the original prints, digit for digit; on 2 gloo processes
+its evaluation equals the original's and its files are written once.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from accelerate_rewrite.cli import cli
+from accelerate_rewrite.codemod.engine import rewrite
+from accelerate_rewrite.codemod.project import Scope
+from accelerate_rewrite.options import Options
+from tests.goldens import (OPTION_SETS, PROJECT_SETS, PROJECTS, project_names, project_notes, project_outputs,
+                           run_project)
+
+CASES = [(name, option_set) for name in project_names() for option_set in PROJECT_SETS]
+
+
+def test_there_are_project_fixtures():
+    assert "engine_driver" in project_names()
+
+
+@pytest.mark.parametrize("name,option_set", CASES)
+def test_golden_files_and_notes_of_a_project(name, option_set):
+    """Each file's golden output (the files that change, and only those), the notes of every
+    file; each output parses, no rule is dropped, and a second run over the outputs changes
+    nothing in any file."""
+    result = run_project(name, option_set)
+    expected = PROJECTS / name / "expected"
+    outputs = project_outputs(result)
+    assert sorted(outputs) == sorted(p.name for p in (expected / option_set).glob("*.py"))
+    for file, text in outputs.items():
+        assert text == (expected / option_set / file).read_text(encoding="utf-8"), file
+        ast.parse(text)
+    assert project_notes(result) == (expected / f"{option_set}.notes").read_text(encoding="utf-8")
+    assert not result.dropped, result.dropped
+    assert len(outputs) >= 2  # the script and the module with its loop change together
+    root = PROJECTS / name
+    again = rewrite(result.output, Options.create(**OPTION_SETS[option_set]), path=str(root / "train.py"),
+                    scope=Scope(follow=True), sources={str(root / Path(m.path).name): m.output
+                                                       for m in result.members})
+    assert again.output == result.output
+    assert {Path(m.path).name: m.output for m in again.members} == \
+        {Path(m.path).name: m.output for m in result.members}
+
+
+def _engine_driver(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    shutil.copytree(PROJECTS / "engine_driver", root, ignore=shutil.ignore_patterns("expected"))
+    return root
+
+
+def test_the_script_alone_does_not_change_the_module_and_says_why(tmp_path):
+    root = _engine_driver(tmp_path)
+    path = root / "train.py"
+    result = rewrite(path.read_text(encoding="utf-8"), Options.create(), path=str(path), scope=Scope())
+    assert not result.changed and not any(m.changed for m in result.members)
+    assert any("it would change" in d and "engine.py, which is not among the paths given (name it too, or "
+               "pass --follow-imports)" in d for d in result.dropped), result.dropped
+
+
+def test_modules_not_followed_say_why(tmp_path):
+    root = _engine_driver(tmp_path)
+    engine = root / "engine.py"
+    engine.write_text(engine.read_text() + '\n\nif __name__ == "__main__":\n    print("a demo")\n')
+    (root / "helpers.py").write_text("import torch\n\n\ndef main():\n    return torch.optim\n")
+    path = root / "train.py"
+    text = path.read_text().replace("from utils import make_loaders\n",
+                                    "from utils import make_loaders\nfrom helpers import main as helper_main\n")
+    path.write_text(text)
+    result = rewrite(text, Options.create(), path=str(path), scope=Scope(follow=True))
+    reasons = [n.message for n in result.skips if n.rule == "project"]
+    assert any("engine.py is not followed: it runs as a script of its own" in r for r in reasons), reasons
+    assert any("helpers.py is not followed: `main` is imported under another name" in r for r in reasons), reasons
+    assert not any(Path(m.path).name == "engine.py" for m in result.members)
+
+
+def test_a_name_bound_in_two_files_is_not_followed(tmp_path):
+    root = _engine_driver(tmp_path)
+    path = root / "train.py"
+    text = path.read_text().replace('\n\nif __name__ == "__main__":', '\n\ndef evaluate_all():\n    pass\n'
+                                    '\n\ndef math():\n    pass\n\n\nif __name__ == "__main__":')
+    result = rewrite(text, Options.create(), path=str(path), scope=Scope(follow=True))
+    reasons = [n.message for n in result.skips if n.rule == "project"]
+    assert any("engine.py is not followed: `math` is defined both there and in" in r for r in reasons), reasons
+
+
+def _cli(*args: str, cwd: Path):
+    runner = CliRunner()
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return runner.invoke(cli, ["--isolated", "--no-cache", *args])
+    finally:
+        os.chdir(old)
+
+
+def test_the_command_line_shows_checks_and_writes_every_file(tmp_path):
+    root = _engine_driver(tmp_path)
+    before = {p.name: p.read_text() for p in root.glob("*.py")}
+    shown = _cli(".", cwd=root)
+    assert shown.exit_code == 0, shown.output
+    assert "+++ train.py" in shown.stdout and "+++ engine.py" in shown.stdout
+    checked = _cli(".", "--check", cwd=root)
+    assert checked.exit_code == 1
+    assert "Would rewrite: train.py" in checked.output and "Would rewrite: engine.py" in checked.output
+    assert {p.name: p.read_text() for p in root.glob("*.py")} == before
+    written = _cli(".", "--write", cwd=root)
+    assert written.exit_code == 0, written.output
+    expected = PROJECTS / "engine_driver" / "expected" / "default"
+    for file in ("train.py", "engine.py"):
+        assert (root / file).read_text() == (expected / file).read_text()
+    for file in ("model.py", "utils.py"):
+        assert (root / file).read_text() == before[file]
+    assert _cli(".", "--check", cwd=root).exit_code == 0
+
+
+def test_the_script_named_alone_needs_follow_imports(tmp_path):
+    root = _engine_driver(tmp_path)
+    alone = _cli("train.py", "--write", cwd=root)
+    assert alone.exit_code == 0
+    assert "engine.py, which is not among the paths given" in alone.output
+    assert (root / "train.py").read_text() == (PROJECTS / "engine_driver" / "train.py").read_text()
+    followed = _cli("train.py", "--write", "--follow-imports", cwd=root)
+    assert followed.exit_code == 0, followed.output
+    assert (root / "engine.py").read_text() == \
+        (PROJECTS / "engine_driver" / "expected" / "default" / "engine.py").read_text()
+    assert "engine.py: rewritten (with train.py)" in followed.output
+
+
+def test_follow_imports_from_the_configuration(tmp_path):
+    root = _engine_driver(tmp_path)
+    (root / "pyproject.toml").write_text("[tool.accelerate-rewrite]\nfollow-imports = true\n")
+    runner = CliRunner()
+    old = os.getcwd()
+    os.chdir(root)
+    try:
+        result = runner.invoke(cli, ["--no-cache", "train.py", "--check"])
+    finally:
+        os.chdir(old)
+    assert result.exit_code == 1
+    assert "Would rewrite: engine.py" in result.output
+
+
+def test_a_project_is_written_all_or_nothing(tmp_path):
+    root = _engine_driver(tmp_path)
+    engine = root / "engine.py"
+    engine.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+    try:
+        result = _cli(".", "--write", cwd=root)
+    finally:
+        engine.chmod(0o644)
+    assert result.exit_code == 2
+    assert "read-only" in result.output and "none of the 2 files of the project written" in result.output
+    assert (root / "train.py").read_text() == (PROJECTS / "engine_driver" / "train.py").read_text()
+    assert not list(root.glob(".*.tmp"))
+
+
+def test_output_to_one_file_refuses_a_project(tmp_path):
+    root = _engine_driver(tmp_path)
+    result = _cli("train.py", "--follow-imports", "-o", "new.py", cwd=root)
+    assert result.exit_code == 2
+    assert "changes engine.py too, and -o writes one file" in result.output
+    assert not (root / "new.py").exists()
+
+
+def test_a_module_two_scripts_import_changes_with_neither(tmp_path):
+    root = _engine_driver(tmp_path)
+    shutil.copy(root / "train.py", root / "train_again.py")
+    result = _cli(".", cwd=root)
+    assert "+++ engine.py" not in result.output
+    assert "which train_again.py import as well" in result.output or \
+        "which train.py import as well" in result.output, result.output
+
+
+# ---- the rewritten project runs --------------------------------------------------------------
+
+def _run(root: Path, args: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env.pop("LT_DEVICES", None)
+    return subprocess.run([sys.executable, "train.py", *args], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@lru_cache(maxsize=None)
+def _both(tmp: str, options: Options, args: tuple[str, ...]):
+    """The original project and its rewrite, each run in its own folder."""
+    base = Path(tmp) / f"run-{abs(hash((options, args)))}"
+    original, rewritten = base / "original", base / "rewritten"
+    for folder in (original, rewritten):
+        shutil.copytree(PROJECTS / "engine_driver", folder, ignore=shutil.ignore_patterns("expected"))
+    path = rewritten / "train.py"
+    result = rewrite(path.read_text(encoding="utf-8"), options, path=str(path), scope=Scope(follow=True))
+    assert result.changed and not result.dropped, result.dropped
+    path.write_text(result.output, encoding="utf-8")
+    for member in result.members:
+        Path(member.path).write_text(member.output, encoding="utf-8")
+    return _run(original, list(args)), _run(rewritten, list(args)), base
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> str:
+    pytest.importorskip("torch")
+    pytest.importorskip("lightning")
+    return str(tmp_path_factory.mktemp("projects"))
+
+
+@pytest.mark.runs
+def test_at_32_true_on_one_device_the_project_prints_what_the_original_prints(work):
+    original, rewritten, _ = _both(work, Options.create(accelerator="cpu"), ("--device", "cpu"))
+    assert original.returncode == 0, original.stderr[-2000:]
+    assert rewritten.returncode == 0, rewritten.stderr[-2000:]
+    assert re.search(r"loss \d", original.stdout)
+    assert rewritten.stdout == original.stdout
+
+
+@pytest.mark.runs
+def test_on_two_processes_evaluation_is_whole_and_files_are_written_once(work):
+    original, rewritten, base = _both(work, Options.create(devices=2, accelerator="cpu"),
+                                      ("--device", "cpu", "--lr", "0"))
+    assert original.returncode == 0, original.stderr[-2000:]
+    assert rewritten.returncode == 0, rewritten.stderr[-2000:]
+    accuracy = [line for line in original.stdout.splitlines() if "accuracy" in line]
+    assert accuracy and [line for line in rewritten.stdout.splitlines() if "accuracy" in line] == accuracy
+    assert (base / "rewritten" / "model.pt").is_file()
