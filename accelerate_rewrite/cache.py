@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
     from accelerate_rewrite.codemod.files import Target
-    from accelerate_rewrite.codemod.project import Scope
+    from accelerate_rewrite.codemod.siblings import Scope
     from accelerate_rewrite.codemod.result import Result
     from accelerate_rewrite.options import Options
     from accelerate_rewrite.runner import Prepared, Settings

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from accelerate_rewrite.codemod.engine import Result
-    from accelerate_rewrite.codemod.project import Scope
+    from accelerate_rewrite.codemod.siblings import Scope
     from accelerate_rewrite.codemod.source import SourceFile
     from accelerate_rewrite.config import Choice
 
@@ -324,7 +324,7 @@ def rewrite_text(text: str, path: Path, choice: "Choice", scope: Optional["Scope
 
 
 def _member_texts(path: Path, text: str) -> list[str]:
-    from accelerate_rewrite.codemod.project import candidates
+    from accelerate_rewrite.codemod.siblings import candidates
 
     def text_of(file: Path) -> Optional[str]:
         try:
@@ -554,7 +554,7 @@ def projects(targets: Sequence[Target], settings: Settings) -> tuple[dict[Path, 
     targets: each script's Scope (the targets may change with it, or any module with
     ``--follow-imports``; a module that two scripts import changes with neither), and the
     targets that a script given imports (rewritten with it, not on their own)."""
-    from accelerate_rewrite.codemod.project import Scope, candidates
+    from accelerate_rewrite.codemod.siblings import Scope, candidates
 
     python = [t for t in targets if t.error is None and t.path.suffix == ".py"]
     if not python:

@@ -30,34 +30,8 @@ from typing import Callable, Optional
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.siblings import _file, imported_modules
-
-#: at most this many modules are analysed with one script
-MAX_MODULES = 16
-
-
-@dataclass(frozen=True)
-class Scope:
-    """Which of the project's own files a rewrite may change besides the script itself:
-    ``writable`` (resolved paths), or any with ``follow`` (``--follow-imports``); ``shared``:
-    files that other scripts given import too (resolved path -> their names), never changed."""
-
-    writable: frozenset[str] = frozenset()
-    follow: bool = False
-    shared: tuple[tuple[str, str], ...] = ()
-
-    def refusal(self, path: str) -> Optional[str]:
-        """Why ``path`` may not change, or None."""
-        real = os.path.realpath(path)
-        for shared, others in self.shared:
-            if shared == real:
-                return (f"it would change {path}, which {others} import as well: changed for one "
-                        "script, it would break the other")
-        if self.follow or real in self.writable:
-            return None
-        return (f"it would change {path}, which is not among the paths given (name it too, or "
-                "pass --follow-imports)")
-
+# Scope and candidates are read with ast only: the runner reaches them without loading libcst
+from accelerate_rewrite.codemod.siblings import MAX_MODULES, Scope, _file, candidates, imported_modules  # noqa: F401
 
 @dataclass
 class Part:
@@ -107,30 +81,6 @@ def statement_starts(module: cst.Module) -> list[int]:
         line += module.code_for_node(stmt).count("\n")
     out.append(line)
     return out
-
-
-def candidates(path: Path, source: str, text_of: Callable[[Path], Optional[str]]) -> list[Path]:
-    """The files of the project's own modules that the script at ``path`` imports with
-    ``from X import ...`` at its top level, and those they import so, in turn: Python's ``ast``
-    only, no analysis (``text_of(file)``: a file's text, or None)."""
-    folder = path.parent
-    seen: dict[str, Path] = {}
-    todo: list[Optional[str]] = [source]
-    while todo and len(seen) < MAX_MODULES:
-        text = todo.pop(0)
-        if text is None or "import" not in text:
-            continue
-        try:
-            tree = ast.parse(text)
-        except (SyntaxError, ValueError):
-            continue
-        froms = ast.Module(body=[n for n in tree.body if isinstance(n, ast.ImportFrom)], type_ignores=[])
-        for dotted, file in imported_modules(folder, froms):
-            if dotted in seen or os.path.realpath(file) == os.path.realpath(path):
-                continue
-            seen[dotted] = file
-            todo.append(text_of(file))
-    return list(seen.values())
 
 
 def _from_sibling(stmt: cst.CSTNode, folder: Path) -> Optional[tuple[str, Path, cst.ImportFrom]]:

@@ -5,14 +5,21 @@ A loader that a sibling module builds and returns is set up where the script bin
 as one built by a helper of the script itself (codemod/returns.py). Only files in the script's
 folder (``utils.py``, ``data/loaders.py``, ``data/__init__.py``) are read, never an installed
 package, and never changed.
+
+Which of those modules a script imports (``candidates``, ``imported_files``) and which may change
+with it (``Scope``) are here too, with ``ast`` only: the runner and the cache read them on every
+run, and a run answered from the cache must not load libcst (codemod/project.py, the analysis of
+a script with its modules, does).
 """
 
 from __future__ import annotations
 
 import ast
+import os
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 
 def _file(folder: Path, dotted: str) -> Optional[Path]:
@@ -121,3 +128,54 @@ def imported_files(path: Path, source: str) -> list[Path]:
     except (SyntaxError, ValueError):
         return []
     return [p for _, p in imported_modules(Path(path).parent, module)]
+
+
+#: at most this many modules are analysed with one script
+MAX_MODULES = 16
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which of the project's own files a rewrite may change besides the script itself:
+    ``writable`` (resolved paths), or any with ``follow`` (``--follow-imports``); ``shared``:
+    files that other scripts given import too (resolved path -> their names), never changed."""
+
+    writable: frozenset[str] = frozenset()
+    follow: bool = False
+    shared: tuple[tuple[str, str], ...] = ()
+
+    def refusal(self, path: str) -> Optional[str]:
+        """Why ``path`` may not change, or None."""
+        real = os.path.realpath(path)
+        for shared, others in self.shared:
+            if shared == real:
+                return (f"it would change {path}, which {others} import as well: changed for one "
+                        "script, it would break the other")
+        if self.follow or real in self.writable:
+            return None
+        return (f"it would change {path}, which is not among the paths given (name it too, or "
+                "pass --follow-imports)")
+
+
+def candidates(path: Path, source: str, text_of: Callable[[Path], Optional[str]]) -> list[Path]:
+    """The files of the project's own modules that the script at ``path`` imports with
+    ``from X import ...`` at its top level, and those they import so, in turn: Python's ``ast``
+    only, no analysis (``text_of(file)``: a file's text, or None)."""
+    folder = path.parent
+    seen: dict[str, Path] = {}
+    todo: list[Optional[str]] = [source]
+    while todo and len(seen) < MAX_MODULES:
+        text = todo.pop(0)
+        if text is None or "import" not in text:
+            continue
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        froms = ast.Module(body=[n for n in tree.body if isinstance(n, ast.ImportFrom)], type_ignores=[])
+        for dotted, file in imported_modules(folder, froms):
+            if dotted in seen or os.path.realpath(file) == os.path.realpath(path):
+                continue
+            seen[dotted] = file
+            todo.append(text_of(file))
+    return list(seen.values())
