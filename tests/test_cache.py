@@ -248,7 +248,8 @@ def test_many_files_with_processes_hit_in_order(run, tmp_path, cache_dir, rewrit
 
 
 def test_a_hit_loads_neither_libcst_nor_the_rules(good, cache_dir):
-    """What the cache answers needs no parse: neither libcst nor the rules are imported."""
+    """What the cache answers needs no parse: neither libcst nor the rules are imported (nor
+    rich, when nothing is printed)."""
     code = textwrap.dedent("""\
         import sys
         from pathlib import Path
@@ -267,6 +268,15 @@ def test_a_hit_loads_neither_libcst_nor_the_rules(good, cache_dir):
     assert first.stdout.split() == ["True", "['libcst']", "True"]
     again = subprocess.run(args, cwd=good.parent, capture_output=True, text=True, check=True)
     assert again.stdout.split() == ["True", "[]", "False"]
+    # the whole command: the pre-commit hook on a script with nothing to fix, which it says nothing of
+    code = ("import sys\nfrom accelerate_rewrite.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit as exc:\n    code = exc.code\n"
+            "loaded = {m.split('.')[0] for m in sys.modules} & {'libcst', 'rich'}\n"
+            "print(code, sorted(loaded), 'accelerate_rewrite.rules' in sys.modules)")
+    args = [sys.executable, "-c", code, "train.py", "--pre-commit", "--isolated", "--cache-dir", str(cache_dir)]
+    subprocess.run(args, cwd=good.parent, capture_output=True, text=True, check=True)
+    again = subprocess.run(args, cwd=good.parent, capture_output=True, text=True, check=True)
+    assert again.stdout.split() == ["0", "[]", "False"], again.stderr
 
 
 def test_the_default_folder_follows_the_platform(monkeypatch, tmp_path):
