@@ -248,38 +248,58 @@ def store(folder: Path, key: str, result: "Result", options: "Options") -> None:
 # ---- the runner's prepare, through the cache ---------------------------------------------------
 
 
-def prepare(target: "Target", settings: "Settings", scope: Optional["Scope"] = None) -> "Prepared":
-    """``runner.prepare`` (read, choose, rewrite, encode), answered from the cache when the
-    entry is there and nothing has to be written from it, and stored in the cache otherwise.
-    Anything the key can't be made of (an unreadable file, a bad configuration) goes to
-    ``runner.prepare``, which reports it. A script rewritten with the project's modules it
-    imports (``result.members``, codemod/project.py) is not stored: its result is several files'.
-    ``scope``: as ``runner.prepare``'s."""
-    from accelerate_rewrite.runner import Mode, Prepared
-    from accelerate_rewrite.runner import prepare as uncached
-
+def _keyed(target: "Target", settings: "Settings"):
+    """(the file as read, its key), or None when the cache has no say: no cache, a notebook, or
+    a file the key can't be made of (unreadable, a bad configuration, excluded: runner.prepare
+    reports those)."""
     folder = settings.cache_dir
-    path = target.path
-    if folder is None or target.error is not None or path.suffix == ".ipynb":
-        return uncached(target, settings, scope)
+    if folder is None or target.error is not None or target.path.suffix == ".ipynb":
+        return None
     from accelerate_rewrite.codemod.source import read_source
 
     try:
-        source = read_source(path)
-        key = key_for(path, source.raw, source.text, settings)
+        source = read_source(target.path)
+        key = key_for(target.path, source.raw, source.text, settings)
     except Exception:  # noqa: BLE001 - runner.prepare says what is wrong
-        return uncached(target, settings, scope)
-    if key is None:
-        return uncached(target, settings, scope)
-    hit = load(folder, key, path, source.text)
-    if hit is not None:
-        result, options = hit
-        if not (settings.mode is Mode.OUTPUT or (settings.mode is Mode.WRITE and result.changed)):
-            return Prepared(target, result=result, source=source, options=options)
+        return None
+    return (source, key) if key is not None else None
+
+
+def answer(target: "Target", settings: "Settings", keyed=False) -> Optional["Prepared"]:
+    """What the cache answers for ``target``: its result as ``runner.prepare`` would give it, or
+    None (no entry, or the result has to be written, which needs the rewrite's own data).
+    ``keyed``: ``_keyed``'s answer, when the caller has it."""
+    from accelerate_rewrite.runner import Mode, Prepared
+
+    if keyed is False:
+        keyed = _keyed(target, settings)
+    if keyed is None:
+        return None
+    source, key = keyed
+    hit = load(settings.cache_dir, key, target.path, source.text)
+    if hit is None:
+        return None
+    result, options = hit
+    if settings.mode is Mode.OUTPUT or (settings.mode is Mode.WRITE and result.changed):
+        return None
+    return Prepared(target, result=result, source=source, options=options)
+
+
+def prepare(target: "Target", settings: "Settings", scope: Optional["Scope"] = None) -> "Prepared":
+    """``runner.prepare`` (read, choose, rewrite, encode), answered from the cache when it can
+    (``answer``), and stored in the cache otherwise. A script rewritten with the project's
+    modules it imports (``result.members``, codemod/project.py) is not stored: its result is
+    several files'. ``scope``: as ``runner.prepare``'s."""
+    from accelerate_rewrite.runner import prepare as uncached
+
+    keyed = _keyed(target, settings)
+    known = answer(target, settings, keyed)
+    if known is not None:
+        return known
     prepared = uncached(target, settings, scope)
-    if prepared.error is None and not prepared.excluded and prepared.result is not None \
-            and prepared.options is not None and prepared.diff is None \
-            and prepared.source is not None and prepared.source.raw == source.raw \
+    if keyed is not None and prepared.error is None and not prepared.excluded \
+            and prepared.result is not None and prepared.options is not None and prepared.diff is None \
+            and prepared.source is not None and prepared.source.raw == keyed[0].raw \
             and not prepared.result.members:
-        store(folder, key, prepared.result, prepared.options)
+        store(settings.cache_dir, keyed[1], prepared.result, prepared.options)
     return prepared

@@ -247,6 +247,18 @@ def test_many_files_with_processes_hit_in_order(run, tmp_path, cache_dir, rewrit
     assert run(".", "--check", "-j", "2") == first
 
 
+def test_hits_and_misses_mixed_keep_the_order_of_the_files(run, tmp_path, cache_dir):
+    for i in range(5):
+        (tmp_path / f"t{i}.py").write_bytes(GOOD.read_bytes() + f"# {i}\n".encode())
+    (tmp_path / "t2.py").write_text("import torch\ndef f(:\n")  # an error among them
+    uncached = run(".", "--no-cache", "-j", "1")
+    run("t1.py", "t3.py")  # two of them in the cache
+    assert len(entries(cache_dir)) == 2
+    assert run(".", "-j", "2") == uncached
+    assert len(entries(cache_dir)) == 4
+    assert run(".", "-j", "2") == uncached
+
+
 def test_a_hit_loads_neither_libcst_nor_the_rules(good, cache_dir):
     """What the cache answers needs no parse: neither libcst nor the rules are imported (nor
     rich, when nothing is printed)."""
