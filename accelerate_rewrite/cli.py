@@ -257,7 +257,8 @@ def _options(values: dict):
               help="Let a script's rewrite change the project's own modules it imports (engine.py, "
                    "utils.py next to it) even when they are not among the PATHs given.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Processes to rewrite files with [default: the cores, from 8 files on].")
+              help="Processes to rewrite files with (the output keeps the order of the files) "
+                   "[default: the number of cores].")
 @click.option("--no-cache", is_flag=True, envvar="ACCELERATE_REWRITE_NO_CACHE",
               help="Rewrite every file, reading and writing no cached results "
                    "[env: ACCELERATE_REWRITE_NO_CACHE=1].")

@@ -52,7 +52,7 @@ class Settings:
     defaults: dict = field(default_factory=dict)
     isolated: bool = False  # no configuration files
     output_format: str = "text"  # or "json": one record per file on stdout
-    jobs: Optional[int] = None  # processes; None: as many as cores for 8 files or more
+    jobs: Optional[int] = None  # processes; None: as many as there are cores (default_jobs)
     #: the pre-commit hook: quiet, but each changed file gets one line with the rules that
     #: changed it, as black and ruff say what they fixed
     hook: bool = False
@@ -594,6 +594,15 @@ def projects(targets: Sequence[Target], settings: Settings) -> tuple[dict[Path, 
     return scopes, claimed
 
 
+def default_jobs() -> int:
+    """The cores this process may run on (its affinity, where the system says), as ruff and
+    black default to."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def run(
     paths: Sequence[str],
     settings: Settings,
@@ -603,16 +612,17 @@ def run(
 ) -> int:
     """Process every file under ``paths``; return the exit code (2 error, 1 check, 0).
 
-    Files are read and rewritten in parallel (as many processes as cores, from 8 files on, or
-    ``jobs``), then shown, written and reported in the order given."""
+    Files are read and rewritten in parallel (as many processes as cores, or ``jobs``), then
+    shown, written and reported in the order given."""
     import json
 
+    from accelerate_rewrite.cache import answer
     from accelerate_rewrite.cache import prepare as prepare_cached  # prepare, through the cache
 
     report = Reporter(settings, out, err)
     tally = Tally()
     targets = collect(paths, force_exclude=settings.force_exclude)
-    jobs = settings.jobs if settings.jobs is not None else (os.cpu_count() or 1) if len(targets) >= 8 else 1
+    jobs = settings.jobs if settings.jobs is not None else default_jobs()
     jobs = max(1, min(jobs, len(targets)))
     show_progress = (settings.output_format == "text" and not settings.quiet and len(targets) > 1
                      and report.err.is_terminal)
@@ -628,6 +638,15 @@ def run(
     first = [t for t in targets if t.path not in claimed]
 
     def prepared_of(batch: list[Target]):
+        """Each target's Prepared, in order: with processes, what the cache answers is answered
+        here first, and only the rest goes to them."""
+        known = {} if jobs == 1 else {
+            i: p for i, t in enumerate(batch) if (p := answer(t, settings)) is not None}
+        done = rewritten([t for i, t in enumerate(batch) if i not in known])
+        for i in range(len(batch)):
+            yield known[i] if i in known else next(done)
+
+    def rewritten(batch: list[Target]):
         if jobs == 1 or len(batch) < 2:
             for target in batch:
                 yield prepare_cached(target, settings, scopes.get(target.path))
