@@ -34,7 +34,8 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import DATALOADERS, Binding, Key, ScriptFacts, code, positional_params, short
+from accelerate_rewrite.codemod.facts import (DATALOADERS, Binding, Key, ScriptFacts, code, init_of, param_for,
+                                             positional_params, short)
 
 INIT = ("torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group")
 DESTROY = ("torch.distributed.destroy_process_group",
@@ -327,6 +328,43 @@ class _Finder:
                 elif m.matches(target, m.Attribute(value=m.Name("self"))) and func is not None \
                         and f.enclosing_class(func) is not None:  # ``self.gpu_id``: in every method
                     d.rank_names.setdefault(id(f.enclosing_class(func)), set()).add(code(target))
+        self._passed_ranks()
+
+    def _passed_ranks(self) -> None:
+        """The rank passed on: ``Trainer(model, data, optimizer, rank)`` makes ``gpu_id`` the
+        rank in ``__init__``, and ``self.gpu_id = gpu_id`` there in every method."""
+        f, d = self.f, self.d
+        for _ in range(3):  # calls through a few levels of functions and classes
+            grew = False
+            for fn in f.functions.values():
+                init = init_of(fn.node) if isinstance(fn.node, cst.ClassDef) else fn.node
+                if init is None:
+                    continue
+                for call in fn.calls:
+                    caller = f.function(call)
+                    ranks = d.rank_names.get(id(caller) if caller is not None else None, set())
+                    cls = f.enclosing_class(caller) if caller is not None else None
+                    ranks = ranks | (d.rank_names.get(id(cls), set()) if cls is not None else set())
+                    for index, arg in enumerate(call.args):
+                        if code(arg.value) not in ranks:
+                            continue
+                        param = param_for(fn.params, fn.node, arg, index)
+                        if param is None:
+                            continue
+                        names = d.rank_names.setdefault(id(init), set())
+                        if param.name.value not in names:
+                            names.add(param.name.value)
+                            grew = True
+                        if isinstance(fn.node, cst.ClassDef):
+                            for assign in m.findall(init, m.Assign(targets=[m.AssignTarget(
+                                    m.Attribute(value=m.Name("self")))], value=m.Name(param.name.value))):
+                                attrs = d.rank_names.setdefault(id(fn.node), set())
+                                attr = code(assign.targets[0].target)
+                                if attr not in attrs:
+                                    attrs.add(attr)
+                                    grew = True
+            if not grew:
+                return
 
     def _collectives(self) -> None:
         f, d = self.f, self.d

@@ -9,7 +9,6 @@ from typing import Callable, Optional, Sequence
 
 import difflib
 import os
-import re
 
 import libcst as cst
 from libcst.metadata import PositionProvider
@@ -286,13 +285,10 @@ def _units(facts: ScriptFacts, project: Project, scope: Scope) -> list[_Unit]:
     return units
 
 
-_LINES = re.compile(r"\b(?P<word>lines?) (?P<numbers>\d+(?:, \d+)*)\b(?! of the result)")
-
-
 def _relocate(message: str, unit: _Unit, units: list[_Unit]) -> str:
     """A note naming lines of the analysed module (``on lines 36, 82``) names those of the
     files instead (``on lines 12, 40``; ``engine.py:9`` for another file's)."""
-    def lines(match: re.Match) -> str:
+    def lines(match) -> str:  # a re.Match
         groups: list[tuple[int, list[int]]] = []
         for number in (int(n) for n in match.group("numbers").split(", ")):
             owner, line = unit.where(number)
@@ -303,7 +299,9 @@ def _relocate(message: str, unit: _Unit, units: list[_Unit]) -> str:
         return ", ".join(f"{'lines' if len(ls) > 1 else 'line'} {', '.join(map(str, ls))}" if owner == unit.index
                          else ", ".join(f"{units[owner].path}:{n}" for n in ls) for owner, ls in groups)
 
-    return _LINES.sub(lines, message)
+    from accelerate_rewrite.codemod.notebook import LINES
+
+    return LINES.sub(lines, message)
 
 
 def _rewrite(

@@ -276,7 +276,9 @@ def locate(message: str, program: Program, path: str) -> str:
     return f"{path}:{program.where(int(match.group('line')))}:{message[match.end():]}"
 
 
-_LINES = re.compile(r"\b(?P<word>lines?) (?P<numbers>\d+(?:, \d+)*)\b(?! of the result)")
+#: line numbers in a note: "line 12", "lines 36, 82", "line(s) 80" (not those "of the result");
+#: codemod/engine.py reads a project's notes with it too
+LINES = re.compile(r"\b(?P<word>line(?:s|\(s\))?) (?P<numbers>\d+(?:, \d+)*)\b(?! of the result)")
 
 
 def relocate(message: str, program: Program) -> str:
@@ -295,7 +297,7 @@ def relocate(message: str, program: Program) -> str:
         return ", ".join(f"cell {cell}:{'lines' if len(lines) > 1 else 'line'} {', '.join(map(str, lines))}"
                          for cell, lines in groups)
 
-    return _LINES.sub(cells, message)
+    return LINES.sub(cells, message)
 
 
 def dumps(nb: Any, original: str) -> str:

@@ -210,7 +210,8 @@ class _Planner(Reach, Devices):
         worker = ddp.spawn.worker
         builds = [b for b in f.bindings if any(f.same_object(b.key, key) for opt in f.optimizers
                                                 for key in opt.models)] or list(f.optimizers)
-        outside = [b for b in builds if f.function(b.stmt) is not worker]
+        outside = [b for b in builds if f.function(b.stmt) is not worker
+                   and not self._called_only_from(f.function(b.stmt), worker)]
         if outside:
             self.refuse(outside[0].stmt, f"hand-made distributed training: `{outside[0].path}` is built "
                                          f"outside `{worker.name.value}`, the function mp.spawn runs; "
@@ -222,6 +223,14 @@ class _Planner(Reach, Devices):
         p.home = worker
         p.anchor = next(s for s in worker.body.body)
         return True
+
+    def _called_only_from(self, func: Optional[cst.FunctionDef], worker: cst.FunctionDef) -> bool:
+        """A module-level function called once, from ``worker`` (``load_train_objs()`` in the
+        function mp.spawn runs): what it builds is built in each process, after the world starts."""
+        f = self.f
+        fn = f.functions.get(func.name.value) if func is not None else None
+        return (fn is not None and fn.node is func and len(fn.calls) == 1 and not fn.other_uses
+                and f.function(fn.calls[0]) is worker)
 
     def _is_factory(self, func: cst.FunctionDef) -> bool:
         """A module-level function that builds and returns the model, called once."""

@@ -135,7 +135,8 @@ class FabricHandDDP(FabricRule):
         f, o = ctx.facts, ctx.options
         sp = p.ddp.spawn
         worker = sp.worker
-        ctx.edits.replace(sp.rank.name, cst.Name(NAME))
+        # ``rank: int`` becomes ``fabric``: its annotation was the index's
+        ctx.edits.replace(sp.rank, lambda u: u.with_changes(name=cst.Name(NAME), annotation=None))
         ctx.change(worker, f"`{worker.name.value}` receives `{NAME}` where mp.spawn gave it the process "
                            f"index `{sp.rank.name.value}`")
         new: list[cst.BaseStatement] = []
