@@ -7,8 +7,9 @@ starts the second process). Each rank prints its own losses: they must be the or
 rank by rank, digit for digit (32-true), and so must what rank 0 prints at the end (an
 all-reduced figure) and the files it writes.
 
-The default set runs ddp_spawn (CI time); the ``slow`` set runs the torchrun fixtures the same
-way (``fixtures/ddp_torchrun``, ``fixtures/hand_ddp`` whose set-up helper receives ``fabric``,
+The default set runs none of these (CI time): tests/test_projects.py runs the tutorial's mp.spawn
+script split over three files the same way, rank by rank. The ``slow`` set runs ddp_spawn and the
+torchrun fixtures (``fixtures/ddp_torchrun``, ``fixtures/hand_ddp`` whose set-up helper receives ``fabric``,
 ``fixtures/ddp_trainer`` and its resume from a snapshot), and the torchrun fixture's rewrite
 without ``--devices`` (``devices`` from torchrun's ``LOCAL_WORLD_SIZE``) under torchrun itself.
 """
@@ -88,7 +89,7 @@ def _both(name: str, tmp_path: Path, options: Options = TWO, runs: int = 1):
     return out
 
 
-@pytest.mark.parametrize("name", ["ddp_spawn",
+@pytest.mark.parametrize("name", [pytest.param("ddp_spawn", marks=pytest.mark.slow),
                                   # the tutorial's Trainer class (self.gpu_id), torchrun
                                   pytest.param("ddp_trainer", marks=pytest.mark.slow),
                                   # torchrun, a loader iterated twice an epoch

@@ -135,9 +135,13 @@ def _slow_if(names, slow):
 
 
 #: fixtures whose runs in the default set are other tests' (module_loop: 2 processes, here;
-#: train_function: tests/test_dataloader_hints.py; imagenet_style: tests/test_multi_device.py):
-#: their 32-true verification is in the ``slow`` set (CI time)
-EXACT_SLOW = {"module_loop", "train_function", "imagenet_style"}
+#: train_function: tests/test_dataloader_hints.py; imagenet_style, mnist_style, vae:
+#: tests/test_multi_device.py; the apex fixtures: test_apex_migration; finetune_encoder:
+#: activation checkpointing; text_classification: dynamic padding; already_autocast and gan_bce:
+#: their refusals at bf16-mixed and 16-mixed): their 32-true verification is in the ``slow`` set
+#: (CI time)
+EXACT_SLOW = {"module_loop", "train_function", "imagenet_style", "mnist_style", "vae", "apex_o1",
+              "apex_o2_two_losses", "finetune_encoder", "text_classification", "already_autocast", "gan_bce"}
 
 
 @pytest.mark.parametrize("name", _slow_if(RUNNABLE, EXACT_SLOW))
@@ -166,7 +170,7 @@ BF16_COVERED_ELSEWHERE = {"gan_bce", "apex_o2_two_losses", "finetune_encoder", "
 #: in the default run (CI): the refusals, and one fixture of each style; the others are in the
 #: ``slow`` set (pytest -m slow), as are the native 16-mixed runs of NATIVE_SLOW below
 BF16_SLOW = {"module_loop", "train_function", "trainer_class", "torchmetrics_metrics", "imagenet_style",
-             "rnn_classifier"}
+             "rnn_classifier", "apex_o1", "vae", "checkpointing"}
 
 
 @pytest.mark.parametrize("name", _slow_if([n for n in RUNNABLE if n not in BF16_COVERED_ELSEWHERE], BF16_SLOW))
@@ -684,6 +688,7 @@ def _ran(record):
     return record
 
 
+@pytest.mark.slow  # CI time: tests/test_multi_device.py loads a Fabric checkpoint with the original's code
 def test_fabric_checkpoint_keeps_the_file_format_and_resumes(tmp_path_factory):
     """AR109 claims fabric.save writes the same keys as the script's torch.save did, and the
     script's own loading code (now fabric.load) still resumes from it."""
