@@ -6,6 +6,7 @@ No torch here: the facts are read from the source text only.
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import libcst as cst
 import pytest
@@ -626,3 +627,37 @@ def test_prints_and_functions():
     assert len(f.prints) == 1
     assert [len(f.functions[n].calls) for n in ("train", "helper")] == [1, 0]
     assert [text(n) for n in f.functions["helper"].other_uses] == ["helper"]
+
+
+# ---- the lean metadata (codemod/facts_metadata.py) is LibCST's own ---------------------------
+
+FIXTURE_INPUTS = sorted((Path(__file__).resolve().parent.parent / "fixtures").glob("*/input.py"))
+
+
+@pytest.mark.parametrize("path", FIXTURE_INPUTS, ids=lambda p: p.parent.name)
+def test_parents_scopes_and_qualified_names_are_libcsts(path):
+    """The parents, scopes and qualified names ScriptFacts computes its own way are what
+    LibCST's MetadataWrapper gives, node for node, on every fixture."""
+    from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNameProvider, ScopeProvider
+
+    facts = ScriptFacts(cst.parse_module(path.read_text(encoding="utf-8")), fresh=True)
+    wrapper = MetadataWrapper(facts.module, unsafe_skip_copy=True)
+    theirs = wrapper.resolve_many([ParentNodeProvider, ScopeProvider, QualifiedNameProvider])
+    assert dict(theirs[ParentNodeProvider]) == facts._meta[ParentNodeProvider]
+    assert set(theirs[ScopeProvider]) == set(facts._meta[ScopeProvider])
+    mine = facts._meta[ScopeProvider]
+    # the scopes are other objects (two analyses), but the same shape: same names, same accesses
+    for node, scope in theirs[ScopeProvider].items():
+        assert (scope is None) == (mine[node] is None)
+        if scope is not None:
+            assert type(scope) is type(mine[node])
+            assert sorted(a.name for a in scope.assignments) == sorted(a.name for a in mine[node].assignments)
+    for node, names in theirs[QualifiedNameProvider].items():
+        names = names() if callable(names) else names
+        assert {q.name for q in names} == facts.qualnames(node)
+
+
+def test_a_module_not_just_parsed_is_analysed_on_a_copy():
+    module = cst.parse_module("import torch\nx = torch.ones(1)\n")
+    assert ScriptFacts(module).module is not module
+    assert ScriptFacts(module, fresh=True).module is module

@@ -69,7 +69,7 @@ def _analyse(source: str, folder: Optional[Path] = None) -> ScriptFacts:
     """The facts of a source, kept for the next rewrites of the same text: the facts are read,
     never changed, by the rules (the plans they draw from them are memoised per options), and
     the test suite rewrites each fixture with many sets of options."""
-    return ScriptFacts(cst.parse_module(source), folder)
+    return ScriptFacts(cst.parse_module(source), folder, fresh=True)  # no copy of a new tree
 
 
 def _folder(path: str) -> Optional[Path]:

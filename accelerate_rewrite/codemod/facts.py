@@ -14,9 +14,8 @@ device there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Union
+from typing import Iterator, Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
@@ -25,148 +24,72 @@ from libcst.metadata import (
     MetadataWrapper,
     ParentNodeProvider,
     PositionProvider,
-    QualifiedNameProvider,
     ScopeProvider,
 )
 
-Owner = cst.CSTNode
-Key = tuple[Owner, str]
-
-MODEL = "model"
-OPTIMIZER = "optimizer"
-SCHEDULER = "scheduler"
-LOADER = "loader"
-DEVICE = "device"
-MODULE = "module"  # any nn.Module that is not trained by an optimizer (a loss, a metric, ...)
-SCALER = "scaler"  # a GradScaler
-GRAD_SCALERS = (
-    "torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.cuda.amp.GradScaler",
-    "torch.cuda.amp.grad_scaler.GradScaler", "torch.cpu.amp.GradScaler",
-    "torch.cpu.amp.grad_scaler.GradScaler",
+# what the facts are made of (facts_kinds.py) and the walk that finds them (facts_collect.py),
+# imported from here by the rules
+from accelerate_rewrite.codemod.facts_kinds import (  # noqa: F401
+    APEX_INITIALIZE,
+    APEX_LOAD_STATE_DICT,
+    APEX_MASTER_PARAMS,
+    APEX_SCALE_LOSS,
+    APEX_STATE_DICT,
+    AUTOCAST,
+    BCE_FUNCTIONS,
+    BCE_MODULES,
+    CLIP_NORM,
+    CLIP_VALUE,
+    DATALOADERS,
+    DATA_PARALLEL,
+    DEVICE,
+    GRAD_SCALERS,
+    HAND_DDP,
+    LOADER,
+    MODEL,
+    MODULE,
+    OPTIMIZER,
+    SCALER,
+    SCHEDULER,
+    BackwardSite,
+    Binding,
+    CallSite,
+    DeviceMove,
+    Function,
+    Key,
+    Optimizer,
+    Owner,
 )
-
-_NOT_MODULES = (
-    "torch.nn.functional",
-    "torch.nn.utils",
-    "torch.nn.init",
-    "torch.nn.Parameter",
-    "torch.nn.parameter",
-    "torch.nn.DataParallel",
-    "torch.nn.parallel",
+from accelerate_rewrite.codemod.facts_metadata import Metadata
+from accelerate_rewrite.codemod.facts_collect import (  # noqa: F401
+    _Collector,
+    code,
+    short,
+    root_of,
+    unwrap_moves,
+    positional_params,
+    param_for,
+    init_of,
+    is_device_expr,
+    is_literal_device,
 )
-_FRAMEWORKS = {
-    "lightning.fabric": "Lightning Fabric",
-    "lightning_fabric": "Lightning Fabric",
-    "lightning.Fabric": "Lightning Fabric",
-    "lightning.pytorch": "the Lightning Trainer",
-    "lightning.Trainer": "the Lightning Trainer",
-    "lightning.LightningModule": "the Lightning Trainer",
-    "lightning.LightningDataModule": "the Lightning Trainer",
-    "pytorch_lightning": "the Lightning Trainer",
-    "accelerate": "Hugging Face Accelerate",
-}
-_FRAMEWORK_HARMLESS = ("seed_everything",)
-HAND_DDP = {
-    "torch.distributed.init_process_group": "init_process_group",
-    "torch.nn.parallel.DistributedDataParallel": "DistributedDataParallel",
-    "torch.nn.parallel.distributed.DistributedDataParallel": "DistributedDataParallel",
-    "torch.utils.data.distributed.DistributedSampler": "DistributedSampler",
-    "torch.utils.data.DistributedSampler": "DistributedSampler",
-    "torch.multiprocessing.spawn": "torch.multiprocessing.spawn",
-}
-DATA_PARALLEL = ("torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
-                 "torch.nn.parallel.data_parallel.DataParallel")
-DATALOADERS = ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader")
-CLIP_NORM = ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_norm_")
-CLIP_VALUE = ("torch.nn.utils.clip_grad_value_", "torch.nn.utils.clip_grad.clip_grad_value_")
-APEX_INITIALIZE = ("apex.amp.initialize", "apex.amp.frontend.initialize")
-APEX_SCALE_LOSS = ("apex.amp.scale_loss", "apex.amp.handle.scale_loss")
-APEX_MASTER_PARAMS = ("apex.amp.master_params",)
-APEX_STATE_DICT = ("apex.amp.state_dict", "apex.amp.frontend.state_dict")
-APEX_LOAD_STATE_DICT = ("apex.amp.load_state_dict", "apex.amp.frontend.load_state_dict")
-BCE_MODULES = ("torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss")
-BCE_FUNCTIONS = ("torch.nn.functional.binary_cross_entropy",)
-AUTOCAST = (
-    "torch.autocast",
-    "torch.amp.autocast",
-    "torch.cuda.amp.autocast",
-    "torch.cpu.amp.autocast",
-    "torch.amp.GradScaler",
-    "torch.cuda.amp.GradScaler",
-    "torch.cpu.amp.GradScaler",
-    "torch.amp.grad_scaler.GradScaler",
-)
-
-
-@dataclass
-class Binding:
-    """An object built in the script: ``path = <value>`` in the statement ``stmt``."""
-
-    key: Key
-    kind: str
-    stmt: cst.BaseStatement  # the statement in its block (a SimpleStatementLine or compound)
-    value: cst.BaseExpression  # the whole assigned value, e.g. ``Net().to(device)``
-    call: Optional[cst.Call]  # the constructor call inside it, e.g. ``Net()``
-    qualname: str
-
-    @property
-    def owner(self) -> Owner:
-        return self.key[0]
-
-    @property
-    def path(self) -> str:
-        return self.key[1]
-
-
-@dataclass
-class Optimizer(Binding):
-    models: list[Key] = field(default_factory=list)  # whose parameters it takes
-
-
-@dataclass
-class BackwardSite:
-    call: cst.Call  # ``<loss>.backward(...)``
-    loss: cst.BaseExpression
-    stmt: cst.BaseStatement
-    function: Optional[cst.FunctionDef]  # the function it is in, if any
-
-
-@dataclass
-class DeviceMove:
-    """``x.to(<device>)``, ``x.cuda()``, ``x.to(0)``: moves ``receiver`` to a device."""
-
-    call: cst.Call
-    receiver: cst.BaseExpression
-    device_arg: Optional[cst.Arg]  # None for .cuda()
-    removable: bool  # no other argument than the device and non_blocking/copy
-
-
-@dataclass
-class CallSite:
-    call: cst.Call
-    qualname: str  # the first of ``names``
-    names: frozenset[str] = frozenset()  # all of them: ``amp`` bound by an import and a fallback
-
-
-@dataclass
-class Function:
-    node: Union[cst.FunctionDef, cst.ClassDef]
-    name: str
-    params: list[cst.Param]
-    calls: list[cst.Call] = field(default_factory=list)
-    other_uses: list[cst.Name] = field(default_factory=list)  # referenced but not called
 
 
 class ScriptFacts:
-    def __init__(self, module: cst.Module, folder: Optional[Path] = None) -> None:
+    def __init__(self, module: cst.Module, folder: Optional[Path] = None, *, fresh: bool = False) -> None:
+        """``fresh``: ``module`` was just parsed and nothing else holds it, so it is analysed as
+        it is (LibCST's ``unsafe_skip_copy``); otherwise the analysis works on a copy, in which
+        no node is shared (copying a tree costs more than parsing it)."""
         #: the script's folder, where its own modules are (codemod/siblings.py); None for a
         #: source with no file
         self.folder = folder
-        self.wrapper = MetadataWrapper(module)
+        self.wrapper = MetadataWrapper(module, unsafe_skip_copy=fresh)
         self.module = self.wrapper.module
-        self._meta = self.wrapper.resolve_many(
-            [PositionProvider, ParentNodeProvider, ScopeProvider, QualifiedNameProvider]
-        )
+        #: parents and scopes now (the walk below reads them), positions when first asked for
+        #: (a line for a note, the lines an edit touches): codemod/facts_metadata.py; qualified
+        #: names are asked of the scopes, node by node (``qualnames``)
+        self._meta = Metadata(self.wrapper)
+        self._qualnames: dict[cst.CSTNode, frozenset[str]] = {}
         self.bindings: list[Binding] = []
         self.backward_sites: list[BackwardSite] = []
         self.device_moves: list[DeviceMove] = []
@@ -227,7 +150,13 @@ class ScriptFacts:
             node = self.parent(node)
 
     def qualnames(self, node: cst.CSTNode) -> set[str]:
-        return {q.name for q in (self._get(QualifiedNameProvider, node) or ())}
+        names = self._qualnames.get(node)
+        if names is None:  # as LibCST's QualifiedNameProvider has it, for this node only
+            scope = self.scope(node)
+            names = frozenset(q.name for q in scope.get_qualified_names_for(node)) if scope is not None \
+                else frozenset()
+            self._qualnames[node] = names
+        return set(names)
 
     def qualname(self, node: cst.CSTNode) -> Optional[str]:
         names = self.qualnames(node)
@@ -464,297 +393,3 @@ def bce_calls(f: ScriptFacts) -> Iterator[cst.Call]:
                 parent = f.parent(node)
                 if isinstance(parent, cst.Call) and parent.func is node:
                     yield parent
-
-
-def code(node: cst.CSTNode) -> str:
-    """The source text of a node."""
-    return cst.Module([]).code_for_node(node)
-
-
-def short(node: cst.CSTNode, limit: int = 48) -> str:
-    """One line of code for a message: whitespace folded, long code cut."""
-    text = " ".join(code(node).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def root_of(expr: cst.BaseExpression) -> cst.BaseExpression:
-    """``model.fc.weight`` -> ``model``; ``self.model.fc`` -> ``self.model``."""
-    while isinstance(expr, cst.Attribute):
-        if m.matches(expr, m.Attribute(value=m.Name("self"))):
-            return expr
-        expr = expr.value
-    while isinstance(expr, cst.Subscript):
-        expr = root_of(expr.value)
-    return expr
-
-
-def unwrap_moves(expr: cst.BaseExpression) -> cst.BaseExpression:
-    """``Net().to(device).train()`` -> ``Net()``: strip method calls that return the object."""
-    while m.matches(
-        expr,
-        m.Call(func=m.Attribute(attr=m.Name("to") | m.Name("cuda") | m.Name("cpu") | m.Name("train")
-                                | m.Name("float") | m.Name("half") | m.Name("bfloat16") | m.Name("double"))),
-    ):
-        expr = expr.func.value  # type: ignore[union-attr]
-    return expr
-
-
-def positional_params(node: Union[cst.FunctionDef, cst.ClassDef]) -> list[cst.Param]:
-    if isinstance(node, cst.ClassDef):
-        init = init_of(node)
-        if init is None:
-            return []
-        return list(init.params.posonly_params) + list(init.params.params)[1:]
-    params = list(node.params.posonly_params) + list(node.params.params)
-    return params
-
-
-def param_for(params: list[cst.Param], node, arg: cst.Arg, index: int) -> Optional[cst.Param]:
-    if arg.star:
-        return None
-    if arg.keyword is not None:
-        func = node if isinstance(node, cst.FunctionDef) else init_of(node)
-        if func is None:
-            return None
-        for p in [*func.params.params, *func.params.kwonly_params, *func.params.posonly_params]:
-            if p.name.value == arg.keyword.value:
-                return p
-        return None
-    return params[index] if index < len(params) else None
-
-
-def init_of(cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
-    if isinstance(cls.body, cst.IndentedBlock):
-        for stmt in cls.body.body:
-            if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__":
-                return stmt
-    return None
-
-
-def is_device_expr(facts: ScriptFacts, expr: cst.BaseExpression) -> bool:
-    """``torch.device(...)``, ``"cuda"``, ``"cuda" if torch.cuda.is_available() else "cpu"``,
-    ``torch.accelerator.current_accelerator()``, and conditionals of those."""
-    if isinstance(expr, cst.IfExp):
-        return is_device_expr(facts, expr.body) and is_device_expr(facts, expr.orelse)
-    if isinstance(expr, cst.SimpleString):
-        text = expr.evaluated_value
-        return isinstance(text, str) and (
-            text in ("cpu", "cuda", "mps", "xpu") or text.startswith("cuda:")
-        )
-    if isinstance(expr, cst.Call):
-        return facts.qualname(expr) in (
-            "torch.device",
-            "torch.accelerator.current_accelerator",
-        )
-    if isinstance(expr, cst.Attribute) and expr.attr.value == "device":
-        return False
-    return False
-
-
-def is_literal_device(facts: ScriptFacts, expr: cst.BaseExpression) -> bool:
-    """A device spelled out in a ``.to(...)``: ``"cuda"``, ``0``, ``torch.device("cuda")``."""
-    if isinstance(expr, cst.Integer):
-        return True
-    return is_device_expr(facts, expr)
-
-
-class _Collector(cst.CSTVisitor):
-    def __init__(self, facts: ScriptFacts) -> None:
-        super().__init__()
-        self.f = facts
-        self._pending: list[tuple[cst.CSTNode, cst.BaseExpression, cst.BaseExpression]] = []
-
-    def collect(self) -> None:
-        f = self.f
-        for stmt in f.module.body:
-            if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-                params = positional_params(stmt)
-                f.functions[stmt.name.value] = Function(stmt, stmt.name.value, params)
-        self._find_module_classes()
-        f.module.visit(self)
-        for target, value, node in self._pending:
-            self._assignment(target, value, node)
-
-    def _find_module_classes(self) -> None:
-        f = self.f
-        changed = True
-        while changed:
-            changed = False
-            for stmt in f.module.body:
-                if isinstance(stmt, cst.ClassDef) and stmt.name.value not in f.module_classes:
-                    for base in stmt.bases:
-                        names = f.qualnames(base.value)
-                        text = code(base.value)
-                        if (
-                            any(n in ("torch.nn.Module", "torch.nn.modules.module.Module") for n in names)
-                            or text in f.module_classes
-                        ):
-                            f.module_classes.add(stmt.name.value)
-                            changed = True
-
-    # -- frameworks that already accelerate the script --
-    # ``import lightning as L`` or ``import pytorch_lightning as pl`` alone says nothing (it may
-    # be there for ``seed_everything``): what the script uses from them decides.
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-        if node.module is None or node.relative:
-            return
-        module = code(node.module)
-        if isinstance(node.names, cst.ImportStar):
-            self._framework(module, node)
-            return
-        for alias in node.names:
-            if isinstance(alias.name, cst.Name):
-                self._framework(f"{module}.{alias.name.value}", node)
-
-    def _framework(self, name: str, node: cst.CSTNode) -> None:
-        if name.rsplit(".", 1)[-1] in _FRAMEWORK_HARMLESS:
-            return
-        for prefix, label in _FRAMEWORKS.items():
-            if name == prefix or name.startswith(prefix + "."):
-                self.f.frameworks.append((label, node))
-                return
-
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        if m.matches(node, m.Attribute(value=m.Name("self"), attr=m.Name())):
-            self.f._self_attrs.append(node)
-        parent = self.f.parent(node)
-        if isinstance(parent, cst.Attribute) and parent.value is node:
-            return  # only the whole of ``L.fabric.Fabric`` counts, not ``L.fabric``
-        for q in self.f.qualnames(node):
-            self._framework(q, node)
-            self.f.qualified_refs.append((node, q))
-
-    # -- functions referenced other than by a call --
-    def visit_Name(self, node: cst.Name) -> None:
-        parent = self.f.parent(node)
-        if not (isinstance(parent, cst.Attribute) and parent.value is node):
-            for q in self.f.qualnames(node):
-                if "." in q:  # an imported name, e.g. ``autocast`` from torch.cuda.amp
-                    self.f.qualified_refs.append((node, q))
-        fn = self.f.functions.get(node.value)
-        if fn is None or fn.node.name is node:
-            return
-        parent = self.f.parent(node)
-        if isinstance(parent, cst.Call) and parent.func is node:
-            if self.f.key_of(node) == (self.f.module, node.value):
-                fn.calls.append(parent)
-            return
-        if isinstance(parent, (cst.Attribute,)) and parent.attr is node:
-            return
-        if isinstance(parent, (cst.Arg,)) and parent.keyword is node:
-            return
-        if self.f.key_of(node) == (self.f.module, node.value):
-            fn.other_uses.append(node)
-
-    # -- assignments --
-    def visit_Assign(self, node: cst.Assign) -> None:
-        if len(node.targets) == 1:
-            self._pending.append((node.targets[0].target, node.value, node))
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        if node.value is not None:
-            self._pending.append((node.target, node.value, node))
-
-    def _assignment(self, target: cst.BaseExpression, value: cst.BaseExpression, node) -> None:
-        f = self.f
-        if not isinstance(target, (cst.Name, cst.Attribute)):
-            return
-        key = f.key_of(target)
-        if key is None:
-            return
-        core = unwrap_moves(value)
-        if isinstance(core, cst.Name) or m.matches(core, m.Attribute(value=m.Name("self"))):
-            f._aliases.append((key, core))
-            return
-        stmt = f.statement(node)
-        if is_device_expr(f, value):
-            call = value if isinstance(value, cst.Call) else None
-            f.bindings.append(Binding(key, DEVICE, stmt, value, call, "device"))
-            return
-        if not isinstance(core, cst.Call):
-            return
-        qual = f.qualname(core) or ""
-        if qual == "torch.optim.swa_utils.AveragedModel":
-            f.bindings.append(Binding(key, MODULE, stmt, value, core, qual))
-        elif qual.startswith("torch.optim.lr_scheduler.") or qual == "torch.optim.swa_utils.SWALR":
-            f.bindings.append(Binding(key, SCHEDULER, stmt, value, core, qual))
-        elif qual.startswith("torch.optim.") and not qual.startswith("torch.optim.swa_utils.") \
-                and qual.rsplit(".", 1)[-1][:1].isupper():
-            models = self._param_models(core)
-            f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, qual, models=models))
-        elif qual in GRAD_SCALERS:
-            f.bindings.append(Binding(key, SCALER, stmt, value, core, qual))
-        elif qual in DATALOADERS:
-            f.bindings.append(Binding(key, LOADER, stmt, value, core, qual))
-        elif self._is_module_ctor(core, qual):
-            f.bindings.append(Binding(key, MODULE, stmt, value, core, qual or _callee_text(core)))
-
-    def _is_module_ctor(self, call: cst.Call, qual: str) -> bool:
-        if qual.startswith("torch.nn.") and not qual.startswith(_NOT_MODULES):
-            return True
-        if qual.startswith("torchvision.models.") or qual.startswith("timm."):
-            return True
-        if qual.startswith("transformers.") and qual.endswith(".from_pretrained"):
-            return "Tokenizer" not in qual and "Config" not in qual and "Processor" not in qual
-        return isinstance(call.func, cst.Name) and call.func.value in self.f.module_classes
-
-    def _param_models(self, call: cst.Call) -> list[Key]:
-        keys: list[Key] = []
-        params = call.args[0].value if call.args else None
-        for arg in call.args:
-            if arg.keyword is not None and arg.keyword.value == "params":
-                params = arg.value
-        if isinstance(params, cst.Name):  # groups = [{"params": ...}, ...]; Adam(groups)
-            params = self.f.assigned_value(params) or params
-        if params is None:
-            return keys
-        for found in m.findall(
-            params, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))
-        ):
-            key = self.f.key_of(root_of(found.func.value))  # type: ignore[union-attr]
-            if key is not None and key not in keys:
-                keys.append(key)
-        return keys
-
-    def visit_Decorator(self, node: cst.Decorator) -> None:
-        self.f.decorators.append(node)
-
-    # -- calls --
-    def visit_Call(self, node: cst.Call) -> None:
-        f = self.f
-        names = f.qualnames(node)
-        qual = min(names) if names else None
-        if qual:
-            f.calls.append(CallSite(node, qual, frozenset(names)))
-        if qual == "builtins.print":
-            f.prints.append(node)
-        func = node.func
-        if not isinstance(func, cst.Attribute):
-            return
-        f.attribute_calls.append(node)
-        attr = func.attr.value
-        if attr == "backward" and qual not in ("torch.autograd.backward",):
-            f.backward_sites.append(
-                BackwardSite(node, func.value, f.statement(node), f.function(node))
-            )
-        elif attr == "cuda":
-            f.device_moves.append(DeviceMove(node, func.value, None, _only_sync_args(node.args)))
-        elif attr == "to" and node.args:
-            first = node.args[0]
-            device_arg = None
-            if first.keyword is None and not first.star:
-                device_arg = first
-            for arg in node.args:
-                if arg.keyword is not None and arg.keyword.value == "device":
-                    device_arg = arg
-            if device_arg is not None:
-                rest = [a for a in node.args if a is not device_arg]
-                f.device_moves.append(DeviceMove(node, func.value, device_arg, _only_sync_args(rest)))
-
-
-def _only_sync_args(args: Iterable[cst.Arg]) -> bool:
-    return all(a.keyword is not None and a.keyword.value in ("non_blocking", "copy") for a in args)
-
-
-def _callee_text(call: cst.Call) -> str:
-    return code(call.func)

@@ -1,0 +1,137 @@
+"""What the facts of a script are made of: the kinds of objects a training script builds,
+the qualified names they are known by, and the records ScriptFacts keeps of them (codemod/facts.py
+re-exports all of it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import libcst as cst
+
+Owner = cst.CSTNode
+Key = tuple[Owner, str]
+
+MODEL = "model"
+OPTIMIZER = "optimizer"
+SCHEDULER = "scheduler"
+LOADER = "loader"
+DEVICE = "device"
+MODULE = "module"  # any nn.Module that is not trained by an optimizer (a loss, a metric, ...)
+SCALER = "scaler"  # a GradScaler
+GRAD_SCALERS = (
+    "torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.cuda.amp.GradScaler",
+    "torch.cuda.amp.grad_scaler.GradScaler", "torch.cpu.amp.GradScaler",
+    "torch.cpu.amp.grad_scaler.GradScaler",
+)
+
+_NOT_MODULES = (
+    "torch.nn.functional",
+    "torch.nn.utils",
+    "torch.nn.init",
+    "torch.nn.Parameter",
+    "torch.nn.parameter",
+    "torch.nn.DataParallel",
+    "torch.nn.parallel",
+)
+_FRAMEWORKS = {
+    "lightning.fabric": "Lightning Fabric",
+    "lightning_fabric": "Lightning Fabric",
+    "lightning.Fabric": "Lightning Fabric",
+    "lightning.pytorch": "the Lightning Trainer",
+    "lightning.Trainer": "the Lightning Trainer",
+    "lightning.LightningModule": "the Lightning Trainer",
+    "lightning.LightningDataModule": "the Lightning Trainer",
+    "pytorch_lightning": "the Lightning Trainer",
+    "accelerate": "Hugging Face Accelerate",
+}
+_FRAMEWORK_HARMLESS = ("seed_everything",)
+HAND_DDP = {
+    "torch.distributed.init_process_group": "init_process_group",
+    "torch.nn.parallel.DistributedDataParallel": "DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel": "DistributedDataParallel",
+    "torch.utils.data.distributed.DistributedSampler": "DistributedSampler",
+    "torch.utils.data.DistributedSampler": "DistributedSampler",
+    "torch.multiprocessing.spawn": "torch.multiprocessing.spawn",
+}
+DATA_PARALLEL = ("torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
+                 "torch.nn.parallel.data_parallel.DataParallel")
+DATALOADERS = ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader")
+CLIP_NORM = ("torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_norm_")
+CLIP_VALUE = ("torch.nn.utils.clip_grad_value_", "torch.nn.utils.clip_grad.clip_grad_value_")
+APEX_INITIALIZE = ("apex.amp.initialize", "apex.amp.frontend.initialize")
+APEX_SCALE_LOSS = ("apex.amp.scale_loss", "apex.amp.handle.scale_loss")
+APEX_MASTER_PARAMS = ("apex.amp.master_params",)
+APEX_STATE_DICT = ("apex.amp.state_dict", "apex.amp.frontend.state_dict")
+APEX_LOAD_STATE_DICT = ("apex.amp.load_state_dict", "apex.amp.frontend.load_state_dict")
+BCE_MODULES = ("torch.nn.BCELoss", "torch.nn.modules.loss.BCELoss")
+BCE_FUNCTIONS = ("torch.nn.functional.binary_cross_entropy",)
+AUTOCAST = (
+    "torch.autocast",
+    "torch.amp.autocast",
+    "torch.cuda.amp.autocast",
+    "torch.cpu.amp.autocast",
+    "torch.amp.GradScaler",
+    "torch.cuda.amp.GradScaler",
+    "torch.cpu.amp.GradScaler",
+    "torch.amp.grad_scaler.GradScaler",
+)
+
+
+@dataclass
+class Binding:
+    """An object built in the script: ``path = <value>`` in the statement ``stmt``."""
+
+    key: Key
+    kind: str
+    stmt: cst.BaseStatement  # the statement in its block (a SimpleStatementLine or compound)
+    value: cst.BaseExpression  # the whole assigned value, e.g. ``Net().to(device)``
+    call: Optional[cst.Call]  # the constructor call inside it, e.g. ``Net()``
+    qualname: str
+
+    @property
+    def owner(self) -> Owner:
+        return self.key[0]
+
+    @property
+    def path(self) -> str:
+        return self.key[1]
+
+
+@dataclass
+class Optimizer(Binding):
+    models: list[Key] = field(default_factory=list)  # whose parameters it takes
+
+
+@dataclass
+class BackwardSite:
+    call: cst.Call  # ``<loss>.backward(...)``
+    loss: cst.BaseExpression
+    stmt: cst.BaseStatement
+    function: Optional[cst.FunctionDef]  # the function it is in, if any
+
+
+@dataclass
+class DeviceMove:
+    """``x.to(<device>)``, ``x.cuda()``, ``x.to(0)``: moves ``receiver`` to a device."""
+
+    call: cst.Call
+    receiver: cst.BaseExpression
+    device_arg: Optional[cst.Arg]  # None for .cuda()
+    removable: bool  # no other argument than the device and non_blocking/copy
+
+
+@dataclass
+class CallSite:
+    call: cst.Call
+    qualname: str  # the first of ``names``
+    names: frozenset[str] = frozenset()  # all of them: ``amp`` bound by an import and a fallback
+
+
+@dataclass
+class Function:
+    node: Union[cst.FunctionDef, cst.ClassDef]
+    name: str
+    params: list[cst.Param]
+    calls: list[cst.Call] = field(default_factory=list)
+    other_uses: list[cst.Name] = field(default_factory=list)  # referenced but not called

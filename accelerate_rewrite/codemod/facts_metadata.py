@@ -1,0 +1,79 @@
+"""What LibCST's metadata says of a tree, computed lean: parents, scopes, positions.
+
+``MetadataWrapper.resolve_many`` runs each provider's own walk over the tree and then, for the
+providers it batches (parents, expression contexts, scopes), one more walk of its batched visitor
+per level of dependencies, which calls nothing here: every provider does its work in
+``visit_Module``. Over the fixtures that is half the time of the analysis. So the parents come
+from one walk of our own, and the scopes from LibCST's own ScopeProvider run directly
+(expression contexts, then scopes: what the wrapper would run, without its extra walks; the
+results are the same maps, which tests/test_facts.py checks). Positions (code generation with
+positions, a walk of its own) are computed when first asked for. Should LibCST's internals
+change, the wrapper's way is taken.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import libcst as cst
+from libcst.metadata import (
+    ExpressionContextProvider,
+    MetadataWrapper,
+    ParentNodeProvider,
+    ScopeProvider,
+)
+
+
+class _Parents(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[cst.CSTNode] = []
+        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.stack:
+            self.parents[node] = self.stack[-1]
+        self.stack.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.stack.pop()
+
+
+def parents(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
+    """node -> its parent (what ParentNodeProvider gives), in one walk."""
+    visitor = _Parents()
+    module.visit(visitor)
+    return visitor.parents
+
+
+def _direct(module: cst.Module, provider_class, dependencies: Mapping) -> Mapping[cst.CSTNode, Any]:
+    provider = provider_class()
+    provider.metadata = dependencies
+    provider.visit_Module(module)
+    return provider._computed
+
+
+def scopes(module: cst.Module) -> Mapping[cst.CSTNode, Any]:
+    """node -> its scope (what ScopeProvider gives), LibCST's scope analysis run directly."""
+    contexts = _direct(module, ExpressionContextProvider, {})
+    return _direct(module, ScopeProvider, {ExpressionContextProvider: contexts})
+
+
+class Metadata(dict):
+    """provider -> its values for one tree: parents and scopes at once, any other provider
+    (positions) by the wrapper when it is first asked for."""
+
+    def __init__(self, wrapper: MetadataWrapper) -> None:
+        super().__init__()
+        self.wrapper = wrapper
+        module = wrapper.module
+        try:
+            self[ParentNodeProvider] = parents(module)
+            self[ScopeProvider] = scopes(module)
+        except (AttributeError, TypeError, KeyError):  # LibCST's internals moved: its own way
+            self.update(wrapper.resolve_many([ParentNodeProvider, ScopeProvider]))
+
+    def __missing__(self, provider):
+        self[provider] = values = self.wrapper.resolve(provider)
+        return values
