@@ -12,10 +12,29 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider, ScopeProvider
 
 
+class _Positions:
+    """The positions of a tree's nodes, computed when a line is first asked for (a result with
+    no undefined name needs none)."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        self.found = None
+
+    def get(self, node: cst.CSTNode, default=None):
+        if self.found is None:
+            self.found = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
+        return self.found.get(node, default)
+
+
 def undefined_names(module: cst.Module) -> dict[str, int]:
     """Names read somewhere without any assignment, import or builtin behind them -> first line."""
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    return undefined_in(wrapper.resolve(ScopeProvider), wrapper.resolve(PositionProvider))
+    from accelerate_rewrite.codemod.facts_metadata import scopes
+
+    try:
+        found = scopes(module)
+    except (AttributeError, TypeError, KeyError):  # LibCST's internals moved: its own way
+        found = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ScopeProvider)
+    return undefined_in(found, _Positions(module))
 
 
 def undefined_in(scopes, positions) -> dict[str, int]:
