@@ -243,7 +243,12 @@ class ScriptFacts:
         """Names the script reads without defining them (star imports, globals(), typos)."""
         from accelerate_rewrite.codemod.checks import undefined_in
 
-        return undefined_in(self._meta[ScopeProvider], self._meta[PositionProvider])
+        class Lines:  # positions are computed only when a name is undefined
+            @staticmethod
+            def get(node, default=None):
+                return self._meta[PositionProvider].get(node, default)
+
+        return undefined_in(self._meta[ScopeProvider], Lines)
 
     def first_read(self, name: str) -> Optional[int]:
         """The first line where the script reads ``name``."""
