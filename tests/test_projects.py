@@ -80,14 +80,18 @@ def test_modules_not_followed_say_why(tmp_path):
     engine = root / "engine.py"
     engine.write_text(engine.read_text() + '\n\nif __name__ == "__main__":\n    print("a demo")\n')
     (root / "helpers.py").write_text("import torch\n\n\ndef main():\n    return torch.optim\n")
+    (root / "pkg").mkdir()
+    (root / "pkg" / "__init__.py").write_text("from .core import fit\n\n\ndef optimize():\n    pass\n")
     path = root / "train.py"
     text = path.read_text().replace("from utils import make_loaders\n",
-                                    "from utils import make_loaders\nfrom helpers import main as helper_main\n")
+                                    "from utils import make_loaders\nfrom helpers import main as helper_main\n"
+                                    "from pkg import optimize\n")
     path.write_text(text)
     result = rewrite(text, Options.create(), path=str(path), scope=Scope(follow=True))
     reasons = [n.message for n in result.skips if n.rule == "project"]
     assert any("engine.py is not followed: it runs as a script of its own" in r for r in reasons), reasons
     assert any("helpers.py is not followed: `main` is imported under another name" in r for r in reasons), reasons
+    assert any("__init__.py is not followed: it imports relatively" in r for r in reasons), reasons
     assert not any(Path(m.path).name == "engine.py" for m in result.members)
 
 

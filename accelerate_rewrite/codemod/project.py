@@ -10,9 +10,11 @@ see one module, record their edits on it, and the engine applies them to each fi
 checks each file apart (codemod/engine.py).
 
 A module is followed only when that is sound: it parses, it does not run as a script of its own
-(``if __name__ == "__main__":``), the names imported from it are its own top-level names under
-the same names (no ``as``), and the names it binds at its top level are not bound otherwise by
-the script or another followed module (``import torch`` in both is the same binding). Otherwise
+(``if __name__ == "__main__":``), it imports nothing relatively (``from . import amp`` would mean
+something else in the script), the names imported from it are its own top-level definitions under
+the same names (no ``as``; not names it imports itself: a vendored ``apex/__init__.py`` is not
+the project's code), and the names it binds at its top level are not bound otherwise by the
+script or another followed module (``import torch`` in both is the same binding). Otherwise
 it stays an import the analysis can't see into, as any other, and the note says why.
 
 Which files may change is the caller's: a file named on the command line never changes a file
@@ -204,8 +206,11 @@ def build(path: str, head: str, module: cst.Module, source: str,
             name = cst.Module(body=[]).code_for_node(alias.name)
             if alias.asname is not None:
                 return f"{shown} is not followed: `{name}` is imported under another name"
-            if name not in m_own | m_imported:
-                return f"{shown} is not followed: `{name}` is not defined at its top level"
+            if name not in m_own:  # a name it imports itself (``from apex import amp``) is not its own
+                return f"{shown} is not followed: `{name}` is not defined there (imported, or not at its top level)"
+        if any(m.startswith(".") for meanings in _imports_of(m_head).values() for m in meanings):
+            # its relative imports (``from . import amp``) would mean something else in the script
+            return f"{shown} is not followed: it imports relatively (`from . import ...`)"
         if _runs_as_script(m_module):
             return f"{shown} is not followed: it runs as a script of its own (`if __name__ == \"__main__\":`)"
         m_imports = _imports_of(m_head)
