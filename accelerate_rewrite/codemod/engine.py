@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import difflib
 import os
@@ -18,7 +18,7 @@ from accelerate_rewrite.codemod.edits import apply_edits
 from accelerate_rewrite.codemod.facts import ScriptFacts
 from accelerate_rewrite.codemod.flow import maybe_unbound
 from accelerate_rewrite.codemod.result import Result  # noqa: F401 (plain data: codemod/result.py)
-from accelerate_rewrite.codemod.project import Project, Scope, build, candidates, statement_starts
+from accelerate_rewrite.codemod.project import Project, Scope, Unit, analyse, build, candidates, relocate, units_of
 from accelerate_rewrite.codemod.preserve import Region, lost_trivia, restore, split_tail
 from accelerate_rewrite.codemod.rule import Note, Rule, RuleContext
 from accelerate_rewrite.codemod.suppress import applies_to, changed_lines, protected_lines, skip_file_line
@@ -204,29 +204,6 @@ def rewrite(
     return result
 
 
-@dataclass
-class _Unit:
-    """One file the edits apply to: the script, or a module of its project."""
-
-    path: str
-    source: str
-    head: str
-    tail: str
-    roundtrip: str
-    view: cst.Module  # the file's tree, made of the analysed module's statements where it has them
-    undefined: dict[str, int]  # names the file read undefined already
-    unbound: tuple[str, dict]
-    #: a line of the analysed module -> (index of the unit that holds it, line in that file)
-    where: Callable[[int], tuple[int, int]]
-    index: int = 0
-    refusal: Optional[str] = None  # why this file may not change
-    first_read: Callable[[str], Optional[int]] = lambda name: None
-
-    def local(self, line: int) -> Optional[int]:
-        unit, local = self.where(line)
-        return local if unit == self.index else None
-
-
 def _project(source: str, path: str, scope: Scope, sources: Optional[dict[str, str]]) -> Optional[Project]:
     """The script with the project's modules it imports (codemod/project.py), or None."""
     from accelerate_rewrite.runner import TRAINING_WORDS
@@ -264,46 +241,6 @@ def _project(source: str, path: str, scope: Scope, sources: Optional[dict[str, s
     return build(path, head, module, source, read, words=TRAINING_WORDS)
 
 
-def _units(facts: ScriptFacts, project: Project, scope: Scope) -> list[_Unit]:
-    from accelerate_rewrite.codemod.checks import _all_names_resolve, undefined_names
-
-    combined_starts = statement_starts(facts.module)
-    where = project.locator(combined_starts)
-    at: dict[tuple[int, int], int] = {o: k for k, o in enumerate(project.origin)}
-    units = []
-    for p, part in enumerate(project.parts):
-        body = [facts.module.body[at[(p, i)]] if (p, i) in at else stmt for i, stmt in enumerate(part.module.body)]
-        unit = _Unit(
-            path=part.path, source=part.source, head=part.head, tail=part.tail, roundtrip=part.module.code,
-            view=part.module.with_changes(body=body),
-            undefined={} if _all_names_resolve(part.head) else undefined_names(part.module),
-            unbound=(part.head, maybe_unbound(part.head)), where=where, index=p,
-            refusal=scope.refusal(part.path) if p else None)
-        unit.first_read = lambda name, u=unit: (lambda line: u.local(line) if line is not None else None)(
-            facts.first_read(name))
-        units.append(unit)
-    return units
-
-
-def _relocate(message: str, unit: _Unit, units: list[_Unit]) -> str:
-    """A note naming lines of the analysed module (``on lines 36, 82``) names those of the
-    files instead (``on lines 12, 40``; ``engine.py:9`` for another file's)."""
-    def lines(match) -> str:  # a re.Match
-        groups: list[tuple[int, list[int]]] = []
-        for number in (int(n) for n in match.group("numbers").split(", ")):
-            owner, line = unit.where(number)
-            if groups and groups[-1][0] == owner:
-                groups[-1][1].append(line)
-            else:
-                groups.append((owner, [line]))
-        return ", ".join(f"{'lines' if len(ls) > 1 else 'line'} {', '.join(map(str, ls))}" if owner == unit.index
-                         else ", ".join(f"{units[owner].path}:{n}" for n in ls) for owner, ls in groups)
-
-    from accelerate_rewrite.codemod.notebook import LINES
-
-    return LINES.sub(lines, message)
-
-
 def _rewrite(
     source: str,
     options: Options,
@@ -322,7 +259,7 @@ def _rewrite(
     several = project is not None and len(project.parts) > 1
     if several:
         key = tuple((part.path, part.source) for part in project.parts)
-        facts, project = _analyse_cached(key, project, _folder(path))
+        facts, project = analyse(key, project, _folder(path))
     else:
         facts, head, tail = _parse(source, path)
     result = Result(path=path, source=source, output=source)
@@ -332,10 +269,10 @@ def _rewrite(
                                                     "left alone", skipped=True))
         return result
     if several:
-        units = _units(facts, project, scope)
+        units = units_of(facts, project, scope)
     else:
         roundtrip = facts.memo("roundtrip", lambda: facts.module.code)
-        units = [_Unit(path=path, source=source, head=head, tail=tail, roundtrip=roundtrip, view=facts.module,
+        units = [Unit(path=path, source=source, head=head, tail=tail, roundtrip=roundtrip, view=facts.module,
                        undefined=facts.undefined_names(),
                        unbound=(head, facts.memo("maybe-unbound", lambda: maybe_unbound(head))),
                        where=lambda line: (0, line), first_read=facts.first_read)]
@@ -382,7 +319,7 @@ def _rewrite(
             result.dropped.append(f"{code}: not applied: {why}")
     active = [r for r in active if r.code not in gone]
 
-    def apply_to(unit: _Unit, edit_sets, touched=None) -> str:
+    def apply_to(unit: Unit, edit_sets, touched=None) -> str:
         new = apply_edits(unit.view, edit_sets, touched, imports_read=several)
         return restore(unit.head, unit.roundtrip, new.code)
 
@@ -475,7 +412,7 @@ def _rewrite(
     for rule in active:
         for note in contexts[rule.code].notes:
             index, line = units[0].where(note.line)
-            per_unit[index].append(replace(note, line=line, message=_relocate(note.message, units[index], units))
+            per_unit[index].append(replace(note, line=line, message=relocate(note.message, units[index], units))
                                    if several else note)
     for line, why in unfollowed:
         per_unit[0].append(Note("project", line, why, skipped=True))
@@ -486,16 +423,3 @@ def _rewrite(
     result.members = [Result(path=u.path, source=u.source, output=outputs[u.index], notes=per_unit[u.index])
                       for u in units[1:]]
     return result
-
-
-_PROJECTS: dict[tuple, tuple[ScriptFacts, Project]] = {}
-
-
-def _analyse_cached(key: tuple, project: Project, folder: Optional[Path]) -> tuple[ScriptFacts, Project]:
-    """The facts of a project's analysed module, kept for the next rewrites of the same files
-    (as ``_analyse`` keeps a script's): the tests rewrite each project with many options."""
-    if key not in _PROJECTS:
-        if len(_PROJECTS) >= 4:
-            _PROJECTS.pop(next(iter(_PROJECTS)))
-        _PROJECTS[key] = (ScriptFacts(project.combined, folder), project)
-    return _PROJECTS[key]

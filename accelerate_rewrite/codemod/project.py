@@ -28,12 +28,17 @@ import os
 import symtable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import libcst as cst
 
+from accelerate_rewrite.codemod.flow import maybe_unbound
 # Scope and candidates are read with ast only: the runner reaches them without loading libcst
 from accelerate_rewrite.codemod.siblings import MAX_MODULES, Scope, _file, candidates, imported_modules  # noqa: F401
+
+if TYPE_CHECKING:
+    from accelerate_rewrite.codemod.facts import ScriptFacts
+
 
 @dataclass
 class Part:
@@ -245,3 +250,86 @@ def build(path: str, head: str, module: cst.Module, source: str,
     combined = module.with_changes(body=body)
     return Project(parts, combined, origin, [(line, why) for line, why in unfollowed if why])
 
+
+# ---- the files the edits apply to ----------------------------------------------------------
+
+@dataclass
+class Unit:
+    """One file the edits apply to: the script, or a module of its project."""
+
+    path: str
+    source: str
+    head: str
+    tail: str
+    roundtrip: str
+    view: cst.Module  # the file's tree, made of the analysed module's statements where it has them
+    undefined: dict[str, int]  # names the file read undefined already
+    unbound: tuple[str, dict]
+    #: a line of the analysed module -> (index of the unit that holds it, line in that file)
+    where: Callable[[int], tuple[int, int]]
+    index: int = 0
+    refusal: Optional[str] = None  # why this file may not change
+    first_read: Callable[[str], Optional[int]] = lambda name: None
+
+    def local(self, line: int) -> Optional[int]:
+        unit, local = self.where(line)
+        return local if unit == self.index else None
+
+
+def units_of(facts: "ScriptFacts", project: Project, scope: Scope) -> list[Unit]:
+    """Each file of the project as the engine applies the edits to it: its tree made of the
+    analysed module's statements (those the edits are keyed on) and its own others (the imports
+    that were replaced by a module's statements), what it read undefined or unbound already, and
+    whether it may change (``scope``)."""
+    from accelerate_rewrite.codemod.checks import _all_names_resolve, undefined_names
+
+    combined_starts = statement_starts(facts.module)
+    where = project.locator(combined_starts)
+    at: dict[tuple[int, int], int] = {o: k for k, o in enumerate(project.origin)}
+    units = []
+    for p, part in enumerate(project.parts):
+        body = [facts.module.body[at[(p, i)]] if (p, i) in at else stmt for i, stmt in enumerate(part.module.body)]
+        unit = Unit(
+            path=part.path, source=part.source, head=part.head, tail=part.tail, roundtrip=part.module.code,
+            view=part.module.with_changes(body=body),
+            undefined={} if _all_names_resolve(part.head) else undefined_names(part.module),
+            unbound=(part.head, maybe_unbound(part.head)), where=where, index=p,
+            refusal=scope.refusal(part.path) if p else None)
+        unit.first_read = lambda name, u=unit: (lambda line: u.local(line) if line is not None else None)(
+            facts.first_read(name))
+        units.append(unit)
+    return units
+
+
+def relocate(message: str, unit: Unit, units: list[Unit]) -> str:
+    """A note naming lines of the analysed module (``on lines 36, 82``) names those of the
+    files instead (``on lines 12, 40``; ``engine.py:9`` for another file's)."""
+    def lines(match) -> str:  # a re.Match
+        groups: list[tuple[int, list[int]]] = []
+        for number in (int(n) for n in match.group("numbers").split(", ")):
+            owner, line = unit.where(number)
+            if groups and groups[-1][0] == owner:
+                groups[-1][1].append(line)
+            else:
+                groups.append((owner, [line]))
+        return ", ".join(f"{'lines' if len(ls) > 1 else 'line'} {', '.join(map(str, ls))}" if owner == unit.index
+                         else ", ".join(f"{units[owner].path}:{n}" for n in ls) for owner, ls in groups)
+
+    from accelerate_rewrite.codemod.notebook import LINES
+
+    return LINES.sub(lines, message)
+
+
+_PROJECTS: dict[tuple, tuple["ScriptFacts", Project]] = {}
+
+
+def analyse(key: tuple, project: Project, folder: Optional[Path]) -> tuple[ScriptFacts, Project]:
+    """The facts of a project's analysed module, kept for the next rewrites of the same files
+    (as ``_analyse`` keeps a script's): the tests rewrite each project with many options."""
+    from accelerate_rewrite.codemod.facts import ScriptFacts
+
+    if key not in _PROJECTS:
+        if len(_PROJECTS) >= 4:
+            _PROJECTS.pop(next(iter(_PROJECTS)))
+        _PROJECTS[key] = (ScriptFacts(project.combined, folder), project)
+    return _PROJECTS[key]
