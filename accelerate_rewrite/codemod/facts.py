@@ -96,6 +96,7 @@ class ScriptFacts:
         self.calls: list[CallSite] = []  # every call with a resolved qualified name
         self.prints: list[cst.Call] = []
         self.decorators: list[cst.Decorator] = []
+        self.returns: list[cst.Return] = []  # every return statement, in order
         self.attribute_calls: list[cst.Call] = []  # ``x.method(...)``, in order
         #: every outermost Name / Attribute with a qualified name (``torch.cuda.amp.autocast``)
         self.qualified_refs: list[tuple[cst.CSTNode, str]] = []

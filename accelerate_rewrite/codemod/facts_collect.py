@@ -287,6 +287,9 @@ class _Collector(cst.CSTVisitor):
     def visit_Decorator(self, node: cst.Decorator) -> None:
         self.f.decorators.append(node)
 
+    def visit_Return(self, node: cst.Return) -> None:
+        self.f.returns.append(node)
+
     # -- calls --
     def visit_Call(self, node: cst.Call) -> None:
         f = self.f

@@ -12,30 +12,25 @@ from __future__ import annotations
 from typing import Optional
 
 import libcst as cst
-import libcst.matchers as m
 
 from accelerate_rewrite.codemod import facts as F
 from accelerate_rewrite.codemod.siblings import loader_results
 
 
-def _returns(func: cst.FunctionDef) -> list[cst.Return]:
-    """The function's own returns (not those of functions or classes defined in it)."""
-    out: list[cst.Return] = []
+def _returns(f: "F.ScriptFacts", func: cst.FunctionDef) -> list[cst.Return]:
+    """The function's own returns (not those of functions or classes defined in it), from the
+    returns the analysis found (no walk of its own)."""
+    return f.memo("returns-by-function", lambda: _by_function(f)).get(func, [])
 
-    class _Visitor(cst.CSTVisitor):
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return node is func
 
-        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-            return False
-
-        def visit_Lambda(self, node: cst.Lambda) -> bool:
-            return False
-
-        def visit_Return(self, node: cst.Return) -> None:
-            out.append(node)
-
-    func.visit(_Visitor())
+def _by_function(f: "F.ScriptFacts") -> dict[cst.FunctionDef, list[cst.Return]]:
+    out: dict[cst.FunctionDef, list[cst.Return]] = {}
+    for ret in f.returns:
+        for parent in f.ancestors(ret):
+            if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                if isinstance(parent, cst.FunctionDef):
+                    out.setdefault(parent, []).append(ret)
+                break
     return out
 
 
@@ -44,7 +39,7 @@ def _loader_positions(f: "F.ScriptFacts", func: cst.FunctionDef) -> Optional[tup
     for a DataLoader(...) returned directly, or for a non-loader); None when no element is a
     loader or the returns disagree."""
     shapes = []
-    for ret in _returns(func):
+    for ret in _returns(f, func):
         value = ret.value
         if value is None:
             return None
@@ -68,10 +63,10 @@ def _loader_positions(f: "F.ScriptFacts", func: cst.FunctionDef) -> Optional[tup
     return tuple(key if kind == "name" else (() if kind == "call" else None) for kind, key in shapes[0])
 
 
-def _returned_names(func: cst.FunctionDef) -> Optional[list[Optional[cst.Name]]]:
+def _returned_names(f: "F.ScriptFacts", func: cst.FunctionDef) -> Optional[list[Optional[cst.Name]]]:
     """Per element of what ``func`` returns, the name it returns there (None: not a name), when
     it has one return of a name or a tuple."""
-    returns = _returns(func)
+    returns = _returns(f, func)
     if len(returns) != 1 or returns[0].value is None:
         return None
     value = returns[0].value
@@ -82,7 +77,7 @@ def _returned_names(func: cst.FunctionDef) -> Optional[list[Optional[cst.Name]]]
 def _alias_results(f: "F.ScriptFacts", fn: "F.Function") -> None:
     """``dataset, model, optimizer = load_train_objs()``: the names the result is unpacked into
     hold what the helper's names held (the flow of kinds joins them)."""
-    names = _returned_names(fn.node)
+    names = _returned_names(f, fn.node)
     if names is None or not any(names):
         return
     for call in fn.calls:
