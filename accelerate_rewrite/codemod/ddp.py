@@ -13,7 +13,8 @@ For each, the facts here say which statements only serve the hand-made set-up (t
 Fabric takes over: ``init_process_group``, ``destroy_process_group``, ``torch.cuda.set_device``,
 ``MASTER_ADDR``/``MASTER_PORT`` set next to the group's start, the helpers left with nothing
 else), where ``DistributedDataParallel`` wraps a model, which reads of the process's place
-become ``fabric.global_rank`` / ``local_rank`` / ``world_size``, which collectives become
+become ``fabric.global_rank`` / ``local_rank`` / ``world_size`` (codemod/ddp_places.py, with
+the names that hold the rank), which collectives become
 Fabric's, and which loaders already shard their data with a ``DistributedSampler``.
 What can't be converted is a ``problem`` (node, why): custom process groups, RPC, pipeline or
 tensor parallelism, ``DDP(..., process_group=...)``, a worker the rewrite can't see.
@@ -34,8 +35,8 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import (DATALOADERS, Binding, Key, ScriptFacts, code, init_of, param_for,
-                                             positional_params, short)
+from accelerate_rewrite.codemod.ddp_places import MASTER_ENV, env_key, places
+from accelerate_rewrite.codemod.facts import DATALOADERS, Binding, Key, ScriptFacts, code, positional_params, short
 
 INIT = ("torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group")
 DESTROY = ("torch.distributed.destroy_process_group",
@@ -44,14 +45,6 @@ SET_DEVICE = ("torch.cuda.set_device",)
 DDP = ("torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel")
 SPAWN = ("torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn")
 SAMPLERS = ("torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler")
-#: what a process reads about its place, and Fabric's name for it
-PLACE_CALLS = {
-    "torch.distributed.get_rank": "global_rank",
-    "torch.distributed.distributed_c10d.get_rank": "global_rank",
-    "torch.distributed.get_world_size": "world_size",
-    "torch.distributed.distributed_c10d.get_world_size": "world_size",
-}
-PLACE_ENV = {"RANK": "global_rank", "LOCAL_RANK": "local_rank", "WORLD_SIZE": "world_size"}
 BARRIER = ("torch.distributed.barrier", "torch.distributed.distributed_c10d.barrier")
 ALL_REDUCE = ("torch.distributed.all_reduce", "torch.distributed.distributed_c10d.all_reduce")
 #: what Fabric does not do for a script: a reason to leave the whole conversion
@@ -70,7 +63,6 @@ NOT_FABRIC = {
 }
 #: DDP(...) arguments that go with the wrapper (Fabric places the model and picks the devices)
 _DDP_PLACEMENT = ("device_ids", "output_device")
-_MASTER_ENV = ("MASTER_ADDR", "MASTER_PORT")
 
 
 @dataclass
@@ -139,22 +131,6 @@ def hand_ddp(f: ScriptFacts) -> HandDDP:
     return f.memo("hand-ddp", lambda: _Finder(f).run())
 
 
-def _env_key(f: ScriptFacts, node: cst.BaseExpression) -> Optional[str]:
-    """``os.environ["RANK"]``, ``os.environ.get("RANK", 0)``, ``os.getenv("RANK")`` -> "RANK"."""
-    key: Optional[cst.BaseExpression] = None
-    if isinstance(node, cst.Subscript) and f.qualname(node.value) == "os.environ" and len(node.slice) == 1 \
-            and isinstance(node.slice[0].slice, cst.Index):
-        key = node.slice[0].slice.value
-    elif isinstance(node, cst.Call) and node.args and (
-            f.qualname(node) == "os.getenv"
-            or (isinstance(node.func, cst.Attribute) and node.func.attr.value == "get"
-                and f.qualname(node.func.value) == "os.environ")):
-        key = node.args[0].value
-    if isinstance(key, cst.SimpleString) and isinstance(key.evaluated_value, str):
-        return key.evaluated_value
-    return None
-
-
 class _Finder:
     def __init__(self, f: ScriptFacts) -> None:
         self.f = f
@@ -198,7 +174,7 @@ class _Finder:
         for call in calls["ddp"]:
             if not self._wrap(call):
                 return d
-        self._places()
+        places(self.f, self.d, self.problem)
         if d.problem:
             return d
         self._collectives()
@@ -293,79 +269,6 @@ class _Finder:
             d.removed.append(stmt)
         return True
 
-    # -- where a process is --
-    def _places(self) -> None:
-        f, d = self.f, self.d
-        removed = {id(s) for s in d.removed}
-        for call in f.calls_named(*PLACE_CALLS):
-            if id(f.statement(call)) not in removed:
-                d.reads.append((call, PLACE_CALLS[f.qualname(call)]))
-        for node in m.findall(f.module, m.Subscript() | m.Call()):
-            var = _env_key(f, node)
-            if var in _MASTER_ENV or var is None or var not in PLACE_ENV and var != "LOCAL_WORLD_SIZE":
-                continue
-            if id(f.statement(node)) in removed:
-                continue
-            outer = f.parent(node)
-            arg = outer if isinstance(outer, cst.Arg) else None
-            call = f.parent(arg) if arg is not None else None
-            if not (isinstance(call, cst.Call) and m.matches(call.func, m.Name("int")) and len(call.args) == 1):
-                return self.problem(node, f"`{short(node)}` is read as text: only `int(...)` of it is "
-                                          "converted")
-            if var == "LOCAL_WORLD_SIZE":
-                return self.problem(node, "LOCAL_WORLD_SIZE is read: convert it to fabric's devices by hand")
-            d.reads.append((call, PLACE_ENV[var]))
-            if var == "WORLD_SIZE":
-                d.env_world = True
-        for node, attr in d.reads:
-            if attr in ("global_rank", "local_rank"):
-                assign = f.parent(node)
-                target = assign.targets[0].target if isinstance(assign, cst.Assign) and len(assign.targets) == 1 \
-                    else None
-                func = f.function(node)
-                if isinstance(target, cst.Name):
-                    d.rank_names.setdefault(id(func) if func else None, set()).add(target.value)
-                elif m.matches(target, m.Attribute(value=m.Name("self"))) and func is not None \
-                        and f.enclosing_class(func) is not None:  # ``self.gpu_id``: in every method
-                    d.rank_names.setdefault(id(f.enclosing_class(func)), set()).add(code(target))
-        self._passed_ranks()
-
-    def _passed_ranks(self) -> None:
-        """The rank passed on: ``Trainer(model, data, optimizer, rank)`` makes ``gpu_id`` the
-        rank in ``__init__``, and ``self.gpu_id = gpu_id`` there in every method."""
-        f, d = self.f, self.d
-        for _ in range(3):  # calls through a few levels of functions and classes
-            grew = False
-            for fn in f.functions.values():
-                init = init_of(fn.node) if isinstance(fn.node, cst.ClassDef) else fn.node
-                if init is None:
-                    continue
-                for call in fn.calls:
-                    caller = f.function(call)
-                    ranks = d.rank_names.get(id(caller) if caller is not None else None, set())
-                    cls = f.enclosing_class(caller) if caller is not None else None
-                    ranks = ranks | (d.rank_names.get(id(cls), set()) if cls is not None else set())
-                    for index, arg in enumerate(call.args):
-                        if code(arg.value) not in ranks:
-                            continue
-                        param = param_for(fn.params, fn.node, arg, index)
-                        if param is None:
-                            continue
-                        names = d.rank_names.setdefault(id(init), set())
-                        if param.name.value not in names:
-                            names.add(param.name.value)
-                            grew = True
-                        if isinstance(fn.node, cst.ClassDef):
-                            for assign in m.findall(init, m.Assign(targets=[m.AssignTarget(
-                                    m.Attribute(value=m.Name("self")))], value=m.Name(param.name.value))):
-                                attrs = d.rank_names.setdefault(id(fn.node), set())
-                                attr = code(assign.targets[0].target)
-                                if attr not in attrs:
-                                    attrs.add(attr)
-                                    grew = True
-            if not grew:
-                return
-
     def _collectives(self) -> None:
         f, d = self.f, self.d
         removed = {id(s) for s in d.removed}
@@ -457,13 +360,13 @@ class _Finder:
     def _sets_master(self, small: cst.BaseSmallStatement) -> bool:
         f = self.f
         if isinstance(small, cst.Assign) and len(small.targets) == 1:
-            return _env_key(f, small.targets[0].target) in _MASTER_ENV
+            return env_key(f, small.targets[0].target) in MASTER_ENV
         if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
             call = small.value
             return (isinstance(call.func, cst.Attribute) and call.func.attr.value == "setdefault"
                     and f.qualname(call.func.value) == "os.environ" and bool(call.args)
                     and isinstance(call.args[0].value, cst.SimpleString)
-                    and call.args[0].value.evaluated_value in _MASTER_ENV)
+                    and call.args[0].value.evaluated_value in MASTER_ENV)
         return False
 
     # -- data --
