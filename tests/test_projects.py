@@ -226,6 +226,29 @@ def work(tmp_path_factory) -> str:
 
 
 @pytest.mark.runs
+def test_verify_runs_the_rewritten_project(work, tmp_path):
+    """`accelerate-rewrite verify train.py` on a project: the script and engine.py rewritten in
+    a temporary folder (nothing written beside them), the losses and gradient norms identical at
+    32-true."""
+    from accelerate_rewrite.verify.session import verify
+
+    root = _engine_driver(tmp_path)
+    before = {p.name: p.read_text() for p in root.glob("*.py")}
+    old = os.getcwd()
+    os.chdir(root)
+    try:
+        v = verify(root / "train.py", Options.create(precision="32-true"), script_args=["--device", "cpu"],
+                   steps=6, run_on="cpu", threads=1)
+    finally:
+        os.chdir(old)
+    assert v.verdict.verdict == "pass", v.verdict.reason
+    assert len(v.rewritten.losses) == len(v.original.losses) == 6
+    assert any("engine.py" in n and "temporary folder" in n for n in v.notes), v.notes
+    assert {p.name: p.read_text() for p in root.glob("*.py")} == before
+
+
+@pytest.mark.runs
+@pytest.mark.slow  # CI time: test_verify_runs_the_rewritten_project checks 32-true in the default set
 def test_at_32_true_on_one_device_the_project_prints_what_the_original_prints(work):
     original, rewritten, _ = _both(work, Options.create(accelerator="cpu"), ("--device", "cpu"))
     assert original.returncode == 0, original.stderr[-2000:]

@@ -138,6 +138,32 @@ def _rewritten_file(script: Path, source: str) -> Iterator[Path]:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+@contextmanager
+def _rewritten_project(script: Path, source: str, members: Sequence) -> Iterator[Path]:
+    """A script whose rewrite changed the project's modules it imports too (codemod/project.py):
+    the rewritten script and those modules in a temporary folder (a package a changed module is
+    in, copied whole), which Python reads before the script's own folder (on PYTHONPATH for
+    the modules that did not change); removed afterwards."""
+    home = script.resolve().parent
+    folder = Path(tempfile.mkdtemp(prefix="accelerate-rewrite-verify-"))
+    try:
+        for member in members:
+            relative = Path(os.path.relpath(os.path.realpath(member.path), home))
+            if relative.parts[0] == "..":
+                continue  # not under the script's folder: can't be shadowed (never the case)
+            if len(relative.parts) > 1 and not (folder / relative.parts[0]).exists():
+                shutil.copytree(home / relative.parts[0], folder / relative.parts[0],
+                                ignore=lambda d, names: [n for n in names if not (n.endswith(".py")
+                                                                                  or os.path.isdir(os.path.join(d, n)))])
+            (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+            (folder / relative).write_text(member.output, encoding="utf-8")
+        target = folder / script.name
+        target.write_text(source, encoding="utf-8")
+        yield target
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def verify(
     script: Path,
     options: Options,
@@ -155,6 +181,7 @@ def verify(
     rules: Optional[Sequence] = None,  # the rules to rewrite with (default: all)
 ) -> Verification:
     from accelerate_rewrite.codemod.engine import RewriteError, rewrite
+    from accelerate_rewrite.codemod.project import Scope
     from accelerate_rewrite.codemod.source import SourceError, read_source
     from accelerate_rewrite.rules import BY_CODE
 
@@ -171,15 +198,22 @@ def verify(
             raise VerifyError(f"{against}: no such file")
     else:
         try:
-            result = rewrite(source.text, options, path=str(script), rules=rules)
+            # the project's modules it imports change with it (in a copy: nothing is written)
+            result = rewrite(source.text, options, path=str(script), rules=rules, scope=Scope(follow=True))
         except RewriteError as exc:
             raise VerifyError(str(exc)) from None
-        if not result.changed:
+        members = [m for m in result.members if m.changed]
+        if members:
+            notes.append("the rewritten script ran from a temporary folder, with the project's modules "
+                         f"its rewrite changed ({', '.join(m.path for m in members)}); the script's own "
+                         "folder is on its import path")
+        if not result.changed and not members:
             reasons = "; ".join(n.message for n in result.skips[:3]) or "no rule applies"
             raise VerifyError(f"{script}: the rewrite changes nothing ({reasons}): nothing to verify")
         rewritten_source = result.output
-        rule_kinds = sorted({n.kind_with(options).value for n in result.changes if n.rule in BY_CODE})
-        changing_rules = sorted({f"{n.rule} ({BY_CODE[n.rule].name})" for n in result.changes
+        changes = [n for one in (result, *members) for n in one.changes]
+        rule_kinds = sorted({n.kind_with(options).value for n in changes if n.rule in BY_CODE})
+        changing_rules = sorted({f"{n.rule} ({BY_CODE[n.rule].name})" for n in changes
                                  if n.rule in BY_CODE and n.rule not in _OPTION_RULES
                                  and n.kind_with(options).value == CHANGES_TRAINING})
 
@@ -238,7 +272,8 @@ def verify(
         rewritten = run_script(Path(against), script_args, label="rewritten", env=rewritten_env, **common, **traced)
     else:
         on_start("rewritten")
-        with _rewritten_file(script, rewritten_source) as rewritten_path:
+        with (_rewritten_project(script, rewritten_source, members) if members
+              else _rewritten_file(script, rewritten_source)) as rewritten_path:
             if rewritten_path.parent != script.resolve().parent:  # the script's folder was read-only
                 rewritten_env["PYTHONPATH"] = os.pathsep.join(
                     filter(None, [str(script.resolve().parent), rewritten_env.get("PYTHONPATH")]))
