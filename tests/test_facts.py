@@ -636,9 +636,10 @@ FIXTURE_INPUTS = sorted((Path(__file__).resolve().parent.parent / "fixtures").gl
 
 @pytest.mark.parametrize("path", FIXTURE_INPUTS, ids=lambda p: p.parent.name)
 def test_parents_scopes_and_qualified_names_are_libcsts(path):
-    """The parents, scopes and qualified names ScriptFacts computes its own way are what
+    """The parents, scopes, positions and qualified names ScriptFacts computes its own way are what
     LibCST's MetadataWrapper gives, node for node, on every fixture."""
-    from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNameProvider, ScopeProvider
+    from libcst.metadata import (MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider,
+                                 ScopeProvider)
 
     facts = ScriptFacts(cst.parse_module(path.read_text(encoding="utf-8")), fresh=True)
     wrapper = MetadataWrapper(facts.module, unsafe_skip_copy=True)
@@ -652,6 +653,8 @@ def test_parents_scopes_and_qualified_names_are_libcsts(path):
         if scope is not None:
             assert type(scope) is type(mine[node])
             assert sorted(a.name for a in scope.assignments) == sorted(a.name for a in mine[node].assignments)
+    assert dict(MetadataWrapper(facts.module, unsafe_skip_copy=True).resolve(PositionProvider)) \
+        == dict(facts._meta[PositionProvider])
     for node, names in theirs[QualifiedNameProvider].items():
         names = names() if callable(names) else names
         assert {q.name for q in names} == facts.qualnames(node)

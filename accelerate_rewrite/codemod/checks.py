@@ -22,7 +22,9 @@ class _Positions:
 
     def get(self, node: cst.CSTNode, default=None):
         if self.found is None:
-            self.found = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
+            from accelerate_rewrite.codemod.facts_metadata import resolve
+
+            self.found = resolve(MetadataWrapper(self.module, unsafe_skip_copy=True), PositionProvider)
         return self.found.get(node, default)
 
 

@@ -7,8 +7,8 @@ per level of dependencies, which calls nothing here: every provider does its wor
 from one walk of our own, and the scopes from LibCST's own ScopeProvider run directly
 (expression contexts, then scopes: what the wrapper would run, without its extra walks; the
 results are the same maps, which tests/test_facts.py checks). Positions (code generation with
-positions, a walk of its own) are computed when first asked for. Should LibCST's internals
-change, the wrapper's way is taken.
+positions, a walk of its own) are computed when first asked for, by that walk alone (the wrapper
+adds an empty batched walk to it). Should LibCST's internals change, the wrapper's way is taken.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 import libcst as cst
 from libcst.metadata import (
+    BatchableMetadataProvider,
     ExpressionContextProvider,
     MetadataWrapper,
     ParentNodeProvider,
@@ -75,5 +76,17 @@ class Metadata(dict):
             self.update(wrapper.resolve_many([ParentNodeProvider, ScopeProvider]))
 
     def __missing__(self, provider):
-        self[provider] = values = self.wrapper.resolve(provider)
+        self[provider] = values = resolve(self.wrapper, provider)
         return values
+
+
+def resolve(wrapper: MetadataWrapper, provider) -> Mapping[cst.CSTNode, Any]:
+    """``wrapper.resolve(provider)``; for a provider that depends on none and is not batched
+    (positions), its own walk alone: the wrapper would add a walk of its batched visitor with
+    nothing to call."""
+    if provider.METADATA_DEPENDENCIES or provider.gen_cache or issubclass(provider, BatchableMetadataProvider):
+        return wrapper.resolve(provider)
+    try:
+        return provider()._gen(wrapper)
+    except (AttributeError, TypeError):  # LibCST's internals moved: its own way
+        return wrapper.resolve(provider)
