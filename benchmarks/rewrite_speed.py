@@ -28,6 +28,10 @@ Measures, in this order:
 4. The whole command (``--check``) over ``--corpus`` generated training scripts, with 1 and 2
    processes (``-j``): lines per second of the whole run.
 
+``--goals`` runs benchmarks/speed_goals.py instead (issue 15: this tool side by side with
+TorchFix over a corpus of 239 files, the size curve up to 50k lines, the cache, -j1 against -jN,
+the pre-commit hook); its options follow (``--torchfix PATH``, ``--sizes``, ``--rounds``).
+
 Exits 1 when the rewrites or either command imported torch or lightning. Only the standard
 library and the package are used. With the defaults it takes about 45 s on
 a 2-core machine (most of it in the measured rounds); ``--rounds 1 --synthetic-lines 0`` is a
@@ -705,6 +709,11 @@ def markdown_report(m: dict, t: dict, s: Optional[dict], cold: list[dict], took:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--goals" in argv:  # issue 15's figures: TorchFix side by side, sizes, cache, -j, pre-commit
+        from speed_goals import main as goals
+
+        return goals([a for a in argv if a != "--goals"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", action="store_true", help="print a markdown section")
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds (default 3)")
