@@ -250,12 +250,26 @@ class _Collector(cst.CSTVisitor):
                 and qual.rsplit(".", 1)[-1][:1].isupper():
             models = self._param_models(core)
             f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, qual, models=models))
+        elif self._is_optimizer_class(core):
+            f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, _callee_text(core),
+                                        models=self._param_models(core), custom=True))
         elif qual in GRAD_SCALERS:
             f.bindings.append(Binding(key, SCALER, stmt, value, core, qual))
         elif qual in DATALOADERS:
             f.bindings.append(Binding(key, LOADER, stmt, value, core, qual))
         elif self._is_module_ctor(core, qual):
             f.bindings.append(Binding(key, MODULE, stmt, value, core, qual or _callee_text(core)))
+
+    def _is_optimizer_class(self, call: cst.Call) -> bool:
+        """``SAM(model.parameters(), ...)``: a class of the script (or of a module of its project,
+        codemod/project.py) deriving from torch.optim.Optimizer."""
+        if not isinstance(call.func, cst.Name):
+            return False
+        fn = self.f.functions.get(call.func.value)
+        if fn is None or not isinstance(fn.node, cst.ClassDef):
+            return False
+        return any(self.f.qualname(base.value) in ("torch.optim.Optimizer", "torch.optim.optimizer.Optimizer")
+                   for base in fn.node.bases)
 
     def _is_module_ctor(self, call: cst.Call, qual: str) -> bool:
         if qual.startswith("torch.nn.") and not qual.startswith(_NOT_MODULES):

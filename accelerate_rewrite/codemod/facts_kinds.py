@@ -5,9 +5,12 @@ re-exports all of it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import libcst as cst
+
+if TYPE_CHECKING:
+    from accelerate_rewrite.codemod.facts import ScriptFacts
 
 Owner = cst.CSTNode
 Key = tuple[Owner, str]
@@ -101,6 +104,9 @@ class Binding:
 @dataclass
 class Optimizer(Binding):
     models: list[Key] = field(default_factory=list)  # whose parameters it takes
+    #: a class of the script's own deriving from torch.optim.Optimizer (SAM): the script may
+    #: step it by methods of its own (``first_step``, ``second_step``)
+    custom: bool = False
 
 
 @dataclass
@@ -135,3 +141,31 @@ class Function:
     params: list[cst.Param]
     calls: list[cst.Call] = field(default_factory=list)
     other_uses: list[cst.Name] = field(default_factory=list)  # referenced but not called
+
+
+#: an optimizer's methods that are not a step of its own
+_NOT_STEPS = ("step", "zero_grad", "state_dict", "load_state_dict", "add_param_group", "register_step_pre_hook",
+              "register_step_post_hook")
+
+
+def custom_steps(f: "ScriptFacts") -> list[tuple[Optimizer, list[str]]]:
+    """Optimizers of the script's own class (SAM) that it steps by methods of their own
+    (``first_step``, ``second_step``), with those methods."""
+    out = []
+    for opt in (o for o in f.optimizers if o.custom):
+        methods = sorted({c.func.attr.value for c in f.attribute_calls
+                          if c.func.attr.value not in _NOT_STEPS and f.same_object(f.key_of(c.func.value), opt.key)})
+        if methods:
+            out.append((opt, methods))
+    return out
+
+
+def stepped_by(f: "ScriptFacts") -> str:
+    """``: `optimizer` (SAM) steps by `first_step` and `second_step` ...``, for a rule that
+    needs an ``optimizer.step()`` and found none; empty when there is no such optimizer."""
+    stepped = custom_steps(f)
+    if not stepped:
+        return ""
+    opt, methods = stepped[0]
+    return (f": `{opt.path}` ({opt.qualname}) steps by {' and '.join(f'`{n}`' for n in methods)}, "
+            "whose updates the rule can't place itself around")

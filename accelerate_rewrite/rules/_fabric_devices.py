@@ -165,7 +165,8 @@ class Devices:
                     id(func) if func is not None else None, set())
             # a device the script gets from elsewhere: ``args.device``, ``cfg.device``
             foreign = (not is_device_name and not literal and "device" in code(device_node).lower()
-                       and not _follows_a_tensor(device_node))
+                       and not _follows_a_tensor(device_node)
+                       and not _named_tensor_device(f.function(move.call), device_node))
             if not is_device_name and not literal and not foreign:
                 continue  # ``.to(torch.float16)``, ``.to(other_tensor)``: not a move to a device
             ref = p.ref_at(f, move.call)
@@ -309,8 +310,27 @@ def _arg_param(facts: ScriptFacts, target, call: cst.Call, arg: cst.Arg) -> Opti
     return param_for(positional_params(target), target, arg, list(call.args).index(arg))
 
 
+def _named_tensor_device(func: Optional[cst.FunctionDef], node: Optional[cst.BaseExpression]) -> bool:
+    """``shared_device``, bound in its function only to a tensor's device
+    (``shared_device = self.param_groups[0]["params"][0].device``, SAM's)."""
+    if func is None or not isinstance(node, cst.Name):
+        return False
+    values = [a.value for a in m.findall(func, m.Assign(targets=[m.AssignTarget(m.Name(node.value))]))]
+    return bool(values) and all(_follows_a_tensor(v) for v in values)
+
+
 def _follows_a_tensor(node: cst.BaseExpression) -> bool:
     """``x.device``, ``next(model.parameters()).device``: the device of a tensor or module,
     which follows wherever Fabric put it."""
     return (isinstance(node, cst.Attribute) and node.attr.value == "device"
-            and not _SETTINGS.search(code(node.value)))
+            and not _SETTINGS.search(" ".join(_names_of(node.value))))
+
+
+def _names_of(node: cst.BaseExpression) -> list[str]:
+    """The names an expression reaches its object by (``self.param_groups[0]["params"]`` ->
+    self, param_groups): not its subscripts' keys."""
+    while isinstance(node, (cst.Subscript, cst.Call)):
+        node = node.value if isinstance(node, cst.Subscript) else node.func
+    if isinstance(node, cst.Attribute):
+        return [*_names_of(node.value), node.attr.value]
+    return [node.value] if isinstance(node, cst.Name) else [code(node)]

@@ -20,6 +20,7 @@ from accelerate_rewrite.codemod.facts import (
     positional_params,
 )
 from accelerate_rewrite.codemod.ddp import HandDDP, hand_ddp
+from accelerate_rewrite.codemod.facts_kinds import custom_steps
 from accelerate_rewrite.codemod.loops import EVAL, eval_sums, loader_role, unwrap_iter
 from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, Options
@@ -266,6 +267,14 @@ class _Planner(Reach, Devices):
                    "step 13)")
             p.omit_precision = (lbfgs[0].stmt, f"precision {p.precision} not set: {why}; "
                                                "LBFGS stays at 32-true")
+            return
+        stepped = custom_steps(f)
+        if stepped and p.precision == "16-mixed":
+            opt, methods = stepped[0]
+            p.omit_precision = (opt.stmt, f"precision 16-mixed not set: `{opt.path}` ({opt.qualname}) steps by "
+                                          f"{' and '.join(f'`{n}`' for n in methods)}, which Fabric's "
+                                          "GradScaler does not see (it would apply scaled gradients); use "
+                                          "bf16-mixed, which needs no scaler")
 
 
     # -- fabric.setup(model, optimizer) --

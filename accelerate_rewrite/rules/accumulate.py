@@ -17,6 +17,7 @@ from accelerate_rewrite.codemod.facts import (
     ScriptFacts,
     code,
 )
+from accelerate_rewrite.codemod.facts_kinds import stepped_by
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._apex import apex_use
@@ -95,7 +96,7 @@ class Accumulate(Rule):
         order: list[cst.For] = []
         steps = f.method_calls(OPTIMIZER, "step") + [c for c in f.method_calls(SCALER, "step") if c.args]
         if not steps:
-            ctx.skip(None, "--accumulate: no optimizer step found")
+            ctx.skip(None, f"--accumulate: no optimizer step found{stepped_by(f)}")
             return
         for call in steps:
             loop = _loop_of(f, call)

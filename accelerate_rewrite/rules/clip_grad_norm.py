@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from accelerate_rewrite.codemod.facts import CLIP_NORM, CLIP_VALUE, OPTIMIZER, SCALER, code
+from accelerate_rewrite.codemod.facts_kinds import stepped_by
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._fabric import plan, short, stmt, visible_name
@@ -63,7 +64,7 @@ class ClipGradNorm(Rule):
         sites = [(c, c.func.value, native_scalers.get(id(c))) for c in f.method_calls(OPTIMIZER, "step")]
         sites += [(c, c.args[0].value, code(c.func.value)) for c in f.method_calls(SCALER, "step") if c.args]
         if not sites:
-            ctx.skip(None, "--clip-grad-norm: no optimizer step found")
+            ctx.skip(None, f"--clip-grad-norm: no optimizer step found{stepped_by(f)}")
             return
         for call, optimizer, scaler in sites:
             if call.args and scaler is None or len(call.args) > 1:
