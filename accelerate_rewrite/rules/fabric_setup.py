@@ -29,6 +29,10 @@ class FabricSetup(FabricRule):
     not set up would silently miss the precision and the strategy). An optimizer over tensors
     (`optim.LBFGS([input_img])`, style transfer) has nothing to set up: at 32-true on one device
     the rest converts (backward, device) and the note says so; otherwise nothing is converted.
+    An optimizer class of the script's own (or of a module of its project) deriving from
+    `torch.optim.Optimizer`, such as SAM with its `first_step` / `second_step`, is set up like
+    any other; its own steps don't go through Fabric's GradScaler, so 16-mixed is left out (the
+    note says why: use bf16-mixed).
     """
 
     code = "AR103"
