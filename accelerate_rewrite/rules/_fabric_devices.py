@@ -49,6 +49,13 @@ class Devices:
         """ids of device moves whose receiver is a batch from a loader that Fabric set up."""
         f = self.f
         out: set[int] = set()
+        within: dict[int, set[int]] = {}  # a move -> the loops it is in, walked up once per move
+
+        def loops_of(call: cst.Call) -> set[int]:
+            if id(call) not in within:
+                within[id(call)] = {id(a) for a in f.ancestors(call) if isinstance(a, cst.For)}
+            return within[id(call)]
+
         for loop in for_loops(f):
             source = unwrap_iter(loop.iter)
             if not self._set_up(f.key_of(source), LOADER):
@@ -64,7 +71,7 @@ class Devices:
                             names |= {n.value for n in m.findall(t.target, m.Name())}
             for move in f.device_moves:
                 root = root_of(move.receiver)
-                if isinstance(root, cst.Name) and root.value in names and loop in f.ancestors(move.call):
+                if isinstance(root, cst.Name) and root.value in names and id(loop) in loops_of(move.call):
                     out.add(id(move.call))
         return out
 
