@@ -226,7 +226,9 @@ class Reporter:
         console.print(f"Would rewrite: {escape(str(path))}")
 
     def summary(self, path: Path, result: "Result", status: str, options: Options,
-                where: Optional[list] = None) -> None:
+                where: Optional[list] = None, script: Optional[Path] = None) -> None:
+        """``script``: the script a module of its project changes with (its numerics are the
+        script's: the two are one program)."""
         def at(line: int, sep: str = " ") -> str:  # "line 12", or a notebook's "cell 3:line 2"
             if where is not None and 1 <= line <= len(where):
                 cell, in_cell = where[line - 1]
@@ -255,7 +257,8 @@ class Reporter:
         for note in result.changes:
             p(f"  [cyan]{note.rule}[/] {at(note.line)}: {escape(one_line(note.message))}")
         if result.changes:
-            p(f"  numerics: {escape(numerics(result, options))}")
+            p("  numerics: " + escape(numerics(result, options) if script is None else
+                                      f"as for {script} (the files change together, one program)"))
         if result.skips:
             p("  [yellow]left alone[/]:")
             for note in result.skips:
@@ -490,7 +493,7 @@ def finish(prepared: Prepared, settings: Settings, report: Reporter) -> list[Out
         report.summary(path, result, status, outcome.options or settings.options, prepared.where)
         for member in members:
             report.summary(member.path, member.result, member.status + f" (with {path})",
-                           outcome.options or settings.options)
+                           outcome.options or settings.options, script=path)
     return [outcome, *members]
 
 

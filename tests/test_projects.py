@@ -108,6 +108,62 @@ def test_a_name_bound_in_two_files_is_not_followed(tmp_path):
     assert any("engine.py is not followed: `math` is defined both there and in" in r for r in reasons), reasons
 
 
+#: the engine/driver project's script with its modules imported whole (``import engine``,
+#: ``import utils as U``) and read through them
+_WHOLE = [("from engine import evaluate, train_one_epoch\n", "import engine\n"),
+          ("from utils import make_loaders\n", "import utils as U\n"),
+          (" train_one_epoch(model", " engine.train_one_epoch(model"), ("= evaluate(", "= engine.evaluate("),
+          ("= make_loaders(", "= U.make_loaders(")]
+
+
+def _whole(text: str) -> str:
+    for old, new in _WHOLE:
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
+@pytest.mark.parametrize("option_set", ["default", "bf16-mixed-devices-4", "torch-16-mixed"])
+def test_modules_imported_whole_are_followed_as_names_imported_from_them(tmp_path, option_set):
+    """``import engine`` / ``import utils as U``: the analysis reads ``engine.train_one_epoch`` as
+    the function it is, the script keeps its spelling, and every file comes out as with
+    ``from engine import ...`` (the goldens), idempotent."""
+    root = _engine_driver(tmp_path)
+    path = root / "train.py"
+    path.write_text(_whole(path.read_text(encoding="utf-8")), encoding="utf-8")
+    options = Options.create(**OPTION_SETS[option_set])
+    result = rewrite(path.read_text(encoding="utf-8"), options, path=str(path), scope=Scope(follow=True))
+    expected = PROJECTS / "engine_driver" / "expected" / option_set
+    assert not result.dropped, result.dropped
+    assert result.output == _whole((expected / "train.py").read_text(encoding="utf-8"))
+    for member in result.members:
+        golden = expected / Path(member.path).name
+        assert member.output == (golden.read_text(encoding="utf-8") if golden.exists() else member.source)
+    assert not [n for n in result.skips if n.rule == "project"]
+    again = rewrite(result.output, options, path=str(path), scope=Scope(follow=True),
+                    sources={m.path: m.output for m in result.members})
+    assert again.output == result.output and all(not m.changed for m in again.members)
+
+
+def test_a_module_imported_whole_and_read_otherwise_is_not_followed(tmp_path):
+    """``print(engine)``, a name of the script's own beside ``engine.evaluate``: not followed,
+    with the reason; the driver alone has no backward, so nothing converts, and it says where
+    the training went."""
+    root = _engine_driver(tmp_path)
+    path = root / "train.py"
+    base = _whole(path.read_text(encoding="utf-8"))
+    for extra, reason in [("print(engine)", "`engine` is read other than as `engine.name`"),
+                          ("evaluate = None", "`evaluate` is both `engine.evaluate` and a name of the script")]:
+        text = base.replace("    torch.save(", f"    {extra}\n    torch.save(")
+        result = rewrite(text, Options.create(), path=str(path), scope=Scope(follow=True))
+        reasons = [n.message for n in result.skips if n.rule == "project"]
+        assert any(f"engine.py is not followed: {reason}" in r for r in reasons), reasons
+        assert all(r for r in reasons), reasons  # a module with nothing to look at says nothing
+        assert not result.changed
+        assert any("no backward call found: `engine.train_one_epoch(model, optimizer, trai...` takes the "
+                   "optimizer into code this rewrite can't see" in n.message for n in result.skips), result.skips
+
+
 def _cli(*args: str, cwd: Path):
     runner = CliRunner()
     old = os.getcwd()
@@ -124,6 +180,8 @@ def test_the_command_line_shows_checks_and_writes_every_file(tmp_path):
     shown = _cli(".", cwd=root)
     assert shown.exit_code == 0, shown.output
     assert "+++ train.py" in shown.stdout and "+++ engine.py" in shown.stdout
+    # a module's numbers are the script's: one program
+    assert "numerics: as for train.py (the files change together, one program)" in " ".join(shown.output.split())
     checked = _cli(".", "--check", cwd=root)
     assert checked.exit_code == 1
     assert "Would rewrite: train.py" in checked.output and "Would rewrite: engine.py" in checked.output

@@ -18,7 +18,8 @@ from accelerate_rewrite.codemod.edits import apply_edits
 from accelerate_rewrite.codemod.facts import ScriptFacts
 from accelerate_rewrite.codemod.flow import maybe_unbound
 from accelerate_rewrite.codemod.result import Result  # noqa: F401 (plain data: codemod/result.py)
-from accelerate_rewrite.codemod.project import Project, Scope, Unit, analyse, build, candidates, relocate, units_of
+from accelerate_rewrite.codemod.project import (Project, Realias, Scope, Unit, analyse, build, candidates, relocate,
+                                                units_of)
 from accelerate_rewrite.codemod.preserve import Region, lost_trivia, restore, split_tail
 from accelerate_rewrite.codemod.rule import Note, Rule, RuleContext
 from accelerate_rewrite.codemod.suppress import applies_to, changed_lines, protected_lines, skip_file_line
@@ -321,6 +322,8 @@ def _rewrite(
 
     def apply_to(unit: Unit, edit_sets, touched=None) -> str:
         new = apply_edits(unit.view, edit_sets, touched, imports_read=several)
+        if unit.aliases:  # ``train`` read as ``E.train`` again
+            new = new.visit(Realias(unit.aliases))
         return restore(unit.head, unit.roundtrip, new.code)
 
     for unit in units:

@@ -9,6 +9,12 @@ analysis only, by the statements of those modules, as Python runs them at that p
 see one module, record their edits on it, and the engine applies them to each file apart and
 checks each file apart (codemod/engine.py).
 
+``import engine`` (or ``import engine as E``) is followed the same way, its statement replaced
+by the module's; the script's ``engine.train_one_epoch`` is read by the analysis as
+``train_one_epoch`` (``_Dealias``), and its file gets the spelling back (``Realias``). That is
+sound only when the script reads ``engine`` as ``engine.name`` alone and has no name of its own
+that it reads so (``_reads_through``).
+
 A module is followed only when that is sound: it parses, it does not run as a script of its own
 (``if __name__ == "__main__":``), it imports nothing relatively (``from . import amp`` would mean
 something else in the script), the names imported from it are its own top-level definitions under
@@ -53,6 +59,9 @@ class Part:
     #: the line each top-level statement starts on, its leading lines included, and the line
     #: after the last one
     starts: list[int] = field(default_factory=list)
+    #: ``import engine as E`` followed: name -> the alias it is read through (``train`` -> ``E``);
+    #: the analysis reads ``E.train`` as ``train``, the file gets ``E.train`` back (``Realias``)
+    aliases: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -100,6 +109,102 @@ def _from_sibling(stmt: cst.CSTNode, folder: Path) -> Optional[tuple[str, Path, 
     dotted = cst.Module(body=[]).code_for_node(imp.module)
     file = _file(folder, dotted)
     return (dotted, file, imp) if file is not None else None
+
+
+def _import_sibling(stmt: cst.CSTNode, folder: Path) -> Optional[tuple[str, Path, str]]:
+    """``import engine`` or ``import engine as E`` (``import data.loaders as L``) of a module in
+    the script's folder: (dotted name, file, the name it is read through)."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+            and isinstance(stmt.body[0], cst.Import) and len(stmt.body[0].names) == 1):
+        return None
+    alias = stmt.body[0].names[0]
+    dotted = cst.Module(body=[]).code_for_node(alias.name)
+    if alias.asname is not None:
+        if not isinstance(alias.asname.name, cst.Name):
+            return None
+        through = alias.asname.name.value
+    elif "." in dotted:
+        return None  # ``import data.loaders``: read as ``data.loaders.make``, not followed
+    else:
+        through = dotted
+    file = _file(folder, dotted)
+    return (dotted, file, through) if file is not None else None
+
+
+def _reads_through(code: str, through: str, names: set[str]) -> tuple[set[str], Optional[str]]:
+    """The names ``code`` reads as ``through.name`` (each one of ``names``), or why the module
+    read through ``through`` can't be followed: ``through`` read otherwise (``print(E)``,
+    ``E.x = 1``), bound again, or a name it reads so also a name of the script's own (a local
+    ``train`` beside ``E.train``), or spelled other than ``E.name``."""
+    tree = ast.parse(code)
+    used: set[str] = set()
+    bases: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == through:
+            if node.attr not in names:
+                return used, f"`{through}.{node.attr}` is not defined at its top level"
+            if not isinstance(node.ctx, ast.Load):
+                return used, f"the script assigns `{through}.{node.attr}`"
+            if ast.get_source_segment(code, node) != f"{through}.{node.attr}":
+                return used, f"`{through}.{node.attr}` is spelled with spaces or a line break"
+            used.add(node.attr)
+            bases.add(id(node.value))
+    others: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            if node.id == through and id(node) not in bases:
+                return used, f"`{through}` is read other than as `{through}.name`"
+            others.add(node.id)
+        elif isinstance(node, ast.arg):
+            others.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            others.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            others.update(node.names)
+        elif isinstance(node, ast.alias):
+            others.add(node.asname or node.name.split(".")[0])
+    clash = sorted(used & others)
+    if clash:
+        return used, f"`{clash[0]}` is both `{through}.{clash[0]}` and a name of the script"
+    return used, None
+
+
+class _Dealias(cst.CSTTransformer):
+    """``E.train`` -> ``train`` for the analysis."""
+
+    def __init__(self, aliases: dict[str, str]) -> None:
+        super().__init__()
+        self.aliases = aliases
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        if (isinstance(updated.value, cst.Name) and self.aliases.get(updated.attr.value) == updated.value.value
+                and not updated.value.lpar):
+            return cst.Name(updated.attr.value, lpar=updated.lpar, rpar=updated.rpar)
+        return updated
+
+
+class Realias(cst.CSTTransformer):
+    """``train`` -> ``E.train`` again in the file: every ``train`` read there came from ``E.train``
+    (``_reads_through`` made sure the script has no name of its own so)."""
+
+    def __init__(self, aliases: dict[str, str]) -> None:
+        super().__init__()
+        self.aliases = aliases
+        self.kept: set[int] = set()
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.kept.add(id(node.attr))
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:
+            self.kept.add(id(node.keyword))
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        through = self.aliases.get(updated.value)
+        if through is None or id(original) in self.kept:
+            return updated
+        return cst.Attribute(value=cst.Name(through), attr=cst.Name(updated.value), lpar=updated.lpar,
+                             rpar=updated.rpar)
 
 
 def _imports_of(code: str) -> dict[str, frozenset[str]]:
@@ -174,14 +279,21 @@ def build(path: str, head: str, module: cst.Module, source: str,
         part = parts[part_index]
         out: list[tuple[int, int]] = []
         for index, stmt in enumerate(part.module.body):
-            found = _from_sibling(stmt, folder)
+            found = _from_sibling(stmt, folder) or _import_sibling(stmt, folder)
             if found is None or os.path.realpath(found[1]) == real_script:
                 out.append((part_index, index))
                 continue
             dotted, file, imp = found
+            if isinstance(imp, str):  # ``import engine as E``: read as ``E.train``
+                why = _through(part, dotted, file, imp)
+                if isinstance(why, str):
+                    if part_index == 0:
+                        unfollowed.append((line_of(part, index), why))
+                    out.append((part_index, index))
+                    continue
             if dotted in included:
                 continue  # its statements are in already: the names are bound
-            why = _follow(dotted, file, imp)
+            why = _follow(dotted, file, None if isinstance(imp, str) else imp)
             if isinstance(why, str):
                 if part_index == 0:
                     unfollowed.append((line_of(part, index), why))
@@ -190,9 +302,35 @@ def build(path: str, head: str, module: cst.Module, source: str,
             out.extend(expand(why))
         return out
 
-    def _follow(dotted: str, file: Path, imp: cst.ImportFrom):
+    def _through(part: Part, dotted: str, file: Path, through: str):
+        """None when the names ``part`` reads through ``through`` (``import engine as E``) are
+        ``dotted``'s own and may be read bare by the analysis (recorded in ``part.aliases``), or
+        why not."""
+        shown = _shown(file)
+        got = read(file)
+        if got is None:
+            return f"{shown} is not followed: it can't be read or parsed"
+        if words and not any(w in got[0].lower() for w in words):
+            return ""  # nothing there a rule looks at: no note
+        try:
+            m_own, _ = _top_names(got[1])
+            used, why = _reads_through(part.head, through, m_own)
+        except (SyntaxError, ValueError):
+            return f"{shown} is not followed: it can't be read or parsed"
+        if why is not None:
+            return f"{shown} is not followed: {why}"
+        taken = [name for name in used if part.aliases.get(name, through) != through]
+        if taken:
+            return f"{shown} is not followed: `{taken[0]}` is read through two modules"
+        part.aliases.update({name: through for name in used})
+        return None
+
+    def _shown(file: Path) -> str:
+        return os.path.relpath(file) if not os.path.isabs(path) else str(file)
+
+    def _follow(dotted: str, file: Path, imp: Optional[cst.ImportFrom]):
         """The index of the new part, or why the module is not followed."""
-        shown = os.path.relpath(file) if not os.path.isabs(path) else str(file)
+        shown = _shown(file)
         if len(parts) > MAX_MODULES:
             return f"{shown} is not followed: more than {MAX_MODULES} modules"
         got = read(file)
@@ -201,13 +339,13 @@ def build(path: str, head: str, module: cst.Module, source: str,
         text, m_head, m_tail, m_module = got
         if words and not any(w in text.lower() for w in words):
             return ""  # nothing there a rule looks at: no note
-        if isinstance(imp.names, cst.ImportStar):
+        if imp is not None and isinstance(imp.names, cst.ImportStar):
             return f"{shown} is not followed: `from {dotted} import *`"
         try:
             m_own, m_imported = _top_names(m_head)
         except (SyntaxError, ValueError):
             return f"{shown} is not followed: it can't be read or parsed"
-        for alias in imp.names:
+        for alias in imp.names if imp is not None else ():
             name = cst.Module(body=[]).code_for_node(alias.name)
             if alias.asname is not None:
                 return f"{shown} is not followed: `{name}` is imported under another name"
@@ -244,9 +382,12 @@ def build(path: str, head: str, module: cst.Module, source: str,
 
     origin = expand(0)
     if len(parts) == 1:
+        unfollowed = [(line, why) for line, why in unfollowed if why]
         return Project(parts, module, origin, unfollowed) if unfollowed else None
-    # names the script imports from the modules followed are bound by their statements now
-    body = [parts[p].module.body[i] for p, i in origin]
+    # names the script imports from the modules followed are bound by their statements now, and
+    # those it reads through a module (``E.train``) are read bare
+    read_as = [p.module.visit(_Dealias(p.aliases)) if p.aliases else p.module for p in parts]
+    body = [read_as[p].body[i] for p, i in origin]
     combined = module.with_changes(body=body)
     return Project(parts, combined, origin, [(line, why) for line, why in unfollowed if why])
 
@@ -269,6 +410,7 @@ class Unit:
     where: Callable[[int], tuple[int, int]]
     index: int = 0
     refusal: Optional[str] = None  # why this file may not change
+    aliases: dict[str, str] = field(default_factory=dict)  # Part.aliases
     first_read: Callable[[str], Optional[int]] = lambda name: None
 
     def local(self, line: int) -> Optional[int]:
@@ -294,7 +436,7 @@ def units_of(facts: "ScriptFacts", project: Project, scope: Scope) -> list[Unit]
             view=part.module.with_changes(body=body),
             undefined={} if _all_names_resolve(part.head) else undefined_names(part.module),
             unbound=(part.head, maybe_unbound(part.head)), where=where, index=p,
-            refusal=scope.refusal(part.path) if p else None)
+            refusal=scope.refusal(part.path) if p else None, aliases=part.aliases)
         unit.first_read = lambda name, u=unit: (lambda line: u.local(line) if line is not None else None)(
             facts.first_read(name))
         units.append(unit)

@@ -158,8 +158,8 @@ class Scope:
 
 
 def candidates(path: Path, source: str, text_of: Callable[[Path], Optional[str]]) -> list[Path]:
-    """The files of the project's own modules that the script at ``path`` imports with
-    ``from X import ...`` at its top level, and those they import so, in turn: Python's ``ast``
+    """The files of the project's own modules that the script at ``path`` imports at its top
+    level (``from X import ...``, ``import X``), and those they import so, in turn: Python's ``ast``
     only, no analysis (``text_of(file)``: a file's text, or None)."""
     folder = path.parent
     seen: dict[str, Path] = {}
@@ -172,8 +172,7 @@ def candidates(path: Path, source: str, text_of: Callable[[Path], Optional[str]]
             tree = ast.parse(text)
         except (SyntaxError, ValueError):
             continue
-        froms = ast.Module(body=[n for n in tree.body if isinstance(n, ast.ImportFrom)], type_ignores=[])
-        for dotted, file in imported_modules(folder, froms):
+        for dotted, file in imported_modules(folder, tree):
             if dotted in seen or os.path.realpath(file) == os.path.realpath(path):
                 continue
             seen[dotted] = file

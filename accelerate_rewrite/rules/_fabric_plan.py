@@ -88,6 +88,13 @@ class _Planner(Reach, Devices):
             return self.refuse(taken[0], f"the name `{NAME}` is already used in this script")
         if not f.optimizers:
             return self.refuse(f.backward_sites[0].call, "no optimizer found to set up with Fabric")
+        if not f.backward_sites:
+            hidden = self._hidden_training()
+            where = (f": `{short(hidden)}` takes the optimizer into code this rewrite can't see"
+                     if hidden is not None else "")
+            return self.refuse(hidden if hidden is not None else f.optimizers[0].stmt,
+                               f"no backward call found{where}; every backward must go through "
+                               "Fabric, so nothing was converted")
         # Threading a device parameter into `fabric` is tried first; a function whose device
         # is also used in a way Fabric does not replace keeps it, and the plan is made again.
         self.excluded: set[int] = set()
@@ -101,6 +108,24 @@ class _Planner(Reach, Devices):
                 return self.p
             self.excluded |= stuck
         return self.refuse(None, "could not settle where `fabric` is passed")
+
+    def _hidden_training(self) -> Optional[cst.Call]:
+        """A call that passes an optimizer to a function the script does not define (one of a
+        module that is not followed, ``engine.train_one_epoch(model, optimizer, ...)``), not
+        torch's: where its backward and steps must be."""
+        f = self.f
+        for opt in f.optimizers:
+            for ref in f.references(opt.key):
+                arg = f.parent(ref)
+                call = f.parent(arg) if isinstance(arg, cst.Arg) and arg.value is ref else None
+                if not isinstance(call, cst.Call):
+                    continue
+                if isinstance(call.func, cst.Name) and call.func.value in f.functions:
+                    continue
+                if any(q.split(".")[0] == "torch" for q in f.qualnames(call.func)):
+                    continue
+                return call
+        return None
 
     def _plan(self) -> None:
         p = self.p
