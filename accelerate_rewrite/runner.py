@@ -406,11 +406,13 @@ def rewrite_notebook(text: str, path: str, choice: "Choice") -> tuple["Result", 
 
     from accelerate_rewrite.codemod import notebook
     from accelerate_rewrite.codemod.engine import RewriteError, rewrite
+    from accelerate_rewrite.codemod.siblings import Scope
 
     try:
         program = notebook.read(text, path)
         try:
-            result = rewrite(program.text, choice.options, path=path, rules=choice.rules)
+            result = rewrite(program.text, choice.options, path=path, rules=choice.rules,
+                             scope=Scope(alone="a notebook is rewritten alone (only its cells change)"))
         except RewriteError as exc:  # a place in the joined cells: the cell and its line
             raise RewriteError(notebook.locate(str(exc), program, path)) from None
         nb, changed = notebook.write_back(program, result.output, path) if result.changed else (program.nb, {})
@@ -710,6 +712,7 @@ def run_stdin(
     configuration, or with nothing to change, the input goes back as it came. ``--check`` writes
     nothing but the diff, if asked, and exits 1 when the source would change."""
     from accelerate_rewrite.codemod.engine import RewriteError
+    from accelerate_rewrite.codemod.siblings import Scope
     from accelerate_rewrite.codemod.source import SourceError, decode
     from accelerate_rewrite.config import ConfigError
 
@@ -727,7 +730,9 @@ def run_stdin(
         elif shown.suffix == ".ipynb":
             result, diff, where = rewrite_notebook(source.text, str(shown), choice)
         else:
-            result = rewrite_text(source.text, shown, choice)
+            result = rewrite_text(source.text, shown, choice, scope=Scope(
+                alone="a script read from stdin comes back alone, on stdout (give the files' paths, with "
+                      "--follow-imports)"))
     except (SourceError, RewriteError, ConfigError) as exc:
         report.error(str(exc))
         return 2

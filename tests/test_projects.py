@@ -164,14 +164,35 @@ def test_a_module_imported_whole_and_read_otherwise_is_not_followed(tmp_path):
                    "optimizer into code this rewrite can't see" in n.message for n in result.skips), result.skips
 
 
-def _cli(*args: str, cwd: Path):
+def _cli(*args: str, cwd: Path, input: str | None = None):
     runner = CliRunner()
     old = os.getcwd()
     os.chdir(cwd)
     try:
-        return runner.invoke(cli, ["--isolated", "--no-cache", *args])
+        return runner.invoke(cli, ["--isolated", "--no-cache", *args], input=input)
     finally:
         os.chdir(old)
+
+
+def test_a_script_on_stdin_or_a_notebook_changes_no_module_and_says_why(tmp_path):
+    """Only the text read comes back (stdin), only the notebook's cells change: a conversion
+    that needs engine.py changed is left out, and the reason says so (not --follow-imports)."""
+    import json
+
+    root = _engine_driver(tmp_path)
+    text = (root / "train.py").read_text()
+    piped = _cli("-", "--stdin-filename", "train.py", "--follow-imports", cwd=root, input=text)
+    assert piped.exit_code == 0 and piped.stdout == text, piped.output
+    assert ("it would change engine.py, and a script read from stdin comes back alone, on stdout (give the "
+            "files' paths, with --follow-imports)") in " ".join(piped.output.split())
+    cell = {"cell_type": "code", "id": "c1", "metadata": {}, "execution_count": None, "outputs": [],
+            "source": text.splitlines(True)}
+    (root / "train.ipynb").write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4,
+                                                   "nbformat_minor": 5}))
+    shown = _cli("train.ipynb", "--follow-imports", cwd=root)
+    assert shown.exit_code == 0, shown.output
+    assert "it would change engine.py, and a notebook is rewritten alone (only its cells change)" in \
+        " ".join(shown.output.split())
 
 
 def test_the_command_line_shows_checks_and_writes_every_file(tmp_path):

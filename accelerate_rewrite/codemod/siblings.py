@@ -138,14 +138,19 @@ MAX_MODULES = 16
 class Scope:
     """Which of the project's own files a rewrite may change besides the script itself:
     ``writable`` (resolved paths), or any with ``follow`` (``--follow-imports``); ``shared``:
-    files that other scripts given import too (resolved path -> their names), never changed."""
+    files that other scripts given import too (resolved path -> their names), never changed;
+    ``alone``: why none may change."""
 
     writable: frozenset[str] = frozenset()
     follow: bool = False
     shared: tuple[tuple[str, str], ...] = ()
+    #: why no other file may change, whatever the options (a script on stdin, a notebook)
+    alone: Optional[str] = None
 
     def refusal(self, path: str) -> Optional[str]:
         """Why ``path`` may not change, or None."""
+        if self.alone is not None:
+            return f"it would change {path}, and {self.alone}"
         real = os.path.realpath(path)
         for shared, others in self.shared:
             if shared == real:
