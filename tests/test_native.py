@@ -281,3 +281,57 @@ def test_a_loss_that_comes_from_elsewhere_is_still_refused():
     """, precision="bf16-mixed")
     assert not result.changed
     assert "neither a model of the script nor a call that computes the loss" in reasons(result)
+
+
+@pytest.mark.runs
+def test_an_inference_helper_with_no_device_in_reach_autocasts_on_its_models_device(tmp_path):
+    """Issue 14.6: ``predict(model, loader)`` has no device variable in reach; its region runs on
+    the device of the parameters of the model it calls. The rewrite runs, and predicts as the
+    original does within bf16's tolerance."""
+    import subprocess
+    import sys
+
+    source = HEAD + textwrap.dedent("""\
+    torch.manual_seed(0)
+
+
+    @torch.no_grad()
+    def predict(model, batches):
+        model.eval()
+        outputs = []
+        for x, _ in batches:
+            x = x.to(next(model.parameters()).device)
+            logits = model(x)
+            outputs.append(logits.argmax(dim=1).cpu())
+        return torch.cat(outputs)
+
+
+    def main():
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        batches = [(torch.randn(16, 8), torch.randint(0, 2, (16,))) for _ in range(4)]
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(device)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        print(predict(model, batches).float().mean().item())
+
+
+    main()
+    """)
+    options = Options.create(backend="torch", precision="bf16-mixed")
+    result = rewrite(source, options)
+    assert not result.dropped and not reasons(result), (result.dropped, reasons(result))
+    assert ("        with torch.autocast(device_type=next(model.parameters()).device.type, dtype=torch.bfloat16):\n"
+            "            logits = model(x)\n") in result.output
+    assert rewrite(result.output, options).output == result.output
+    printed = []
+    for name, text in (("original.py", source), ("rewritten.py", result.output)):
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        run = subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        printed.append(float(run.stdout.split()[-1]))
+    assert abs(printed[0] - printed[1]) <= 0.125  # at most 8 of 64 predictions differ under bf16

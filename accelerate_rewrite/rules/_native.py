@@ -341,13 +341,25 @@ class _Planner:
         return any(OPTIMIZER in f.kinds_of(n) for n in m.findall(node, m.Name() | m.Attribute()))
 
     def _add_region(self, stmts: list[cst.BaseStatement], training: bool) -> bool:
-        device_type = self.device_type(stmts[0])
+        device_type = self.device_type(stmts[0]) or self._device_of_model(stmts[0])
         if device_type is None:
             self.refuse(stmts[0], "can't tell which device the script runs on here (no device "
-                                  "variable in reach): autocast needs the device type")
+                                  "variable in reach, no model called by name): autocast needs the "
+                                  "device type")
             return False
         self.p.regions.append(Region(stmts, device_type, training))
         return True
+
+    def _device_of_model(self, stmt: cst.BaseStatement) -> Optional[str]:
+        """Where no device is in reach (an inference helper given only the model): the type of
+        the device of the parameters of the model ``stmt`` calls, which is where its forward runs
+        (``next(model.parameters()).device.type``)."""
+        for call in m.findall(stmt, m.Call()):
+            func = call.func
+            if self._is_model(func) and (isinstance(func, cst.Name) or m.matches(
+                    func, m.Attribute(value=m.Name("self"), attr=m.Name()))):
+                return f"next({code(func)}.parameters()).device.type"
+        return None
 
     # -- the script's own device --
     def device_type(self, node: cst.CSTNode) -> Optional[str]:

@@ -22,7 +22,9 @@ class NativeAutocast(Rule):
     from their first model call to the end of the loop body. The device type is the script's
     own: `device.type` for a `torch.device`, `torch.device(device).type` for a device that may
     be a string, `self.device.type` in a class; `"cuda"` only for a script that moves to CUDA
-    by name, `"cpu"` for one that never leaves the CPU.
+    by name, `"cpu"` for one that never leaves the CPU; in a helper with no device in reach
+    (`predict(model, loader)`), the device of the model it calls:
+    `next(model.parameters()).device.type`.
 
     Why: autocast runs matmuls and convolutions in the low precision and keeps reductions and
     losses in fp32, with no new dependency. A hard-coded `autocast("cuda")` would silently run
