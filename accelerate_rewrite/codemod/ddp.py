@@ -410,7 +410,7 @@ class _Finder:
         def is_loader(node: cst.BaseExpression) -> bool:
             return f.same_object(f.key_of(node), loader.key)
 
-        loops = [loop for loop in m.findall(f.module, m.For()) if is_loader(_unwrap(loop.iter))]
+        loops = [loop for loop in f.find(m.For()) if is_loader(_unwrap(loop.iter))]
         calls = [c for c in f.attribute_calls if c.func.attr.value == "set_epoch" and (
             (isinstance(sampler, cst.Name) and code(c.func.value) == code(sampler))
             or m.matches(c.func.value, m.Attribute(attr=m.Name("sampler"))) and is_loader(c.func.value.value))]
@@ -438,7 +438,7 @@ class _Finder:
     def _module_uses(self) -> None:
         f, d = self.f, self.d
         wrapped = {code(w.stmt.body[0].targets[0].target) for w in d.wraps}
-        for node in m.findall(f.module, m.Attribute(attr=m.Name("module"))):
+        for node in f.find(m.Attribute(attr=m.Name("module"))):
             if code(node.value) in wrapped:
                 d.module_uses.append(node)
 

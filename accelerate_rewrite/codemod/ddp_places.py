@@ -52,7 +52,7 @@ def places(f: ScriptFacts, d: "HandDDP", problem: Callable) -> None:
     for call in f.calls_named(*PLACE_CALLS):
         if id(f.statement(call)) not in removed:
             d.reads.append((call, PLACE_CALLS[f.qualname(call)]))
-    for node in m.findall(f.module, m.Subscript() | m.Call()):
+    for node in f.find(m.Subscript() | m.Call()):
         var = env_key(f, node)
         if var in MASTER_ENV or var is None or var not in PLACE_ENV and var != "LOCAL_WORLD_SIZE":
             continue

@@ -106,6 +106,7 @@ class ScriptFacts:
         self.kinds: dict[Key, set[str]] = {}
         self._aliases: list[tuple[Key, cst.BaseExpression]] = []
         self._memo: dict[object, object] = {}
+        self._ready = False
         self._self_attrs: list[cst.Attribute] = []
         #: keys of loaders built in a helper that returns them (codemod/returns.py): they are
         #: set up where the helper's result is bound, which holds their own bindings
@@ -115,6 +116,7 @@ class ScriptFacts:
 
         find_returned_loaders(self)
         self._flow()
+        self._ready = True  # the facts are complete: conclusions drawn from them may be kept
 
     def memo(self, key: object, compute):
         """A conclusion drawn from these facts once and shared by several rules (e.g. the
@@ -143,6 +145,27 @@ class ScriptFacts:
 
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         return self._get(ParentNodeProvider, node)
+
+    def find(self, matcher: m.BaseMatcherNode) -> list[cst.CSTNode]:
+        """``m.findall(self.module, matcher)``, the same nodes in the same order, from an index of
+        the tree's nodes by type made once (the parents' walk visits them in that order): a
+        matcher walk of the whole tree per question costs seconds in a long script."""
+        types = _node_types(matcher)
+        if types is None:
+            return list(m.findall(self.module, matcher))
+        index = self.memo("nodes-by-type", self._nodes_by_type)
+        if len(types) == 1:
+            candidates = [node for _, node in index.get(types[0], ())]
+        else:
+            candidates = [node for _, node in sorted((pair for t in types for pair in index.get(t, ())),
+                                                     key=lambda pair: pair[0])]
+        return [node for node in candidates if m.matches(node, matcher)]
+
+    def _nodes_by_type(self) -> dict[type, list[tuple[int, cst.CSTNode]]]:
+        index: dict[type, list[tuple[int, cst.CSTNode]]] = {}
+        for i, node in enumerate(self._meta[ParentNodeProvider]):  # every node but the module, in order
+            index.setdefault(type(node), []).append((i, node))
+        return index
 
     def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         node = self.parent(node)
@@ -290,10 +313,21 @@ class ScriptFacts:
     def method_calls(self, kind: str, method: str) -> list[cst.Call]:
         """``scaler.step(...)`` for kind SCALER and method "step": calls of a method on an
         object of that kind."""
-        return [
-            call for call in self.attribute_calls
-            if call.func.attr.value == method and kind in self.kinds_of(call.func.value)
-        ]
+        def compute() -> list[cst.Call]:
+            return [call for call in self.attribute_calls
+                    if call.func.attr.value == method and kind in self.kinds_of(call.func.value)]
+        if not self._ready:  # the kinds are still being found
+            return compute()
+        return list(self.memo(("method-calls", kind, method), compute))
+
+    def attribute_calls_of(self, method: str) -> list[tuple[int, cst.Call]]:
+        """``x.<method>(...)`` calls, with their place in ``attribute_calls``: an index made once."""
+        def compute() -> dict[str, list[tuple[int, cst.Call]]]:
+            index: dict[str, list[tuple[int, cst.Call]]] = {}
+            for i, call in enumerate(self.attribute_calls):
+                index.setdefault(call.func.attr.value, []).append((i, call))
+            return index
+        return self.memo("attribute-calls-by-method", compute).get(method, [])
 
     def calls_named(self, *qualnames: str) -> list[cst.Call]:
         """Calls any of whose qualified names is one of these (a name bound twice, e.g. by an
@@ -386,6 +420,23 @@ class ScriptFacts:
 
     def data_parallel(self) -> list[CallSite]:
         return self.calls_to(*DATA_PARALLEL)
+
+
+def _node_types(matcher: object) -> Optional[list[type]]:
+    """The node classes ``matcher`` can match (``m.For() | m.While()``: For, While), or None."""
+    if isinstance(matcher, m.OneOf):
+        out: list[type] = []
+        for option in matcher.options:
+            types = _node_types(option)
+            if types is None:
+                return None
+            out += [t for t in types if t not in out]
+        return out
+    cls = getattr(cst, type(matcher).__name__, None)
+    if isinstance(cls, type) and issubclass(cls, cst.CSTNode) and cls is not cst.Module \
+            and type(matcher).__module__.startswith("libcst.matchers"):
+        return [cls]
+    return None
 
 
 def bce_calls(f: ScriptFacts) -> Iterator[cst.Call]:

@@ -44,7 +44,7 @@ def unwrap_iter(source: cst.BaseExpression) -> cst.BaseExpression:
 
 
 def for_loops(f: ScriptFacts) -> list[cst.For]:
-    return f.memo("for-loops", lambda: list(m.findall(f.module, m.For())))
+    return f.memo("for-loops", lambda: f.find(m.For()))
 
 
 def _training_functions(f: ScriptFacts) -> set[int]:
@@ -60,16 +60,20 @@ def _training_functions(f: ScriptFacts) -> set[int]:
 
 
 def is_training_loop(f: ScriptFacts, loop: cst.For) -> bool:
-    def compute() -> bool:
-        for node in [s.call for s in f.backward_sites] + f.method_calls(OPTIMIZER, "step"):
-            if loop in f.ancestors(node):
-                return True
+    """A backward or an optimizer step in the loop, or a call of a function that runs one."""
+    return id(loop) in _training_loops(f)
+
+
+def _training_loops(f: ScriptFacts) -> set[int]:
+    """ids of the loops around a backward, an optimizer step or a call of a function that runs
+    one: each such place walked up once (not once per loop asked about: quadratic in a long
+    script)."""
+    def compute() -> set[int]:
         training = _training_functions(f)
-        for fn in f.functions.values():
-            if id(fn.node) in training and any(loop in f.ancestors(call) for call in fn.calls):
-                return True
-        return False
-    return f.memo(("training-loop", id(loop)), compute)
+        places = [s.call for s in f.backward_sites] + f.method_calls(OPTIMIZER, "step")
+        places += [call for fn in f.functions.values() if id(fn.node) in training for call in fn.calls]
+        return {id(a) for node in places for a in f.ancestors(node)}
+    return f.memo("training-loops", compute)
 
 
 def _no_grad_call(f: ScriptFacts, node: cst.BaseExpression) -> bool:

@@ -83,7 +83,7 @@ class _Planner(Reach, Devices):
                 "fabric.launch(fn); this rewrite does not restructure scripts that way "
                 "(use --strategy ddp)",
             )
-        taken = [n for n in m.findall(f.module, m.Name(NAME)) if f.key_of(n) is not None]
+        taken = [n for n in f.find(m.Name(NAME)) if f.key_of(n) is not None]
         if taken:
             return self.refuse(taken[0], f"the name `{NAME}` is already used in this script")
         if not f.optimizers:
@@ -265,7 +265,7 @@ class _Planner(Reach, Devices):
         if fn is None or fn.node is not func or len(fn.calls) != 1 or fn.other_uses:
             return False
         built = {b.path for b in f.bindings if b.owner is func and b.kind in ("module", "optimizer")}
-        for ret in m.findall(func, m.Return()):
+        for ret in (r for r in f.returns if any(a is func for a in f.ancestors(r))):  # m.findall(func, m.Return())
             if ret.value is not None and {n.value for n in m.findall(ret.value, m.Name())} & built:
                 return True
         return False
@@ -385,13 +385,15 @@ class _Planner(Reach, Devices):
                    and isinstance(b.call.func, cst.Name) and b.call.func.value in f.functions]
         defined = {s.name.value for cls in classes if isinstance(cls, cst.ClassDef)
                    for s in cls.body.body if isinstance(s, cst.FunctionDef)}
-        out: list[str] = []
-        for call in f.attribute_calls:
-            name = call.func.attr.value
-            if name in defined and name != "forward" and not name.startswith("__") and name not in out \
-                    and f.same_object(f.key_of(call.func.value), model_key):
-                out.append(name)
-        return out
+        found: dict[str, int] = {}  # name -> the first call's place among the attribute calls
+        for name in defined:
+            if name == "forward" or name.startswith("__"):
+                continue
+            for i, call in f.attribute_calls_of(name):
+                if f.same_object(f.key_of(call.func.value), model_key):
+                    found[name] = i
+                    break
+        return sorted(found, key=found.get)
 
     # -- fabric.setup_dataloaders(...) --
     def _loaders(self) -> None:

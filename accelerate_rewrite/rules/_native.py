@@ -301,7 +301,7 @@ class _Planner:
         runs a model to the end of the body, under autocast (and still under no_grad)."""
         f = self.f
         wrapped = {id(s) for r in self.p.regions for s in r.stmts}
-        for loop in m.findall(f.module, m.For() | m.While()):
+        for loop in f.find(m.For() | m.While()):
             if not isinstance(loop.body, cst.IndentedBlock) or self._trains(loop):
                 continue
             if any(id(a) in wrapped for a in f.ancestors(loop)):
@@ -483,7 +483,7 @@ class _Planner:
             self.refuse(p.scaler_after, "can't tell which device the script runs on where the "
                                         "GradScaler goes")
             return False
-        taken = [n for n in m.findall(f.module, m.Name(SCALER)) if f.key_of(n) is not None]
+        taken = [n for n in f.find(m.Name(SCALER)) if f.key_of(n) is not None]
         if taken:
             self.refuse(taken[0], f"the name `{SCALER}` is already used in this script")
             return False

@@ -45,7 +45,7 @@ def padded_sets(f: ScriptFacts) -> list[PaddedSet]:
 
 def _static_tokenizations(f: ScriptFacts) -> list[cst.Call]:
     out = []
-    for call in m.findall(f.module, m.Call()):
+    for call in f.find(m.Call()):
         padding = next((a for a in call.args if a.keyword is not None and a.keyword.value == "padding"), None)
         if padding is not None and code(padding.value) in STATIC:
             out.append(call)

@@ -125,7 +125,7 @@ def _existing(f: ScriptFacts) -> Optional[tuple[cst.CSTNode, str]]:
     for call in f.attribute_calls:
         if call.func.attr.value in ("no_sync", "no_backward_sync"):
             return call, f"the script already accumulates gradients (`{short(call)}`)"
-    for node in m.findall(f.module, m.Attribute(attr=m.Name("require_backward_grad_sync"))):
+    for node in f.find(m.Attribute(attr=m.Name("require_backward_grad_sync"))):
         return node, "the script already accumulates gradients (`require_backward_grad_sync`)"
     for call in f.method_calls(OPTIMIZER, "step") + f.method_calls(SCALER, "step"):
         loop = _loop_of(f, call)
@@ -292,7 +292,7 @@ class _Loop:
         if moved:
             self.notes.append(f"`{moved[0]}.step()` now runs once per optimizer step: a schedule "
                               f"sized in batches runs {n} times slower")
-            sized = [c for c in m.findall(f.module, m.Call(func=m.Name("len"), args=[m.Arg()]))
+            sized = [c for c in f.find(m.Call(func=m.Name("len"), args=[m.Arg()]))
                      if f.same_object(f.key_of(c.args[0].value), f.key_of(loader))
                      and not any(a is loop for a in f.ancestors(c))]
             if sized and batch_kind is Kind.APPROXIMATE:

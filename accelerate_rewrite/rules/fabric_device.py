@@ -176,7 +176,7 @@ def _flags_feeding(f, values):
 def _attr_assignments(facts, cls_id: int, attr: str):
     import libcst.matchers as m
 
-    for cls in m.findall(facts.module, m.ClassDef()):
+    for cls in facts.find(m.ClassDef()):
         if id(cls) == cls_id:
             for node in m.findall(cls, m.Assign(targets=[m.AssignTarget(m.Attribute(m.Name("self")))])):
                 if code(node.targets[0].target) == attr and isinstance(node.value, cst.Name):

@@ -65,7 +65,7 @@ class FastTokenizer(Rule):
                  if any(a.keyword and a.keyword.value == "use_fast" for a in c.args)]
         if not refs and not autos:
             return
-        slow_only = next(iter(m.findall(f.module, m.Attribute(attr=m.Name(SLOW_ONLY[0]) | m.Name(SLOW_ONLY[1])))),
+        slow_only = next(iter(f.find(m.Attribute(attr=m.Name(SLOW_ONLY[0]) | m.Name(SLOW_ONLY[1])))),
                          None)
         if slow_only is not None:
             ctx.skip(slow_only, f"`{short(slow_only)}` exists on slow tokenizers only: tokenizers left as they are")
