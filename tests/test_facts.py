@@ -664,3 +664,22 @@ def test_a_module_not_just_parsed_is_analysed_on_a_copy():
     module = cst.parse_module("import torch\nx = torch.ones(1)\n")
     assert ScriptFacts(module).module is not module
     assert ScriptFacts(module, fresh=True).module is module
+
+
+def test_find_gives_what_matchers_find_in_the_same_order():
+    """``ScriptFacts.find`` (an index of the tree's nodes by type) answers as ``m.findall`` over
+    the whole module, node for node, on every fixture."""
+    import libcst.matchers as m
+
+    from tests.goldens import FIXTURES
+
+    questions = [m.For(), m.For() | m.While(), m.Name("fabric"), m.Call(),
+                 m.Call(func=m.Name("len"), args=[m.Arg()]), m.ClassDef(), m.Attribute(attr=m.Name("module")),
+                 m.Subscript() | m.Call(), m.Name(), m.Return()]
+    files = sorted(FIXTURES.glob("*/input.py")) + sorted(FIXTURES.glob("projects/*/*.py"))
+    assert len(files) > 20
+    for path in files:
+        facts = ScriptFacts(cst.parse_module(path.read_text(encoding="utf-8")))
+        for question in questions:
+            found, expected = facts.find(question), list(m.findall(facts.module, question))
+            assert len(found) == len(expected) and all(a is b for a, b in zip(found, expected)), (path, question)
