@@ -293,7 +293,22 @@ class ScriptFacts:
 
     @property
     def optimizers(self) -> list[Optimizer]:
-        return [b for b in self.bindings if isinstance(b, Optimizer)]
+        def compute() -> list[Optimizer]:
+            return [b for b in self.bindings if isinstance(b, Optimizer)]
+        return list(self.memo("optimizers", compute)) if self._ready else compute()
+
+    def bound_as(self, key: Optional[Key], kind: str) -> list[Binding]:
+        """The bindings of ``kind`` that hold the same object as ``key`` (``same_object``), in
+        order: from an index by object made once, not a pass over every binding per question."""
+        if key is None:
+            return []
+
+        def compute() -> dict[Key, list[Binding]]:
+            index: dict[Key, list[Binding]] = {}
+            for b in self.bindings_of(kind):
+                index.setdefault(self._find(b.key), []).append(b)
+            return index
+        return list(self.memo(("bound-as", kind), compute).get(self._find(key), ()))
 
     @property
     def loaders(self) -> list[Binding]:
@@ -410,6 +425,10 @@ class ScriptFacts:
 
     def same_object(self, a: Optional[Key], b: Optional[Key]) -> bool:
         return a is not None and b is not None and self._find(a) == self._find(b)
+
+    def object_of(self, key: Key) -> Key:
+        """The one key that stands for every key holding the same object as ``key``."""
+        return self._find(key)
 
     # ---- whole-script questions ----------------------------------------------------------
     def uses_autocast(self) -> list[CallSite]:

@@ -49,12 +49,11 @@ class Devices:
         """ids of device moves whose receiver is a batch from a loader that Fabric set up."""
         f = self.f
         out: set[int] = set()
-        within: dict[int, set[int]] = {}  # a move -> the loops it is in, walked up once per move
-
-        def loops_of(call: cst.Call) -> set[int]:
-            if id(call) not in within:
-                within[id(call)] = {id(a) for a in f.ancestors(call) if isinstance(a, cst.For)}
-            return within[id(call)]
+        moves_in: dict[int, list] = {}  # a loop -> the device moves in it: each move walked up once
+        for move in f.device_moves:
+            for a in f.ancestors(move.call):
+                if isinstance(a, cst.For):
+                    moves_in.setdefault(id(a), []).append(move)
 
         for loop in for_loops(f):
             source = unwrap_iter(loop.iter)
@@ -69,9 +68,9 @@ class Devices:
                     if roots and roots <= names and not m.findall(assign.value, m.Call()):
                         for t in assign.targets:
                             names |= {n.value for n in m.findall(t.target, m.Name())}
-            for move in f.device_moves:
+            for move in moves_in.get(id(loop), ()):
                 root = root_of(move.receiver)
-                if isinstance(root, cst.Name) and root.value in names and id(loop) in loops_of(move.call):
+                if isinstance(root, cst.Name) and root.value in names:
                     out.add(id(move.call))
         return out
 

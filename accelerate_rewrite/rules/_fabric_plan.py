@@ -166,10 +166,8 @@ class _Planner(Reach, Devices):
             p.ddp = ddp
         if ddp.found and ddp.spawn is not None:
             return self._spawned_home(ddp)
-        builds = [
-            b for b in f.bindings
-            if any(f.same_object(b.key, key) for opt in f.optimizers for key in opt.models)
-        ]
+        trained = {f.object_of(key) for opt in f.optimizers for key in opt.models}
+        builds = [b for b in f.bindings if f.object_of(b.key) in trained]
         first = min(builds or f.optimizers, key=lambda b: f.line(b.stmt))
         home = _innermost_scope(f, first.stmt)
         extra: list[cst.BaseStatement] = []
@@ -331,8 +329,8 @@ class _Planner(Reach, Devices):
             # the model is not in is set up after that ``if`` (where the engine's flow check then
             # sees whether every path binds it), never inside it, where the model would stay
             # not set up on the other path
-            built = [b.stmt for b in f.models if f.same_object(b.key, model_key)
-                     and f.function(b.stmt) is f.function(opts[0].stmt)]
+            built = [b.stmt for b in f.bound_as(model_key, "module")  # a model's bindings are models
+                     if f.function(b.stmt) is f.function(opts[0].stmt)]
             after = common_after(f, [o.stmt for o in opts] + built)
             ref = p.ref_at(f, after) if after is not None else None
             if after is None or ref is None or not p.after_creation(f, after):
@@ -380,8 +378,8 @@ class _Planner(Reach, Devices):
         """``model.decode(z)``, ``model.sample(n)``: methods defined in the model's class in this
         file, other than ``forward``, called on the model."""
         f = self.f
-        classes = [f.functions[b.call.func.value].node for b in f.bindings_of("module")
-                   if f.same_object(b.key, model_key) and b.call is not None
+        classes = [f.functions[b.call.func.value].node for b in f.bound_as(model_key, "module")
+                   if b.call is not None
                    and isinstance(b.call.func, cst.Name) and b.call.func.value in f.functions]
         defined = {s.name.value for cls in classes if isinstance(cls, cst.ClassDef)
                    for s in cls.body.body if isinstance(s, cst.FunctionDef)}
