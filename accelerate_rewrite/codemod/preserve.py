@@ -19,6 +19,7 @@ file that ends in a line continuation (a backslash on the last line), which CPyt
 
 from __future__ import annotations
 
+import bisect
 import io
 import tokenize
 from difflib import SequenceMatcher
@@ -124,9 +125,17 @@ def lost_trivia(source: str, output: str, regions: Iterable[Region]) -> Optional
     before = trivia(source)
     if before is None:
         return None
-    spans = sorted(regions)
-    def inside(line: int) -> bool:
-        return any(a <= line <= b for a, b in spans)
+    merged: list[list[int]] = []  # the regions as disjoint spans, in order
+    for a, b in sorted(regions):
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    starts = [a for a, _ in merged]
+
+    def inside(line: int) -> bool:  # by bisection: a pass over every region per line is quadratic
+        i = bisect.bisect_right(starts, line) - 1
+        return i >= 0 and line <= merged[i][1]
     wanted = [item for item in before if not inside(item[0])]
     if not wanted:
         return None
