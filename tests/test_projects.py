@@ -152,9 +152,13 @@ def test_a_module_imported_whole_and_read_otherwise_is_not_followed(tmp_path):
     root = _engine_driver(tmp_path)
     path = root / "train.py"
     base = _whole(path.read_text(encoding="utf-8"))
+    engine = root / "engine.py"
     for extra, reason in [("print(engine)", "`engine` is read other than as `engine.name`"),
-                          ("evaluate = None", "`evaluate` is both `engine.evaluate` and a name of the script")]:
-        text = base.replace("    torch.save(", f"    {extra}\n    torch.save(")
+                          ("evaluate = None", "`evaluate` is both `engine.evaluate` and a name of the script"),
+                          ("", "it runs as a script of its own")]:
+        if not extra:  # read only as ``engine.name``, but a script of its own
+            engine.write_text(engine.read_text() + '\n\nif __name__ == "__main__":\n    print("a demo")\n')
+        text = base.replace("    torch.save(", f"    {extra}\n    torch.save(") if extra else base
         result = rewrite(text, Options.create(), path=str(path), scope=Scope(follow=True))
         reasons = [n.message for n in result.skips if n.rule == "project"]
         assert any(f"engine.py is not followed: {reason}" in r for r in reasons), reasons

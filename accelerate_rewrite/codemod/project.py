@@ -284,14 +284,17 @@ def build(path: str, head: str, module: cst.Module, source: str,
                 out.append((part_index, index))
                 continue
             dotted, file, imp = found
+            read_through: dict[str, str] = {}
             if isinstance(imp, str):  # ``import engine as E``: read as ``E.train``
-                why = _through(part, dotted, file, imp)
+                why = _through(part, file, imp)
                 if isinstance(why, str):
                     if part_index == 0:
                         unfollowed.append((line_of(part, index), why))
                     out.append((part_index, index))
                     continue
+                read_through = why
             if dotted in included:
+                part.aliases.update(read_through)
                 continue  # its statements are in already: the names are bound
             why = _follow(dotted, file, None if isinstance(imp, str) else imp)
             if isinstance(why, str):
@@ -299,13 +302,14 @@ def build(path: str, head: str, module: cst.Module, source: str,
                     unfollowed.append((line_of(part, index), why))
                 out.append((part_index, index))
                 continue
+            part.aliases.update(read_through)  # only once the module is followed
             out.extend(expand(why))
         return out
 
-    def _through(part: Part, dotted: str, file: Path, through: str):
-        """None when the names ``part`` reads through ``through`` (``import engine as E``) are
-        ``dotted``'s own and may be read bare by the analysis (recorded in ``part.aliases``), or
-        why not."""
+    def _through(part: Part, file: Path, through: str):
+        """The names ``part`` reads through ``through`` (``import engine as E``), each mapped to
+        ``through``, when they are the module's own and may be read bare by the analysis; or
+        why not (a str)."""
         shown = _shown(file)
         got = read(file)
         if got is None:
@@ -322,8 +326,7 @@ def build(path: str, head: str, module: cst.Module, source: str,
         taken = [name for name in used if part.aliases.get(name, through) != through]
         if taken:
             return f"{shown} is not followed: `{taken[0]}` is read through two modules"
-        part.aliases.update({name: through for name in used})
-        return None
+        return {name: through for name in used}
 
     def _shown(file: Path) -> str:
         return os.path.relpath(file) if not os.path.isabs(path) else str(file)
