@@ -263,7 +263,8 @@ class _Planner(Reach, Devices):
         if fn is None or fn.node is not func or len(fn.calls) != 1 or fn.other_uses:
             return False
         built = {b.path for b in f.bindings if b.owner is func and b.kind in ("module", "optimizer")}
-        for ret in (r for r in f.returns if any(a is func for a in f.ancestors(r))):  # m.findall(func, m.Return())
+        # its returns, those of functions inside it too (from the analysis's list, not a walk of it)
+        for ret in (r for r in f.returns if any(a is func for a in f.ancestors(r))):
             if ret.value is not None and {n.value for n in m.findall(ret.value, m.Name())} & built:
                 return True
         return False
