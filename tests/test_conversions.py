@@ -1307,3 +1307,95 @@ def test_a_strategy_of_several_processes_is_launched_on_one_device_too():
     """
     assert "fabric.launch()" in convert(source, strategy="ddp", devices=1).output
     assert "fabric.launch()" not in convert(source, devices=1).output
+
+
+_BUILT_BY_METHODS = """
+    import torch
+    import torch.nn as nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    class Trainer:
+        def __init__(self, epochs=2, lr=1e-3):
+            self.epochs = epochs
+            self.lr = lr
+            self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            self.model = self._build_model()
+            self.optimizer = self._make_optimizer()
+            self.loader = self._build_loader()
+
+        def _build_model(self):
+            return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).to(self.device)
+
+        def _make_optimizer(self):
+            return torch.optim.Adam(self.model.parameters(), lr=self.lr)
+
+        def _build_loader(self):
+            data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+            return DataLoader(data, batch_size=16, shuffle=True)
+
+        def _run_batch(self, x, y):
+            loss = nn.functional.cross_entropy(self.model(x), y)
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+            return loss.item()
+
+        def train(self):
+            for epoch in range(self.epochs):
+                self.model.train()
+                for x, y in self.loader:
+                    x, y = x.to(self.device), y.to(self.device)
+                    print(f"epoch {epoch} loss {self._run_batch(x, y):.8f}")
+
+
+    def main():
+        torch.manual_seed(0)
+        trainer = Trainer()
+        trainer.train()
+
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+@pytest.mark.runs
+def test_a_trainer_whose_methods_build_the_model_optimizer_and_loader_converts_and_trains_as_before(tmp_path):
+    """Issue 14.3: ``self.model = self._build_model()``, ``self.optimizer = self._make_optimizer()``,
+    ``self.loader = self._build_loader()`` (each method returns what it builds, and is called
+    once): they are the model, optimizer and loader, set up in ``__init__``; 32-true gives the
+    same losses, digit for digit."""
+    import os
+    import subprocess
+    import sys
+
+    result = convert(_BUILT_BY_METHODS)
+    out = result.output
+    assert "        self.model, self.optimizer = fabric.setup(self.model, self.optimizer)\n" in out
+    assert "        self.loader = fabric.setup_dataloaders(self.loader)\n" in out
+    assert "self.fabric.backward(loss)" in out and "trainer = Trainer(fabric)" in out
+    source = textwrap.dedent(_BUILT_BY_METHODS).lstrip("\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env.pop("LT_DEVICES", None)
+    printed = []
+    for name, text in (("original.py", source), ("rewritten.py", out)):
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        run = subprocess.run([sys.executable, name], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        printed.append(run.stdout)
+    assert printed[0].count("loss") == 8 and printed[1] == printed[0]
+
+
+def test_a_builder_method_called_twice_is_not_taken_for_one_binding():
+    """``self.model = self._build_model()`` and ``self.ema = self._build_model()``: the method's
+    result is not one binding's; the model is still known as what the optimizer trains, and
+    what the method builds goes to Fabric's device."""
+    result = convert(_BUILT_BY_METHODS.replace("            self.model = self._build_model()\n",
+                                               "            self.model = self._build_model()\n"
+                                               "            self.ema = self._build_model()\n"))
+    out = result.output
+    assert "        self.model = self._build_model()\n        self.ema = self._build_model()\n" in out
+    assert "        self.model, self.optimizer = fabric.setup(self.model, self.optimizer)\n" in out
+    assert ".to(self.fabric.device)" in out

@@ -231,6 +231,9 @@ class _Collector(cst.CSTVisitor):
         if key is None:
             return
         core = unwrap_moves(value)
+        built = self._built_by_method(core, node)
+        if built is not None:  # ``self.model = self._build_model()``: what the method returns
+            value, core = built, unwrap_moves(built)
         if isinstance(core, cst.Name) or m.matches(core, m.Attribute(value=m.Name("self"))):
             f._aliases.append((key, core))
             return
@@ -259,6 +262,30 @@ class _Collector(cst.CSTVisitor):
             f.bindings.append(Binding(key, LOADER, stmt, value, core, qual))
         elif self._is_module_ctor(core, qual):
             f.bindings.append(Binding(key, MODULE, stmt, value, core, qual or _callee_text(core)))
+
+    def _built_by_method(self, value: cst.BaseExpression, node: cst.CSTNode) -> Optional[cst.BaseExpression]:
+        """``self._build_model()`` in a method of a class whose method ``_build_model`` has one
+        return, of a call (``return Net().to(self.device)``), and is called only here: that
+        returned value, which the assignment binds (the Trainer's ``self._make_optimizer()``)."""
+        f = self.f
+        if not (isinstance(value, cst.Call) and m.matches(value.func, m.Attribute(value=m.Name("self"), attr=m.Name()))):
+            return None
+        name = value.func.attr.value
+        func = f.function(node)
+        cls = f.enclosing_class(func) if func is not None else None
+        if cls is None:
+            return None
+        method = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
+        if method is None or method is func:
+            return None
+        from accelerate_rewrite.codemod.returns import _returns
+
+        returns = _returns(f, method)
+        if len(returns) != 1 or returns[0].value is None or not isinstance(unwrap_moves(returns[0].value), cst.Call):
+            return None
+        calls = [c for c in f.attribute_calls if c.func.attr.value == name and m.matches(c.func.value, m.Name("self"))
+                 and f.function(c) is not None and f.enclosing_class(f.function(c)) is cls]
+        return returns[0].value if calls == [value] else None
 
     def _is_optimizer_class(self, call: cst.Call) -> bool:
         """``SAM(model.parameters(), ...)``: a class of the script (or of a module of its project,
