@@ -1399,3 +1399,86 @@ def test_a_builder_method_called_twice_is_not_taken_for_one_binding():
     assert "        self.model = self._build_model()\n        self.ema = self._build_model()\n" in out
     assert "        self.model, self.optimizer = fabric.setup(self.model, self.optimizer)\n" in out
     assert ".to(self.fabric.device)" in out
+
+
+_CONFIGURE_OPTIMIZERS = """\
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+
+class GPT(nn.Module):
+    def __init__(self, n=8):
+        super().__init__()
+        self.lin = nn.Linear(n, n)
+        self.head = nn.Linear(n, 2)
+
+    def forward(self, x, targets=None):
+        logits = self.head(torch.relu(self.lin(x)))
+        loss = F.cross_entropy(logits, targets) if targets is not None else None
+        return logits, loss
+
+    def configure_optimizers(self, weight_decay, learning_rate):
+        param_dict = {pn: p for pn, p in self.named_parameters() if p.requires_grad}
+        decay_params = [p for n, p in param_dict.items() if p.dim() >= 2]
+        nodecay_params = [p for n, p in param_dict.items() if p.dim() < 2]
+        optim_groups = [
+            {"params": decay_params, "weight_decay": weight_decay},
+            {"params": nodecay_params, "weight_decay": 0.0},
+        ]
+        optimizer = torch.optim.AdamW(optim_groups, lr=learning_rate)
+        return optimizer
+
+
+def get_batch(device):
+    x = torch.randn(16, 8)
+    y = torch.randint(0, 2, (16,))
+    return x.to(device), y.to(device)
+
+
+def main():
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = GPT()
+    model.to(device)
+    optimizer = model.configure_optimizers(0.1, 1e-3)
+    for it in range(8):
+        X, Y = get_batch(device)
+        logits, loss = model(X, Y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        print(f"iter {it} loss {loss.item():.8f}")
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.runs
+def test_an_optimizer_the_models_own_method_builds_converts_and_trains_as_before(tmp_path):
+    """Issue 14.3, nanoGPT's shape: ``optimizer = model.configure_optimizers(...)``, a method of
+    the model's class that builds ``torch.optim.AdamW`` over its own parameter groups and returns
+    it. The optimizer is bound where the result lands, set up with the model; the method is not
+    marked a forward method (it runs on the model as built); 32-true: the same losses."""
+    import os
+    import subprocess
+    import sys
+
+    source = _CONFIGURE_OPTIMIZERS
+    result = convert(source)
+    out = result.output
+    assert "    optimizer = model.configure_optimizers(0.1, 1e-3)\n    model, optimizer = fabric.setup(model, optimizer)\n" \
+        in out
+    assert "mark_forward_method" not in out and "fabric.backward(loss)" in out
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env.pop("LT_DEVICES", None)
+    printed = []
+    for name, text in (("original.py", source), ("rewritten.py", out)):
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        run = subprocess.run([sys.executable, name], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        printed.append(run.stdout)
+    assert printed[0].count("loss") == 8 and printed[1] == printed[0]

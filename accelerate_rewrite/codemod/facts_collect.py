@@ -140,8 +140,12 @@ class _Collector(cst.CSTVisitor):
                 f.functions[stmt.name.value] = Function(stmt, stmt.name.value, params)
         self._find_module_classes()
         f.module.visit(self)
+        self._lifted: set[int] = set()
         for target, value, node in self._pending:
             self._assignment(target, value, node)
+        if self._lifted:  # what a method builds and returns is bound where its result is
+            f.bindings = [b for b in f.bindings if not (isinstance(b.stmt, cst.SimpleStatementLine)
+                                                       and any(id(s) in self._lifted for s in b.stmt.body))]
 
     def _find_module_classes(self) -> None:
         f = self.f
@@ -232,8 +236,12 @@ class _Collector(cst.CSTVisitor):
             return
         core = unwrap_moves(value)
         built = self._built_by_method(core, node)
+        of_object: Optional[cst.Name] = None
         if built is not None:  # ``self.model = self._build_model()``: what the method returns
-            value, core = built, unwrap_moves(built)
+            value, inner, of_object = built
+            core = unwrap_moves(value)
+            if inner is not None:
+                self._lifted.add(id(inner))  # bound here, not in the method
         if isinstance(core, cst.Name) or m.matches(core, m.Attribute(value=m.Name("self"))):
             f._aliases.append((key, core))
             return
@@ -252,6 +260,8 @@ class _Collector(cst.CSTVisitor):
         elif qual.startswith("torch.optim.") and not qual.startswith("torch.optim.swa_utils.") \
                 and qual.rsplit(".", 1)[-1][:1].isupper():
             models = self._param_models(core)
+            if of_object is not None and f.key_of(of_object) is not None:
+                models = [f.key_of(of_object)]  # a model's own method builds it: over its parameters
             f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, qual, models=models))
         elif self._is_optimizer_class(core):
             f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, _callee_text(core),
@@ -263,16 +273,29 @@ class _Collector(cst.CSTVisitor):
         elif self._is_module_ctor(core, qual):
             f.bindings.append(Binding(key, MODULE, stmt, value, core, qual or _callee_text(core)))
 
-    def _built_by_method(self, value: cst.BaseExpression, node: cst.CSTNode) -> Optional[cst.BaseExpression]:
-        """``self._build_model()`` in a method of a class whose method ``_build_model`` has one
-        return, of a call (``return Net().to(self.device)``), and is called only here: that
-        returned value, which the assignment binds (the Trainer's ``self._make_optimizer()``)."""
+    def _built_by_method(self, value: cst.BaseExpression, node: cst.CSTNode):
+        """What a method returns, when it builds it and is called only here: ``self.model =
+        self._build_model()`` in a class whose ``_build_model`` returns ``Net().to(...)``, or
+        ``optimizer = model.configure_optimizers(...)`` where ``model = GPT(...)`` is of a class of
+        the script whose method builds the optimizer (``optimizer = torch.optim.AdamW(...)``;
+        ``return optimizer``). (the value returned, the assignment in the method that bound it or
+        None, the receiver when it is an object of that class or None), or None."""
         f = self.f
-        if not (isinstance(value, cst.Call) and m.matches(value.func, m.Attribute(value=m.Name("self"), attr=m.Name()))):
+        if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
+                and isinstance(value.func.value, cst.Name)):
             return None
-        name = value.func.attr.value
+        receiver, name = value.func.value, value.func.attr.value
         func = f.function(node)
-        cls = f.enclosing_class(func) if func is not None else None
+        if receiver.value == "self":
+            cls = f.enclosing_class(func) if func is not None else None
+            of_object = None
+        else:  # ``model = GPT(...)``, one assignment: an object of a class of the script
+            built = f.assigned_value(receiver)
+            core = unwrap_moves(built) if built is not None else None
+            fn = f.functions.get(core.func.value) if isinstance(core, cst.Call) and isinstance(core.func, cst.Name) \
+                else None
+            cls = fn.node if fn is not None and isinstance(fn.node, cst.ClassDef) else None
+            of_object = receiver
         if cls is None:
             return None
         method = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
@@ -281,11 +304,23 @@ class _Collector(cst.CSTVisitor):
         from accelerate_rewrite.codemod.returns import _returns
 
         returns = _returns(f, method)
-        if len(returns) != 1 or returns[0].value is None or not isinstance(unwrap_moves(returns[0].value), cst.Call):
+        if len(returns) != 1 or returns[0].value is None:
             return None
-        calls = [c for c in f.attribute_calls if c.func.attr.value == name and m.matches(c.func.value, m.Name("self"))
-                 and f.function(c) is not None and f.enclosing_class(f.function(c)) is cls]
-        return returns[0].value if calls == [value] else None
+        returned, inner = returns[0].value, None
+        if isinstance(returned, cst.Name):  # ``optimizer = ...; return optimizer``
+            returned_name = returned
+            returned = f.assigned_value(returned_name)
+            if returned is None:
+                return None
+            inner = f.parent(returned)  # the Assign
+            if not isinstance(inner, cst.Assign) or f.function(inner) is not method:
+                return None
+        if not isinstance(unwrap_moves(returned), cst.Call):
+            return None
+        calls = [c for c in f.attribute_calls if c.func.attr.value == name
+                 and isinstance(c.func.value, cst.Name) and c.func.value.value == receiver.value
+                 and (of_object is not None or (f.function(c) is not None and f.enclosing_class(f.function(c)) is cls))]
+        return (returned, inner, of_object) if calls == [value] else None
 
     def _is_optimizer_class(self, call: cst.Call) -> bool:
         """``SAM(model.parameters(), ...)``: a class of the script (or of a module of its project,

@@ -346,7 +346,7 @@ class _Planner(Reach, Devices):
             if guard is not None:
                 after, ref = opts[-1].stmt, p.ref_at(f, guard)
             p.setups.append(SetupGroup(model_key[1], list(unique.values()), ref, model_key, after,
-                                       self._forward_methods(model_key), otherwise=guard))
+                                       self._forward_methods(model_key, after), otherwise=guard))
         guarded = [g for g in p.setups if g.otherwise is not None]
         if guarded and p.precision == "16-mixed" and (f.calls_to(*CLIP_NORM, *CLIP_VALUE)):
             g = guarded[0]
@@ -375,10 +375,12 @@ class _Planner(Reach, Devices):
             return None
         return guard
 
-    def _forward_methods(self, model_key: Key) -> list[str]:
+    def _forward_methods(self, model_key: Key, setup: cst.BaseStatement) -> list[str]:
         """``model.decode(z)``, ``model.sample(n)``: methods defined in the model's class in this
-        file, other than ``forward``, called on the model."""
+        file, other than ``forward``, called on the model once it is set up (not those called
+        before, in the function that sets it up: ``model.configure_optimizers(...)``)."""
         f = self.f
+        home, setup_line = f.function(setup), f.line(setup)
         classes = [f.functions[b.call.func.value].node for b in f.bound_as(model_key, "module")
                    if b.call is not None
                    and isinstance(b.call.func, cst.Name) and b.call.func.value in f.functions]
@@ -389,6 +391,8 @@ class _Planner(Reach, Devices):
             if name == "forward" or name.startswith("__"):
                 continue
             for i, call in f.attribute_calls_of(name):
+                if f.function(call) is home and f.line(call) <= setup_line:
+                    continue  # on the model as built, before the set-up
                 if f.same_object(f.key_of(call.func.value), model_key):
                     found[name] = i
                     break
