@@ -281,6 +281,20 @@ class _Collector(cst.CSTVisitor):
         ``return optimizer``). (the value returned, the assignment in the method that bound it or
         None, the receiver when it is an object of that class or None), or None."""
         f = self.f
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):  # a helper of the module
+            fn = f.functions.get(value.func.value)
+            if fn is None or not isinstance(fn.node, cst.FunctionDef) or fn.calls != [value] or fn.other_uses:
+                return None
+            from accelerate_rewrite.codemod.returns import _returns
+
+            returns = _returns(f, fn.node)
+            # ``return torch.optim.SGD(...)``; a returned name is the flow's (returns._alias_results),
+            # a returned DataLoader returns.py's (it binds a loader where the result lands)
+            if len(returns) == 1 and isinstance(returns[0].value, cst.Call) \
+                    and isinstance(unwrap_moves(returns[0].value), cst.Call) \
+                    and not f.qualnames(unwrap_moves(returns[0].value)) & set(DATALOADERS):
+                return returns[0].value, None, None
+            return None
         if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
                 and isinstance(value.func.value, cst.Name)):
             return None
