@@ -241,7 +241,12 @@ def test_a_planted_bug_is_flagged(case, verified):
         assert v.rewritten.ok
         assert v.rewritten.losses[0] == v.original.losses[0]
         assert v.rewritten.losses[1] != v.original.losses[1]
-        assert "step 2" in reason
+        if case == "bad_lost_group":
+            # the head's parameters are out of the optimizer: the gradient it applies at the
+            # first step already has a smaller norm, before any loss can differ
+            assert "the gradient applied at step 1 differs" in reason
+        else:
+            assert "step 2" in reason
 
 
 def _summary(verified, cases) -> None:
