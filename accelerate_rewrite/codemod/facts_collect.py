@@ -126,6 +126,31 @@ def is_literal_device(facts: "ScriptFacts", expr: cst.BaseExpression) -> bool:
     return is_device_expr(facts, expr)
 
 
+def _arguments_read(fn: Function, call: cst.Call, returned: cst.BaseExpression):
+    """The names passed at ``call`` for the helper's parameters whose ``.parameters()`` the
+    returned value reads (``make_optimizer(model, lr)`` returning ``SGD(net.parameters(), ...)``:
+    ``[model]``); None when it reads none of them (a model of the module, keyed as it is); False
+    when one of them is passed as something else than a name, or can't be matched."""
+    ps = fn.node.params  # type: ignore[union-attr]
+    every = {p.name.value for p in [*ps.posonly_params, *ps.params, *ps.kwonly_params]}
+    for star in (ps.star_arg, ps.star_kwarg):
+        if isinstance(star, cst.Param):
+            every.add(star.name.value)
+    read = [root_of(c.func.value) for c in m.findall(  # type: ignore[union-attr]
+        returned, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters"))))]
+    params = [r.value for r in read if isinstance(r, cst.Name) and r.value in every]
+    if not params:
+        return None
+    passed: dict[str, cst.BaseExpression] = {}
+    for i, arg in enumerate(call.args):
+        param = param_for(fn.params, fn.node, arg, i)
+        if param is None:
+            return False
+        passed[param.name.value] = arg.value
+    over = [passed.get(p) for p in params]
+    return over if all(isinstance(a, cst.Name) for a in over) else False
+
+
 class _Collector(cst.CSTVisitor):
     def __init__(self, facts: "ScriptFacts") -> None:
         super().__init__()
@@ -236,9 +261,9 @@ class _Collector(cst.CSTVisitor):
             return
         core = unwrap_moves(value)
         built = self._built_by_method(core, node)
-        of_object: Optional[cst.Name] = None
+        over: Optional[list[cst.Name]] = None
         if built is not None:  # ``self.model = self._build_model()``: what the method returns
-            value, inner, of_object = built
+            value, inner, over = built
             core = unwrap_moves(value)
             if inner is not None:
                 self._lifted.add(id(inner))  # bound here, not in the method
@@ -260,8 +285,9 @@ class _Collector(cst.CSTVisitor):
         elif qual.startswith("torch.optim.") and not qual.startswith("torch.optim.swa_utils.") \
                 and qual.rsplit(".", 1)[-1][:1].isupper():
             models = self._param_models(core)
-            if of_object is not None and f.key_of(of_object) is not None:
-                models = [f.key_of(of_object)]  # a model's own method builds it: over its parameters
+            if over is not None:  # a model's own method builds it, or a helper over its arguments
+                keys = [f.key_of(name) for name in over]
+                models = [k for k in keys if k is not None] if None not in keys else []
             f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, qual, models=models))
         elif self._is_optimizer_class(core):
             f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, _callee_text(core),
@@ -278,8 +304,11 @@ class _Collector(cst.CSTVisitor):
         self._build_model()`` in a class whose ``_build_model`` returns ``Net().to(...)``, or
         ``optimizer = model.configure_optimizers(...)`` where ``model = GPT(...)`` is of a class of
         the script whose method builds the optimizer (``optimizer = torch.optim.AdamW(...)``;
-        ``return optimizer``). (the value returned, the assignment in the method that bound it or
-        None, the receiver when it is an object of that class or None), or None."""
+        ``return optimizer``), or ``optimizer = make_optimizer(model, lr)`` where the helper returns
+        ``torch.optim.SGD(net.parameters(), lr=lr)``. (the value returned, the assignment in the
+        method that bound it or None, the models whose parameters it is over, read at the call:
+        the receiver of a model's method, the arguments a helper's ``x.parameters()`` read, or
+        None), or None."""
         f = self.f
         if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):  # a helper of the module
             fn = f.functions.get(value.func.value)
@@ -293,7 +322,8 @@ class _Collector(cst.CSTVisitor):
             if len(returns) == 1 and isinstance(returns[0].value, cst.Call) \
                     and isinstance(unwrap_moves(returns[0].value), cst.Call) \
                     and not f.qualnames(unwrap_moves(returns[0].value)) & set(DATALOADERS):
-                return returns[0].value, None, None
+                over = _arguments_read(fn, value, returns[0].value)
+                return (returns[0].value, None, over) if over is not False else None
             return None
         if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
                 and isinstance(value.func.value, cst.Name)):
@@ -302,14 +332,14 @@ class _Collector(cst.CSTVisitor):
         func = f.function(node)
         if receiver.value == "self":
             cls = f.enclosing_class(func) if func is not None else None
-            of_object = None
+            over = None
         else:  # ``model = GPT(...)``, one assignment: an object of a class of the script
             built = f.assigned_value(receiver)
             core = unwrap_moves(built) if built is not None else None
             fn = f.functions.get(core.func.value) if isinstance(core, cst.Call) and isinstance(core.func, cst.Name) \
                 else None
             cls = fn.node if fn is not None and isinstance(fn.node, cst.ClassDef) else None
-            of_object = receiver
+            over = [receiver]
         if cls is None:
             return None
         method = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
@@ -333,8 +363,8 @@ class _Collector(cst.CSTVisitor):
             return None
         calls = [c for c in f.attribute_calls if c.func.attr.value == name
                  and isinstance(c.func.value, cst.Name) and c.func.value.value == receiver.value
-                 and (of_object is not None or (f.function(c) is not None and f.enclosing_class(f.function(c)) is cls))]
-        return (returned, inner, of_object) if calls == [value] else None
+                 and (over is not None or (f.function(c) is not None and f.enclosing_class(f.function(c)) is cls))]
+        return (returned, inner, over) if calls == [value] else None
 
     def _is_optimizer_class(self, call: cst.Call) -> bool:
         """``SAM(model.parameters(), ...)``: a class of the script (or of a module of its project,
