@@ -30,6 +30,7 @@ pytest.importorskip("lightning")
 
 from accelerate_rewrite.codemod.engine import rewrite  # noqa: E402
 from accelerate_rewrite.options import Options  # noqa: E402
+from tests import processes  # noqa: E402
 from tests.goldens import FIXTURES  # noqa: E402
 
 pytestmark = pytest.mark.runs
@@ -57,7 +58,7 @@ def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "MASTER_PORT": _free_port()}
     for name in ("LT_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         env.pop(name, None)
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return processes.run(cmd, cwd=cwd, env=env, timeout=300)
 
 
 def _torchrun(script: str) -> list[str]:

@@ -25,6 +25,7 @@ from accelerate_rewrite.cli import cli
 from accelerate_rewrite.codemod.engine import rewrite
 from accelerate_rewrite.codemod.project import Scope
 from accelerate_rewrite.options import Options
+from tests import processes
 from tests.goldens import (OPTION_SETS, PROJECT_SETS, PROJECTS, project_names, project_notes, project_outputs,
                            run_project)
 
@@ -284,8 +285,7 @@ def test_a_module_two_scripts_import_changes_with_neither(tmp_path):
 def _run(root: Path, args: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     env.pop("LT_DEVICES", None)
-    return subprocess.run([sys.executable, "train.py", *args], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return processes.run([sys.executable, "train.py", *args], cwd=root, env=env, timeout=300)
 
 
 @lru_cache(maxsize=None)

@@ -151,3 +151,63 @@ def test_a_nan_original_beside_a_rewrite_that_trains():
     diverging = RunRecord(label="rewritten", losses=[1.0, math.inf, 0.4])
     verdict = compare(RunRecord(label="original", losses=[1.0, 0.9, 0.8]), diverging, Tolerance())
     assert verdict.exit_code == 1 and "rewritten run's loss is inf at step 2" in verdict.reason
+
+
+
+# ---- torch's gloo abort at exit is not the script's failure --------------------------------------
+
+#: two "ranks" (RANK/WORLD_SIZE as torchrun sets them) that each train, then die as torch 2.13's gloo
+#: worker thread kills a process at exit: SIGABRT during interpreter shutdown, after the atexit hooks
+#: ran; {during} aborts rank 1 in its second step instead
+ABORTS = """\
+import os
+import subprocess
+import sys
+
+import torch
+
+
+def abort():
+    sys.stderr.write("terminate called without an active exception\\n")
+    sys.stderr.flush()
+    os.abort()
+
+
+class AbortAtExit:
+    def __del__(self):  # module globals are cleared at shutdown, after the atexit hooks
+        abort()
+
+
+if "RANK" not in os.environ:
+    os.environ.update(RANK="0", WORLD_SIZE="2")
+    child = subprocess.Popen([sys.executable, __file__], env={{**os.environ, "RANK": "1"}})
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(16, 4), torch.randn(16, 1)
+for step in range(3):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    if {during} and step == 1 and os.environ["RANK"] == "1":
+        abort()
+if os.environ["RANK"] == "0":
+    child.wait()
+at_exit = AbortAtExit()
+"""
+
+
+def test_a_gloo_abort_after_every_process_finished_is_a_note_not_a_failure(work):
+    record = run_script(_script(work, "aborts.py", ABORTS.format(during=False)), label="rewritten",
+                        max_steps=10, timeout=120)
+    assert record.exit_code == -6 and record.world_size == 2 and len(record.losses) == 3
+    assert record.error is None
+    assert record.exit_note.startswith("the rewritten run exited with code -6 after every process had "
+                                       "finished the script: torch's gloo backend aborted it")
+
+
+def test_an_abort_before_the_script_finished_stays_a_failure(work):
+    record = run_script(_script(work, "aborts.py", ABORTS.format(during=True)), label="rewritten",
+                        max_steps=10, timeout=120)
+    assert record.exit_note is None
+    assert "terminate called without an active exception" in record.error

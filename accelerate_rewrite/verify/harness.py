@@ -437,10 +437,10 @@ class Recorder:
         self.written = True
         if self.track_params and self.params is not None:
             self.params_end = self._fingerprints()
-        self._snapshot()
+        self._snapshot(final=True)
 
-    def _snapshot(self) -> None:
-        """Write what was recorded so far (the final write, or one during the run)."""
+    def _snapshot(self, final: bool = False) -> None:
+        """Write what was recorded so far (the final write, at exit, or one during the run)."""
         self._last_snapshot = time.monotonic()
         rank, world = self._rank_and_world()
         memory, memory_kind = self._peak_memory()
@@ -460,6 +460,7 @@ class Recorder:
             "grad_scaler": self.grad_scaler,
             "stopped_after_max_steps": self.stopped,
             "error": self.error,
+            "exited": final,  # written by the atexit hook: the script's own code had finished
             "distributed_samplers": self.distributed_samplers,
             "graph_nodes": self.graph_nodes,
             "params_start": self.params_start,

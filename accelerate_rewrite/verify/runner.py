@@ -32,6 +32,11 @@ TAIL_LINES = 15
 RUN_MARKER_ENV = "ACCELERATE_REWRITE_VERIFY_RUN"
 #: how often the run's process tree is read while it runs
 POLL_S = 0.2
+#: what torch's gloo backend prints as it aborts a process at exit: a worker thread ("pt_gloo_runloop")
+#: frees the last collective's tensors, needs the GIL, finds the interpreter shutting down, and
+#: std::terminate follows (torch 2.13, CPU; about 1 run in 10 of 2 processes, with or without
+#: Fabric, with or without destroy_process_group())
+GLOO_EXIT_ABORT = "terminate called without an active exception"
 
 
 @dataclass
@@ -57,6 +62,10 @@ class RunRecord:
     backward_calls: int = 0
     stopped_after_max_steps: bool = False
     output_tail: str = ""
+    #: every rank's process reached its exit hook (the script itself had finished)
+    all_ranks_exited: bool = False
+    #: why a non-zero exit code was not taken for a failure (a process aborted after finishing)
+    exit_note: Optional[str] = None
     #: per step, the half dtypes found in the autograd graph of its losses (None: not traced)
     step_half_dtypes: Optional[list[list[str]]] = None
     distributed_samplers: list[list] = field(default_factory=list)  # [num_replicas, shuffle]
@@ -134,6 +143,7 @@ class RunRecord:
             "distributed_samplers": self.distributed_samplers,
             "exit_code": self.exit_code,
             "error": self.error,
+            "exit_note": self.exit_note,
         }
 
 
@@ -309,6 +319,11 @@ def run_script(
             made = f", after {len(record.losses)} optimizer step(s)" if record.losses else \
                 ", before its first optimizer step"
             record.error = f"timed out after {timeout:g} s{made}"
+        elif record.exit_code != 0 and _aborted_after_finishing(record):
+            record.exit_note = (f"the {label} run exited with code {record.exit_code} after every process had "
+                                f"finished the script: torch's gloo backend aborted it as it shut down "
+                                f"('{GLOO_EXIT_ABORT}'), which is not the script's doing")
+            record.error = None
         elif record.exit_code != 0:
             record.error = _tail(record.error or record.output_tail) or f"exit code {record.exit_code}"
         else:
@@ -316,6 +331,13 @@ def run_script(
         return record
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _aborted_after_finishing(record: RunRecord) -> bool:
+    """A run of several processes, each of which finished the script without an error, that died
+    of torch's gloo abort at exit (see ``GLOO_EXIT_ABORT``)."""
+    return (record.world_size > 1 and record.all_ranks_exited and record.error is None
+            and GLOO_EXIT_ABORT in record.output_tail)
 
 
 def _merge(record: RunRecord, out_dir: Path) -> None:
@@ -337,6 +359,8 @@ def _merge(record: RunRecord, out_dir: Path) -> None:
     main = ranks[0]
     record.world_size = len(ranks)
     record.error = main["error"]
+    record.all_ranks_exited = (all(r.get("exited") and not r["error"] for r in ranks)
+                               and all(r.get("world_size") == len(ranks) for r in ranks))
     steps = min(len(r["steps"]) for r in ranks)
     record.losses = [_mean([r["steps"][i]["loss"] for r in ranks]) for i in range(steps)]
     record.grad_norms = [_mean([r["steps"][i].get("grad_norm") for r in ranks]) for i in range(steps)]

@@ -282,6 +282,7 @@ def verify(
         if rewritten.error:
             rewritten.error = rewritten.error.replace(str(rewritten_path), f"{script} (rewritten)")
 
+    notes.extend(run.exit_note for run in (original, rewritten) if run.exit_note)
     if rewritten.world_size > 1 and processes <= 1:  # the script's own Fabric(devices=N)
         claims = claims_for(options, changing_rules, rewritten.world_size, rule_kinds)
         tol = replace(tol, kind=CHANGES_TRAINING)
