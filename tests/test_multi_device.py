@@ -32,6 +32,7 @@ pytest.importorskip("lightning")
 
 from accelerate_rewrite.codemod.engine import rewrite  # noqa: E402
 from accelerate_rewrite.options import Options  # noqa: E402
+from tests import processes  # noqa: E402
 from tests.goldens import FIXTURES, fixture_names  # noqa: E402
 
 pytestmark = pytest.mark.runs
@@ -49,8 +50,7 @@ EVALUATED = {
 def _run(script: Path, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     env.pop("LT_DEVICES", None)
-    return subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return processes.run([sys.executable, str(script), *args], cwd=cwd, env=env, timeout=300)
 
 
 @lru_cache(maxsize=None)
@@ -159,3 +159,73 @@ def test_the_list_of_converted_fixtures_is_current():
 def test_every_converted_fixture_runs_on_two_processes(name, work):
     _, rewritten, _ = _both(name, work)
     assert rewritten.returncode == 0, rewritten.stderr[-2000:]
+
+
+_DRAWN_AND_EVALUATED = """\
+import argparse
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lr", type=float, default=1e-3)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    train_loader = DataLoader(data, batch_size=8, shuffle=True)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    data_iter = iter(train_loader)
+    for it in range(12):
+        try:
+            x, y = next(data_iter)
+        except StopIteration:
+            data_iter = iter(train_loader)
+            x, y = next(data_iter)
+        x, y = x.to(device), y.to(device)
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for x, y in train_loader:
+            x, y = x.to(device), y.to(device)
+            correct += (model(x).argmax(1) == y).sum().item()
+    print(f"train accuracy {correct}/{len(train_loader.dataset)}")
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_loader_drawn_by_next_is_sharded_and_its_evaluation_sums_are_reduced(tmp_path):
+    """A training loop that draws its batches one at a time (``data_iter = iter(train_loader)``,
+    ``next(data_iter)``) trains on the loader: with 2 devices it is sharded (before, the
+    evaluation loop over the same loader made it an evaluation loader, left whole, and every
+    process trained on all the data). The evaluation over it then sees one shard per process:
+    its sum is all-reduced after the loop, and on 2 processes at ``--lr 0`` the figure printed is
+    the original's."""
+    result = rewrite(_DRAWN_AND_EVALUATED, TWO, path="train.py")
+    out = result.output
+    assert result.changed and not result.dropped, result.dropped
+    assert "    train_loader = fabric.setup_dataloaders(train_loader)\n" in out
+    assert '        correct = fabric.all_reduce(correct, reduce_op="sum").item()\n' in out
+    assert not [n for n in result.notes if "not in a loop over data" in n.message]
+    assert any("`train_loader` is sharded for training: each process evaluates its shard" in n.message
+               for n in result.notes)
+    for name, text in (("original", _DRAWN_AND_EVALUATED), ("rewritten", out)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train.py").write_text(text, encoding="utf-8")
+    original = _run(tmp_path / "original" / "train.py", ["--lr", "0"], tmp_path / "original")
+    rewritten = _run(tmp_path / "rewritten" / "train.py", ["--lr", "0"], tmp_path / "rewritten")
+    assert original.returncode == 0 and rewritten.returncode == 0, rewritten.stderr[-2000:]
+    assert _lines(original.stdout, "^train accuracy") == _lines(rewritten.stdout, "^train accuracy")
+    assert len(_lines(rewritten.stdout, "^train accuracy")) == 1

@@ -6,7 +6,8 @@ the metric of its shard as the whole (``test_loss /= len(test_loader.dataset)`` 
 rank's sum by the full size). So the Fabric plan asks, for each loader, which it is:
 
 - ``TRAIN``: some loop over it trains (a backward or an optimizer step in the loop, directly
-  or in a function of the script called from it);
+  or in a function of the script called from it), or a training loop draws its batches one at
+  a time (``next(data_iter)``, ``data_iter = iter(loader)``);
 - ``EVAL``: it is iterated, never by a training loop, and under ``torch.no_grad()`` /
   ``torch.inference_mode()`` (a ``with`` around or inside the loop, or a decorator of its
   function), after a ``model.eval()`` in the same function, or its name says so (test, val);
@@ -103,9 +104,49 @@ def loops_over(f: ScriptFacts, key: Key) -> list[cst.For]:
     return [loop for loop in for_loops(f) if f.same_object(f.key_of(unwrap_iter(loop.iter)), key)]
 
 
+_ITERATOR = m.Call(func=m.Name("iter") | m.Name("cycle") | m.Attribute(value=m.Name("itertools"), attr=m.Name("cycle")))
+
+
+def _stepping_loop(f: ScriptFacts, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+    """The innermost loop around ``node`` when it trains and no ``torch.no_grad()`` lies between."""
+    training = _training_loops(f)
+    for parent in f.ancestors(node):
+        if isinstance(parent, cst.With) and any(_no_grad_call(f, item.item) for item in parent.items):
+            return None
+        if isinstance(parent, (cst.For, cst.While)):
+            return parent if id(parent) in training else None
+        if isinstance(parent, (cst.FunctionDef, cst.ClassDef)):
+            return None
+    return None
+
+
+def drawing_loops(f: ScriptFacts, key: Key) -> list[cst.CSTNode]:
+    """The training loops that draw a loader's batches one at a time: ``data_iter =
+    iter(train_loader)`` and ``x, y = next(data_iter)`` in the loop that steps (nanoGPT's, and any
+    script that counts iterations rather than epochs), or ``next(iter(loader))`` /
+    ``itertools.cycle(loader)`` there."""
+    def compute() -> list[cst.CSTNode]:
+        found: list[cst.CSTNode] = []
+        for call in f.find(_ITERATOR):
+            if not call.args or not f.same_object(f.key_of(unwrap_iter(call.args[0].value)), key):
+                continue
+            found.append(_stepping_loop(f, call))
+            assign = f.parent(call)
+            if isinstance(assign, cst.Assign) and len(assign.targets) == 1 \
+                    and isinstance(assign.targets[0].target, cst.Name):
+                name, func = assign.targets[0].target.value, f.function(call)
+                found += [_stepping_loop(f, nxt) for nxt in f.find(
+                    m.Call(func=m.Name("next"), args=[m.Arg(m.Name(name)), m.ZeroOrMore()]))
+                    if f.function(nxt) is func]
+        return [loop for i, loop in enumerate(found) if loop is not None and loop not in found[:i]]
+    return f.memo(("drawing-loops", key), compute)
+
+
 def loader_role(f: ScriptFacts, loader: Binding) -> str:
     def compute() -> str:
         loops = loops_over(f, loader.key)
+        if drawing_loops(f, loader.key):
+            return TRAIN
         if not loops:
             return UNKNOWN
         if any(is_training_loop(f, loop) for loop in loops):
@@ -154,9 +195,18 @@ def eval_sums(f: ScriptFacts, loader: Binding) -> EvalSums:
     return f.memo(("eval-sums", loader.key), lambda: _eval_sums(f, loader))
 
 
-def _eval_sums(f: ScriptFacts, loader: Binding) -> EvalSums:
+def evaluations_of_training_loader(f: ScriptFacts, loader: Binding) -> tuple[list[cst.For], EvalSums]:
+    """A training loader (sharded) that the script also evaluates on (``for x, y in train_loader:``
+    under ``torch.no_grad()`` after the training): those loops, and their sums as --shard-eval
+    reads them (all-reduced after each loop, the figures of the whole set again)."""
+    loops = [loop for loop in loops_over(f, loader.key)
+             if not is_training_loop(f, loop) and has_eval_evidence(f, loop)]
+    return loops, (_eval_sums(f, loader, loops) if loops else EvalSums())
+
+
+def _eval_sums(f: ScriptFacts, loader: Binding, loops: Optional[list[cst.For]] = None) -> EvalSums:
     out = EvalSums()
-    for loop in loops_over(f, loader.key):
+    for loop in loops_over(f, loader.key) if loops is None else loops:
         func = f.function(loop)
         sums: dict[str, bool] = {}
         for node in m.findall(loop.body, m.AugAssign() | m.Call(func=m.Attribute())):

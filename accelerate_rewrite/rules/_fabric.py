@@ -132,6 +132,8 @@ class FabricPlan:
     #: --shard-eval: after each loop over a sharded evaluation loader, the sums it accumulates
     #: are all-reduced: (loop, fabric's name there, [(name, a Python number)])
     reductions: list[tuple[cst.For, str, list[tuple[str, bool]]]] = field(default_factory=list)
+    #: evaluation loops over a training loader (sharded), by id: the loader's name
+    trained_evaluations: dict[int, str] = field(default_factory=dict)
     moves: list[MoveDecision] = field(default_factory=list)
     move_skips: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
     device_uses: list[tuple[cst.CSTNode, str]] = field(default_factory=list)  # node -> new code

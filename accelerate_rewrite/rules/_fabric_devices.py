@@ -24,7 +24,7 @@ from accelerate_rewrite.codemod.facts import (
     positional_params,
     root_of,
 )
-from accelerate_rewrite.codemod.loops import for_loops, unwrap_iter
+from accelerate_rewrite.codemod.loops import drawing_loops, for_loops, unwrap_iter
 from accelerate_rewrite.rules._half import low_casts, strip_half
 from accelerate_rewrite.options import MIXED_PRECISIONS
 from accelerate_rewrite.rules._fabric import MoveDecision, short
@@ -107,6 +107,8 @@ class Devices:
             seen.add(key)
             if loop is None and self._called_from_data_loop(site.function):
                 continue  # ``self._run_batch(source, targets)`` in a loop over a sharded loader
+            if loop is None and self._drawn_from_set_up_loader(site.call):
+                continue  # ``x, y = next(data_iter)``, ``data_iter = iter(train_loader)``
             if loop is None:
                 if o.many_devices:  # synthetic data, a benchmark: nothing to shard, but say so
                     p.loader_skips.append((site.call, f"`{short(site.call)}` is not in a loop over data: with "
@@ -130,6 +132,15 @@ class Devices:
                                          "explicit move, and with several devices every "
                                          "process would see all of them (set the loader up "
                                          "with fabric.setup_dataloaders by hand)"))
+
+    def _drawn_from_set_up_loader(self, call: cst.Call) -> bool:
+        """The innermost loop around the backward draws its batches one at a time from a loader
+        that is set up (``x, y = next(data_iter)``, ``data_iter = iter(train_loader)``)."""
+        f = self.f
+        loop = next((a for a in f.ancestors(call) if isinstance(a, (cst.For, cst.While))), None)
+        return loop is not None and any(
+            self._set_up(b.key, LOADER) and any(d is loop for d in drawing_loops(f, b.key))
+            for b in f.bindings if b.kind == LOADER)
 
     def _called_from_data_loop(self, func: Optional[cst.FunctionDef]) -> bool:
         """``func`` (a function of the script, or a method called on ``self``) is called only in

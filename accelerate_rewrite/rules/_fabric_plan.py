@@ -21,7 +21,9 @@ from accelerate_rewrite.codemod.facts import (
 )
 from accelerate_rewrite.codemod.ddp import HandDDP, hand_ddp
 from accelerate_rewrite.codemod.facts_kinds import custom_steps
-from accelerate_rewrite.codemod.loops import EVAL, eval_sums, loader_role, unwrap_iter
+from accelerate_rewrite.codemod.loops import (
+    EVAL, TRAIN, eval_sums, evaluations_of_training_loader, loader_role, unwrap_iter,
+)
 from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, Options
 from accelerate_rewrite.rules._fabric import (
@@ -399,6 +401,26 @@ class _Planner(Reach, Devices):
         return sorted(found, key=found.get)
 
     # -- fabric.setup_dataloaders(...) --
+    def _evaluated_while_sharded(self, loader: Binding, ref: str, reductions: list) -> None:
+        """A training loader the script also evaluates on is sharded for the training: after each
+        evaluation loop over it, the sums it accumulates are all-reduced (the whole set's figures
+        again, as --shard-eval does); where they can't be, the note says the figures become one
+        process's."""
+        f, p = self.f, self.p
+        loops, sums = evaluations_of_training_loader(f, loader)
+        if not loops:
+            return
+        if sums.problem is not None:
+            node, why = sums.problem
+            p.loader_skips.append((node, f"`{loader.path}` is sharded for training, so the evaluation over it "
+                                         f"sees one process's share: {why}; its figures become one "
+                                         "process's (evaluate on a loader of its own)"))
+            return
+        for loop, names in sums.reductions:
+            reductions.append((loop, p.ref_at(f, loop) or ref, names))
+            p.trained_evaluations[id(loop)] = loader.path
+        p.loader_skips.extend(sums.notes)
+
     def _loaders(self) -> None:
         f, p = self.f, self.p
         groups: dict[tuple[int, bool], list[Binding]] = {}
@@ -414,7 +436,10 @@ class _Planner(Reach, Devices):
             if ref is None:
                 p.loader_skips.append((loader.stmt, f"`{loader.path}` is built where `fabric` can't be reached"))
                 continue
-            evaluation = loader_role(f, loader) == EVAL
+            role = loader_role(f, loader)
+            evaluation = role == EVAL
+            if role == TRAIN and self.o.many_devices:
+                self._evaluated_while_sharded(loader, ref, reductions)
             if evaluation and self.o.shard_eval and self.o.many_devices:
                 sums = eval_sums(f, loader)
                 if sums.problem is None:

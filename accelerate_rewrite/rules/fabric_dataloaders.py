@@ -32,6 +32,13 @@ class FabricDataloaders(FabricRule):
     when the set's size divides by the number of processes; otherwise a DistributedSampler
     pads the last shards with repeated samples, which the sums then include.
 
+    A loader a training loop draws from one batch at a time (`data_iter = iter(train_loader)`
+    and `x, y = next(data_iter)`, `next(iter(loader))`, `itertools.cycle(loader)`) is a
+    training loader. A training loader the script also evaluates on (a loop over it under
+    `torch.no_grad()` that does not train: a train-accuracy figure) is sharded for the training,
+    so that loop's sums are all-reduced after it, as with `--shard-eval`; where they can't be,
+    the note says its figures become one process's.
+
     Kind: safe (one device sees the same batches in the same order).
 
     Leaves alone: loaders built where `fabric` can't be reached, or before Fabric exists in
@@ -62,7 +69,9 @@ class FabricDataloaders(FabricRule):
             lines = [f"{name} = {ref}.all_reduce({name}, reduce_op=\"sum\"){'.item()' if number else ''}\n"
                      for name, number in names]
             ctx.edits.insert_after(loop, *(stmt(line) for line in lines))
-            ctx.change(loop, f"--shard-eval: each process evaluates its shard; "
+            why = f"`{p.trained_evaluations[id(loop)]}` is sharded for training" \
+                if id(loop) in p.trained_evaluations else "--shard-eval"
+            ctx.change(loop, f"{why}: each process evaluates its shard; "
                              f"{', '.join(f'`{n}`' for n, _ in names)} summed over the processes after the "
                              "loop (exact when the set's size divides by the number of processes: "
                              "a DistributedSampler pads the last shards with repeated samples)")
