@@ -229,3 +229,24 @@ def test_a_loader_drawn_by_next_is_sharded_and_its_evaluation_sums_are_reduced(t
     assert original.returncode == 0 and rewritten.returncode == 0, rewritten.stderr[-2000:]
     assert _lines(original.stdout, "^train accuracy") == _lines(rewritten.stdout, "^train accuracy")
     assert len(_lines(rewritten.stdout, "^train accuracy")) == 1
+
+
+def test_an_evaluation_over_a_training_loader_that_cant_be_reduced_says_so():
+    """The same script, its evaluation collecting predictions in a list (a list can't be summed
+    over the processes): the loader is still sharded for training, and the note says the
+    evaluation's figures become one process's. One device: nothing to say."""
+    source = _DRAWN_AND_EVALUATED.replace(
+        "    correct = 0\n", "    correct = 0\n    predictions = []\n").replace(
+        "            correct += (model(x).argmax(1) == y).sum().item()\n",
+        "            correct += (model(x).argmax(1) == y).sum().item()\n"
+        "            predictions.append(model(x).argmax(1))\n")
+    result = rewrite(source, TWO, path="train.py")
+    assert "    train_loader = fabric.setup_dataloaders(train_loader)\n" in result.output
+    assert "all_reduce" not in result.output
+    assert any(n.message.startswith("`train_loader` is sharded for training, so the evaluation over it sees "
+                                    "one process's share: ") and
+               n.message.endswith("; its figures become one process's (evaluate on a loader of its own)")
+               for n in result.notes), [n.message for n in result.notes]
+    one = rewrite(source, Options.create(), path="train.py")
+    assert not [n for n in one.notes if "sharded for training" in n.message]
+    assert rewrite(result.output, TWO, path="train.py").output == result.output

@@ -216,7 +216,7 @@ def _eval_sums(f: ScriptFacts, loader: Binding, loops: Optional[list[cst.For]] =
                 method = node.func.attr.value
                 if method in ("append", "extend") and isinstance(node.func.value, cst.Name):
                     out.problem = out.problem or (node, f"`{code(node.func)}(...)` collects results "
-                                                        "per process, which --shard-eval can't gather")
+                                                        "per process, which a sum over the processes can't gather")
                 elif method in _METRIC_CALLS:
                     out.notes.append((node, f"`{code(node.func)}(...)`: a torchmetrics metric syncs "
                                             "its own state across processes when it computes"))
@@ -224,7 +224,7 @@ def _eval_sums(f: ScriptFacts, loader: Binding, loops: Optional[list[cst.For]] =
             target = node.target
             if not isinstance(target, cst.Name):
                 out.problem = out.problem or (node, f"`{code(target)} {code(node.operator).strip()}` "
-                                                    "accumulates where --shard-eval can't follow it")
+                                                    "accumulates where a sum over the processes can't follow it")
                 continue
             if not isinstance(node.operator, cst.AddAssign):
                 out.problem = out.problem or (node, f"`{target.value}` is updated with "
