@@ -129,11 +129,10 @@ class FabricPlan:
     setup_skips: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
     loader_groups: list["LoaderGroup"] = field(default_factory=list)
     loader_skips: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
-    #: --shard-eval: after each loop over a sharded evaluation loader, the sums it accumulates
-    #: are all-reduced: (loop, fabric's name there, [(name, a Python number)])
-    reductions: list[tuple[cst.For, str, list[tuple[str, bool]]]] = field(default_factory=list)
-    #: evaluation loops over a training loader (sharded), by id: the loader's name
-    trained_evaluations: dict[int, str] = field(default_factory=dict)
+    #: after each evaluation loop over a sharded loader (--shard-eval, or a training loader the
+    #: script also evaluates on), the sums it accumulates are all-reduced: (loop, fabric's name
+    #: there, [(name, a Python number)], why the loop is sharded)
+    reductions: list[tuple[cst.For, str, list[tuple[str, bool]], str]] = field(default_factory=list)
     moves: list[MoveDecision] = field(default_factory=list)
     move_skips: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
     device_uses: list[tuple[cst.CSTNode, str]] = field(default_factory=list)  # node -> new code

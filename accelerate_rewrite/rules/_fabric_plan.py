@@ -417,14 +417,13 @@ class _Planner(Reach, Devices):
                                          "process's (evaluate on a loader of its own)"))
             return
         for loop, names in sums.reductions:
-            reductions.append((loop, p.ref_at(f, loop) or ref, names))
-            p.trained_evaluations[id(loop)] = loader.path
+            reductions.append((loop, p.ref_at(f, loop) or ref, names, f"`{loader.path}` is sharded for training"))
         p.loader_skips.extend(sums.notes)
 
     def _loaders(self) -> None:
         f, p = self.f, self.p
         groups: dict[tuple[int, bool], list[Binding]] = {}
-        reductions: list[tuple[cst.For, str, list[tuple[str, bool]]]] = []
+        reductions: list[tuple[cst.For, str, list[tuple[str, bool]], str]] = []
         for loader in f.loaders:
             if loader.key in f.returned_loaders:
                 continue  # set up where the helper that returns it is called
@@ -445,7 +444,7 @@ class _Planner(Reach, Devices):
                 if sums.problem is None:
                     evaluation = False  # sharded: its sums are reduced after its loops
                     for loop, names in sums.reductions:
-                        reductions.append((loop, p.ref_at(f, loop) or ref, names))
+                        reductions.append((loop, p.ref_at(f, loop) or ref, names, "--shard-eval"))
                     p.loader_skips.extend(sums.notes)
                 else:
                     node, why = sums.problem
@@ -465,9 +464,9 @@ class _Planner(Reach, Devices):
                 last = p.anchor
             p.loader_groups.append(LoaderGroup(loaders, last, p.ref_at(f, loaders[-1].stmt), evaluation))
         set_up = {b.key for group in p.loader_groups for b in group.loaders}
-        p.reductions = [(loop, ref, names) for loop, ref, names in reductions
-                        if f.key_of(unwrap_iter(loop.iter)) in set_up or any(
-                            f.same_object(f.key_of(unwrap_iter(loop.iter)), key) for key in set_up)]
+        p.reductions = [r for r in reductions
+                        if f.key_of(unwrap_iter(r[0].iter)) in set_up or any(
+                            f.same_object(f.key_of(unwrap_iter(r[0].iter)), key) for key in set_up)]
 
 
 def _over_tensors(opt: Optimizer) -> bool:

@@ -65,12 +65,10 @@ class FabricDataloaders(FabricRule):
                                         "the script computes stay those of the whole set")
             else:
                 ctx.change(group.after, f"set up `{names}` with Fabric")
-        for loop, ref, names in p.reductions:
+        for loop, ref, names, why in p.reductions:
             lines = [f"{name} = {ref}.all_reduce({name}, reduce_op=\"sum\"){'.item()' if number else ''}\n"
                      for name, number in names]
             ctx.edits.insert_after(loop, *(stmt(line) for line in lines))
-            why = f"`{p.trained_evaluations[id(loop)]}` is sharded for training" \
-                if id(loop) in p.trained_evaluations else "--shard-eval"
             ctx.change(loop, f"{why}: each process evaluates its shard; "
                              f"{', '.join(f'`{n}`' for n, _ in names)} summed over the processes after the "
                              "loop (exact when the set's size divides by the number of processes: "

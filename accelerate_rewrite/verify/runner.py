@@ -336,8 +336,7 @@ def run_script(
 def _aborted_after_finishing(record: RunRecord) -> bool:
     """A run of several processes, each of which finished the script without an error, that died
     of torch's gloo abort at exit (see ``GLOO_EXIT_ABORT``)."""
-    return (record.world_size > 1 and record.all_ranks_exited and record.error is None
-            and GLOO_EXIT_ABORT in record.output_tail)
+    return record.world_size > 1 and record.all_ranks_exited and GLOO_EXIT_ABORT in record.output_tail
 
 
 def _merge(record: RunRecord, out_dir: Path) -> None:
