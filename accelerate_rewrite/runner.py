@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,11 +132,14 @@ def numerics(result: "Result", options: Options) -> str:
 
     by_kind: dict[Kind, list[str]] = {}
     for note in result.changes:
+        if note.rule == "AR101":  # the precision the written Fabric(...) sets, if any
+            written = re.search(r'precision="([^"]+)"', note.message)
+            if note.kind is Kind.APPROXIMATE and written:
+                by_kind.setdefault(Kind.APPROXIMATE, []).insert(0, f"Fabric at {written.group(1)}")
+            continue
         codes = by_kind.setdefault(note.kind_with(options), [])
         if note.rule not in codes:
             codes.append(note.rule)
-    if options.mixed_or_low_precision and any(n.rule == "AR101" for n in result.changes):
-        by_kind.setdefault(Kind.APPROXIMATE, []).insert(0, f"Fabric at {options.precision}")
     parts = []
     hand_ddp = any(n.rule == "AR111" for n in result.changes)
     if hand_ddp:  # the script ran on several processes already: each keeps its shard

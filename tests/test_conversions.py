@@ -1133,7 +1133,7 @@ def test_model_built_inside_a_class_method_is_refused():
         Experiment().run()
     """)
     # made twice: two models, one Fabric setup each would be two set-ups of one place
-    assert_left_alone(result, "AR101", "built inside a class", "Experiment.__init__", "made once")
+    assert_left_alone(result, "AR101", "built in Experiment.__init__", "`Experiment(...)` is made more than once")
 
 
 def test_nothing_to_train_is_left_alone():

@@ -16,6 +16,8 @@ CASES = [(name, option_set) for name in fixture_names() for option_set in OPTION
 #: fixtures the Fabric conversion leaves alone on purpose, and the reason it must give
 LEFT_ALONE = {
     "already_fabric": "already uses Lightning Fabric",
+    "hogwild": "shares the model between processes the script starts itself (Hogwild)",
+    "layer_local_training": "`Layer` trains itself",
     "nothing_to_do": "no training found",
 }
 #: fixtures the native (--backend torch) mixed precision leaves alone, and the reason it gives

@@ -40,10 +40,17 @@ pytestmark = pytest.mark.runs
 TWO = Options.create(devices=2, accelerator="cpu")
 #: fixture -> (arguments that keep the weights at their start, the evaluation lines' pattern)
 EVALUATED = {
+    # the whole-set training figure (`train_loss / len(train_loader.dataset)`, summed over the
+    # processes) and the test set's; its progress bar (sys.stdout.write) is rank 0's alone
+    "autoencoder_sums": (["--lr", "0"], r"^====> "),
     "imagenet_style": (["--lr", "0"], r"^ \* Acc@1 "),
     "mnist_style": (["--lr", "0"], r"^Test set: "),
     "rnn_classifier": (["--lr", "0"], r"^Test Accuracy "),
     "vae": (["--lr", "0"], r"^====> Test set loss"),
+    # every figure it prints (each process trains on all of the token stream: no DataLoader);
+    # the best model, saved whole by rank 0, is read back by the script's own torch.load on
+    # every rank, after a barrier
+    "word_lm": (["--lr", "0"], r"^\| "),
 }
 
 
@@ -91,6 +98,22 @@ def test_evaluation_on_two_processes_equals_the_original(name, work):
     assert expected, original.stdout
     # whole-set figures, printed once (rank 0): not one shard's sum divided by the full size
     assert _lines(rewritten.stdout, pattern) == expected
+
+
+@pytest.mark.parametrize("name", ["autoencoder_sums", "word_lm"])
+def test_every_line_is_printed_once_with_the_original_s_figures(name, work):
+    """Issue 25: what the script prints before Fabric used to exist (`print(args)`, the seed) and
+    after it, its training figures and its test figures: each line once, as the original printed
+    it; a progress bar of the script's own (sys.stdout.write) is rank 0's, its own shard's batches."""
+    original, rewritten, _ = _both(name, work)
+    assert rewritten.returncode == 0, rewritten.stderr[-2000:]
+
+    def split(text: str) -> tuple[list[str], list[str]]:
+        lines = text.splitlines()
+        return [x for x in lines if not x.startswith(" [")], [x for x in lines if x.startswith(" [")]
+    (lines, bars), (expected, original_bars) = split(rewritten.stdout), split(original.stdout)
+    assert lines == expected
+    assert len(bars) == len(original_bars) // 2
 
 
 #: --shard-eval: the evaluation sets of these divide by 2 (no padding), and their evaluation

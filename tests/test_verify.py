@@ -58,10 +58,10 @@ NOT_RUN = {"accumulates_already", "hf_finetune", "ddp_spawn", "ddp_torchrun", "d
            "conditional_optimizer"}
 #: (a list, so that collecting the tests, once per xdist worker, rewrites nothing; the first
 #: test keeps it current)
-RUNNABLE = ["accelerator_api", "already_autocast", "apex_o1", "apex_o2_two_losses", "checkpointing",
-            "cuda_amp", "data_parallel", "finetune_encoder", "gan", "gan_bce", "imagenet_style", "lbfgs",
-            "mnist_style", "module_loop", "rnn_classifier", "text_classification", "torchmetrics_metrics",
-            "train_function", "trainer_class", "transformer_lm", "vae"]
+RUNNABLE = ["accelerator_api", "already_autocast", "apex_o1", "apex_o2_two_losses", "autoencoder_sums",
+            "checkpointing", "cuda_amp", "data_parallel", "finetune_encoder", "gan", "gan_bce", "imagenet_style",
+            "lbfgs", "mnist_style", "module_loop", "rnn_classifier", "text_classification", "torchmetrics_metrics",
+            "train_function", "trainer_class", "transformer_lm", "vae", "word_lm"]
 #: fixtures whose rewrite refuses bf16-mixed (the script's own autocast; LBFGS) and says why
 REFUSE_BF16 = {"already_autocast", "cuda_amp", "lbfgs"}  # their own autocast; LBFGS
 #: the tolerance kind of the rewrites whose rules are not all "safe" at 32-true: the GradScaler
@@ -170,7 +170,7 @@ BF16_COVERED_ELSEWHERE = {"gan_bce", "apex_o2_two_losses", "finetune_encoder", "
 #: in the default run (CI): the refusals, and one fixture of each style; the others are in the
 #: ``slow`` set (pytest -m slow), as are the native 16-mixed runs of NATIVE_SLOW below
 BF16_SLOW = {"module_loop", "train_function", "trainer_class", "torchmetrics_metrics", "imagenet_style",
-             "rnn_classifier", "apex_o1", "vae", "checkpointing"}
+             "rnn_classifier", "apex_o1", "vae", "checkpointing", "autoencoder_sums", "word_lm"}
 
 
 @pytest.mark.parametrize("name", _slow_if([n for n in RUNNABLE if n not in BF16_COVERED_ELSEWHERE], BF16_SLOW))
@@ -198,7 +198,7 @@ def test_fixture_at_bf16_mixed(name, fixture_script):
 #: fixtures whose native (--backend torch) rewrite refuses mixed precision, and says why
 REFUSE_NATIVE = {"already_autocast", "cuda_amp", "gan_bce", "lbfgs"}
 NATIVE = [name for name in RUNNABLE if name not in REFUSE_NATIVE and not name.startswith("apex")  # apex: below
-          and name != "rnn_classifier"]  # fp16 LSTM has no CPU kernel (oneDNN: "could not create a
+          and name not in ("rnn_classifier", "word_lm")]  # fp16 LSTM has no CPU kernel (oneDNN: "could not create a
 #                                          primitive descriptor"): the machine can't run it, not the rewrite
 
 
@@ -208,7 +208,7 @@ NATIVE_CASES = [(name, "16-mixed") for name in NATIVE] + [
     (name, "bf16-mixed") for name in TWO_PROCESSES]
 #: models and loops that other fixtures in the default run already cover at 16-mixed
 NATIVE_SLOW = {"accelerator_api", "checkpointing", "data_parallel", "finetune_encoder",
-               "imagenet_style", "rnn_classifier", "torchmetrics_metrics", "trainer_class"}
+               "imagenet_style", "rnn_classifier", "torchmetrics_metrics", "trainer_class", "autoencoder_sums"}
 
 
 @pytest.mark.parametrize("name,precision", _slow_if(NATIVE_CASES, NATIVE_SLOW)[:-2] + [

@@ -136,6 +136,8 @@ class _Apply(cst.CSTTransformer):
             updated_node = fn(updated_node)
         if isinstance(original_node, (cst.Module, cst.IndentedBlock)):
             updated_node = self._rebuild_block(original_node, updated_node)
+        elif isinstance(original_node, cst.If) and isinstance(updated_node, cst.If):
+            updated_node = _drop_emptied_else(original_node, updated_node)
         return updated_node
 
     def _rebuild_block(self, original, updated):
@@ -212,6 +214,19 @@ def _emptied_if(original: cst.BaseStatement, updated: cst.BaseStatement) -> bool
         return (updated.orelse is None and updated.finalbody is None
                 and _block_empty(updated.body) and not _block_empty(original.body))
     return False
+
+
+def _drop_emptied_else(original: cst.If, updated: cst.If) -> cst.If:
+    """``if x: ... else: <everything removed>``: no ``else: pass`` left behind; the same for a
+    last ``elif`` whose condition only reads. The ``if``'s own branch must still do something
+    (an ``if`` emptied whole goes by ``_emptied_if``), and nothing is dropped that holds a comment."""
+    o, u = original.orelse, updated.orelse
+    if u is None or _block_empty(updated.body) or not _block_empty(u.body) or _block_empty(o.body) \
+            or m.findall(u, m.Comment()):
+        return updated
+    if isinstance(u, cst.Else) or (isinstance(u, cst.If) and u.orelse is None and _pure(u.test)):
+        return updated.with_changes(orelse=None)
+    return updated
 
 
 def _block_empty(block: cst.BaseSuite) -> bool:

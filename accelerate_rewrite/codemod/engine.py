@@ -151,12 +151,29 @@ def _regions(facts: ScriptFacts, touched: Sequence[tuple[cst.CSTNode, bool]]) ->
                 if following is not None:
                     end = max(end, following.start.line - 1)
             owner = facts.parent(block) if isinstance(block, cst.IndentedBlock) else None
-            if isinstance(owner, cst.If) and owner.orelse is None and id(owner) not in removed \
-                    and all(id(s) in removed for s in body):
-                removed.add(id(owner))
-                todo.append((owner, True))
+            chain = _if_chain(facts, owner) if isinstance(owner, (cst.If, cst.Else)) else None
+            if chain is not None and id(chain[0]) not in removed \
+                    and all(id(s) in removed for branch in chain[1] for s in branch.body):
+                removed.add(id(chain[0]))
+                todo.append((chain[0], True))
         out.append((max(1, start), end))
     return out
+
+
+def _if_chain(facts: ScriptFacts, node: Union[cst.If, cst.Else]) -> tuple[cst.If, list[cst.BaseSuite]]:
+    """The outermost ``if`` of the if/elif/else chain ``node`` is a branch of, and the blocks of
+    all its branches."""
+    top = node
+    while isinstance(facts.parent(top), cst.If) and facts.parent(top).orelse is top:
+        top = facts.parent(top)
+    branches: list[cst.BaseSuite] = []
+    current: Optional[cst.CSTNode] = top
+    while isinstance(current, cst.If):
+        branches.append(current.body)
+        current = current.orelse
+    if isinstance(current, cst.Else):
+        branches.append(current.body)
+    return top, branches
 
 
 def _for_script(facts: ScriptFacts, options: Options) -> Options:
@@ -419,8 +436,8 @@ def _rewrite(
                                    if several else note)
     for line, why in unfollowed:
         per_unit[0].append(Note("project", line, why, skipped=True))
-    for notes in per_unit:
-        notes.sort(key=lambda n: (n.line, n.rule))
+    for i, notes in enumerate(per_unit):  # one note a place: a rule may reach a line twice
+        per_unit[i] = sorted(dict.fromkeys(notes), key=lambda n: (n.line, n.rule))
     result.notes = per_unit[0]
     result.output = outputs[0]
     result.members = [Result(path=u.path, source=u.source, output=outputs[u.index], notes=per_unit[u.index])

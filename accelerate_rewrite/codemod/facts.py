@@ -138,6 +138,11 @@ class ScriptFacts:
         pos = self._get(PositionProvider, node)
         return pos.start.line if pos is not None else 1
 
+    def end_line(self, node: Optional[cst.CSTNode]) -> int:
+        """The line where ``node`` ends."""
+        pos = self._get(PositionProvider, node) if node is not None else None
+        return pos.end.line if pos is not None else 1
+
     def column(self, node: cst.CSTNode) -> int:
         """The 0-based column where ``node`` starts."""
         pos = self._get(PositionProvider, node)
@@ -210,6 +215,16 @@ class ScriptFacts:
             if isinstance(parent, cst.FunctionDef):
                 return parent
         return None
+
+    def repeats(self, node: cst.CSTNode) -> bool:
+        """``node`` runs more than once each time its function (or the module) runs: it is in a
+        loop or a comprehension there."""
+        for parent in self.ancestors(node):
+            if isinstance(parent, (cst.For, cst.While, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)):
+                return True
+            if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                return False
+        return False
 
     def enclosing_class(self, func: cst.FunctionDef) -> Optional[cst.ClassDef]:
         parent = self.parent(func)

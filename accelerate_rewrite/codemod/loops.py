@@ -184,9 +184,10 @@ class EvalSums:
     """What sharding one evaluation loader needs: the sums its loops accumulate, each to be
     all-reduced after its loop, or why it can't be sharded safely."""
 
-    #: (loop, [(name, is_number)]): ``name = fabric.all_reduce(name, reduce_op="sum")`` after
-    #: the loop (``.item()`` again where the script summed Python numbers)
-    reductions: list[tuple[cst.For, list[tuple[str, bool]]]] = field(default_factory=list)
+    #: (loop, [(name, is_number, op)]): ``name = fabric.all_reduce(name, reduce_op=op)`` after
+    #: the loop (``.item()`` again where the script summed Python numbers); op is "sum", or
+    #: "mean" for a training sum read as a mean over the process's batches
+    reductions: list[tuple[cst.For, list[tuple[str, bool, str]]]] = field(default_factory=list)
     problem: Optional[tuple[cst.CSTNode, str]] = None
     notes: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
 
@@ -245,7 +246,7 @@ def _eval_sums(f: ScriptFacts, loader: Binding, loops: Optional[list[cst.For]] =
                                       "becomes one process's share when the loader is sharded")
             return out
         if sums:
-            out.reductions.append((loop, list(sums.items())))
+            out.reductions.append((loop, [(name, number, "sum") for name, number in sums.items()]))
     return out
 
 
@@ -269,3 +270,79 @@ def _divided_by_batches(f: ScriptFacts, loop: cst.For, func, loader: Binding) ->
                 and f.same_object(f.key_of(call.args[0].value), loader.key):
             return call
     return None
+
+
+# ---- training sums over a sharded loader ------------------------------------------------------
+
+def training_sums(f: ScriptFacts, loader: Binding) -> EvalSums:
+    """The sums a training loop over ``loader`` accumulates (``train_loss += loss.item()``) that
+    the script reads after the loop. Sharded, each process sums its shard only: a sum read as a
+    figure of the whole set (``train_loss / len(train_loader.dataset)``, ``train_loss /=
+    len(...)``) is summed over the processes after the loop, one read as a mean over batches
+    (``/ len(train_loader)``: every process has as many) averaged (``reductions``); one read any
+    other way is one process's figure, and ``notes`` says so."""
+    return f.memo(("training-sums", loader.key), lambda: _training_sums(f, loader))
+
+
+def _training_sums(f: ScriptFacts, loader: Binding) -> EvalSums:
+    out = EvalSums()
+    for loop in loops_over(f, loader.key):
+        if not is_training_loop(f, loop):
+            continue
+        func = f.function(loop)
+        sums: dict[str, bool] = {}
+        for node in m.findall(loop.body, m.AugAssign(target=m.Name(), operator=m.AddAssign())):
+            if f.function(node) is func:
+                name = node.target.value
+                sums[name] = sums.get(name, True) and _is_number(node.value)
+        reduced = []
+        for name, number in sums.items():
+            reads, op = _reads_after(f, loop, func, name, loader)
+            if not reads:
+                continue
+            if op is not None and _sum_problem(f, loop, func, name) is None:
+                reduced.append((name, number, op))
+            else:
+                out.notes.append((reads[0], f"`{name}` sums what this process trained on, its shard of "
+                                            f"`{loader.path}`: `{code(f.statement(reads[0])).strip()}` after "
+                                            "the loop is one process's figure"))
+        if reduced:
+            out.reductions.append((loop, reduced))
+    return out
+
+
+def _reads_after(f: ScriptFacts, loop: cst.For, func, name: str, loader: Binding
+                 ) -> tuple[list[cst.Name], Optional[str]]:
+    """The reads of ``name`` after ``loop`` in its function (up to its next assignment), and the
+    reduction that makes each of them the whole set's figure: "sum" where every read divides it
+    by the set's size (``len(<loader>.dataset)``), "mean" where every read divides it by the
+    number of batches (``len(<loader>)``: each process has as many); None otherwise."""
+    block = func.body if func is not None else f.module
+    end = f.end_line(loop)
+    reads: list[cst.Name] = []
+    ops: set[Optional[str]] = set()
+    for node in m.findall(block, m.Name(name)):
+        if f.function(node) is not func or f.line(node) <= end:
+            continue
+        parent = f.parent(node)
+        if isinstance(parent, cst.AssignTarget):
+            break  # a new value from here on
+        reads.append(node)
+        if isinstance(parent, cst.AugAssign) and parent.target is node:
+            ops.add(_divisor(f, parent.value, loader) if isinstance(parent.operator, cst.DivideAssign) else None)
+            break  # ``train_loss /= len(...)``: the average from here on
+        divided = isinstance(parent, cst.BinaryOperation) and parent.left is node \
+            and isinstance(parent.operator, cst.Divide)
+        ops.add(_divisor(f, parent.right, loader) if divided else None)
+    return reads, (ops.pop() if len(ops) == 1 else None)
+
+
+def _divisor(f: ScriptFacts, node: cst.BaseExpression, loader: Binding) -> Optional[str]:
+    """"sum" for ``len(train_loader.dataset)`` (the whole set's size), "mean" for
+    ``len(train_loader)`` (the batches of one process), None for anything else."""
+    if not m.matches(node, m.Call(func=m.Name("len"), args=[m.Arg()])):
+        return None
+    arg = node.args[0].value
+    if m.matches(arg, m.Attribute(attr=m.Name("dataset"))) and f.same_object(f.key_of(arg.value), loader.key):
+        return "sum"
+    return "mean" if f.same_object(f.key_of(arg), loader.key) else None

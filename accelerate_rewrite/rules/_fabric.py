@@ -130,9 +130,10 @@ class FabricPlan:
     loader_groups: list["LoaderGroup"] = field(default_factory=list)
     loader_skips: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
     #: after each evaluation loop over a sharded loader (--shard-eval, or a training loader the
-    #: script also evaluates on), the sums it accumulates are all-reduced: (loop, fabric's name
-    #: there, [(name, a Python number)], why the loop is sharded)
-    reductions: list[tuple[cst.For, str, list[tuple[str, bool]], str]] = field(default_factory=list)
+    #: script also evaluates on), and each training loop whose sums are read after it, the sums
+    #: it accumulates are all-reduced: (loop, fabric's name
+    #: there, [(name, a Python number, "sum" or "mean")], why the loop is sharded)
+    reductions: list[tuple[cst.For, str, list[tuple[str, bool, str]], str]] = field(default_factory=list)
     moves: list[MoveDecision] = field(default_factory=list)
     move_skips: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
     device_uses: list[tuple[cst.CSTNode, str]] = field(default_factory=list)  # node -> new code

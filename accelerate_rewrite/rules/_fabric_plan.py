@@ -22,7 +22,7 @@ from accelerate_rewrite.codemod.facts import (
 from accelerate_rewrite.codemod.ddp import HandDDP, hand_ddp
 from accelerate_rewrite.codemod.facts_kinds import custom_steps
 from accelerate_rewrite.codemod.loops import (
-    EVAL, TRAIN, eval_sums, evaluations_of_training_loader, loader_role, unwrap_iter,
+    EVAL, TRAIN, eval_sums, evaluations_of_training_loader, loader_role, training_sums, unwrap_iter,
 )
 from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, Options
@@ -69,6 +69,9 @@ class _Planner(Reach, Devices):
             return self.refuse(apex.unknown_level, "apex's opt_level is not a literal O0-O3: give "
                                                    "--precision (O0 is 32-true, O1 and O2 "
                                                    "16-mixed, O3 16-true)")
+        own = self._own_processes()
+        if own is not None:
+            return self.refuse(*own)
         ddp = hand_ddp(f)
         if ddp.found:
             if ddp.problem is not None:
@@ -110,6 +113,30 @@ class _Planner(Reach, Devices):
                 return self.p
             self.excluded |= stuck
         return self.refuse(None, "could not settle where `fabric` is passed")
+
+    def _own_processes(self) -> Optional[tuple[cst.CSTNode, str]]:
+        """Training in processes the script starts itself, not as DDP (Hogwild:
+        ``model.share_memory()``, ``mp.Process(target=train, args=(rank, args, model, ...))``):
+        Fabric created in the function each of them runs would launch processes of its own from
+        every one, and wrap the shared model in DDP. (node, why), or None."""
+        f = self.f
+        for _, call in f.attribute_calls_of("share_memory"):
+            return call, (f"`{short(call)}` shares the model between processes the script starts itself "
+                          "(Hogwild); Fabric's processes don't share a model, they each hold a copy and "
+                          "average the gradients; nothing was converted")
+        training = {id(s.function) for s in f.backward_sites if s.function is not None}
+        training |= {id(f.function(o.stmt)) for o in f.optimizers if f.function(o.stmt) is not None}
+        handed = [(call, next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "target"),
+                              None)) for call in f.calls_named(*PROCESS_STARTERS)]
+        handed += [(call, call.args[0].value) for method in _POOL_METHODS for _, call in f.attribute_calls_of(method)
+                   if call.args and call.args[0].keyword is None]
+        for call, target in handed:
+            fn = f.functions.get(target.value) if isinstance(target, cst.Name) else None
+            if fn is not None and isinstance(fn.node, cst.FunctionDef) and training & _reached_from(f, fn.node):
+                return call, (f"`{short(call)}` runs `{target.value}`, which trains, in processes the script "
+                              "starts itself (not DDP): each would create a Fabric of its own and launch "
+                              "processes from there; nothing was converted")
+        return None
 
     def _hidden_training(self) -> Optional[cst.Call]:
         """A call that passes an optimizer to a function the script does not define (one of a
@@ -168,6 +195,8 @@ class _Planner(Reach, Devices):
             p.ddp = ddp
         if ddp.found and ddp.spawn is not None:
             return self._spawned_home(ddp)
+        if self._trains_itself():
+            return False
         trained = {f.object_of(key) for opt in f.optimizers for key in opt.models}
         builds = [b for b in f.bindings if f.object_of(b.key) in trained]
         first = min(builds or f.optimizers, key=lambda b: f.line(b.stmt))
@@ -182,18 +211,27 @@ class _Planner(Reach, Devices):
         cls = f.enclosing_class(home) if isinstance(home, cst.FunctionDef) else None
         made = f.functions.get(cls.name.value) if cls is not None else None
         if cls is not None and home is init_of(cls) and made is not None and made.node is cls \
-                and len(made.calls) == 1 and not made.other_uses:
+                and len(made.calls) == 1 and not made.other_uses and not f.repeats(made.calls[0]):
             # ``class Trainer: def __init__(self, cfg): self.model = Net() ...``, made once:
             # Fabric is created where the object is made, and passed in (_new_params)
             extra.append(f.statement(made.calls[0]))
             home = _innermost_scope(f, made.calls[0])
             cls = None
         if cls is not None:
+            what = "the optimizer" if isinstance(first, Optimizer) else "the model"
+            where = f"{cls.name.value}.{home.name.value}"
+            if home is init_of(cls) and made is not None and made.node is cls and made.calls:
+                how = ("more than once" if len(made.calls) > 1 else "in a loop" if f.repeats(made.calls[0])
+                       else "and also used as a value")
+                self.refuse(first.stmt, f"{what} is built in {where}, and `{cls.name.value}(...)` is made {how} "
+                                        f"(line {f.line(made.calls[0])}): Fabric is created once, so it can't "
+                                        "be created where each object is made; create it before and pass it in "
+                                        "by hand")
+                return False
             self.refuse(
                 first.stmt,
-                f"the model is built inside a class ({cls.name.value}.{home.name.value}), not in its "
-                "__init__ or in an object made once; create Fabric where that object is made and pass "
-                "it in",
+                f"{what} is built inside a class ({where}), not in its __init__ or in an object made once; "
+                "create Fabric where that object is made and pass it in",
             )
             return False
         if isinstance(home, cst.Lambda):
@@ -211,7 +249,55 @@ class _Planner(Reach, Devices):
             self.refuse(first.stmt, "could not find one place before the model, optimizer and "
                                     "loaders are built to create Fabric")
             return False
+        if p.ddp is None:
+            p.anchor = self._before_prints(p.anchor)
         return True
+
+    def _before_prints(self, anchor: cst.BaseStatement) -> cst.BaseStatement:
+        """Fabric a little earlier, so that the prints just above where it would be created
+        (``print(args)``, ``print("Random Seed: ", seed)``) become ``fabric.print``: the earliest
+        statement of the anchor's block that holds a print, after the arguments are parsed, when
+        nothing between it and the anchor sets up the process's environment (``os.environ``,
+        ``torch.cuda.set_device``, ``torch.distributed``), which Fabric must see done."""
+        f = self.f
+        body = list(f.block(anchor).body)
+        index = body.index(anchor)
+        parsed = max((i for i, s in enumerate(body[:index]) if any(
+            f.statement(c) is s for c in f.attribute_calls_of("parse_args") + f.attribute_calls_of("parse_known_args")
+            for c in [c[1]])), default=-1)
+        printing = {id(f.statement(c)) for c in f.prints}
+        chosen = index
+        for i in range(index - 1, parsed, -1):
+            stmt = body[i]
+            if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or self._sets_environment(stmt):
+                break
+            if id(stmt) in printing or any(id(inner) in printing for inner in _inner_statements(stmt)):
+                chosen = i
+        return body[chosen]
+
+    def _sets_environment(self, stmt: cst.BaseStatement) -> bool:
+        f = self.f
+        names = {q for node in m.findall(stmt, m.Name() | m.Attribute()) for q in f.qualnames(node)}
+        return any(q.startswith(("os.environ", "os.putenv", "torch.cuda.set_device", "torch.distributed",
+                                 "torch.set_default_device", "torch.accelerator.set_device"))
+                   for q in names) or bool(m.findall(stmt, m.Import() | m.ImportFrom()))
+
+    def _trains_itself(self) -> bool:
+        """A module whose own method builds its optimizer over ``self.parameters()`` (a layer that
+        trains itself, as forward-forward scripts write them): it would be set up as ``self``
+        inside its own class, which rebinds a local name only, and the forward its methods run on
+        ``self`` never passes through Fabric's wrapper (no precision, no strategy): refused."""
+        f = self.f
+        for opt in f.optimizers:
+            func = f.function(opt.stmt)
+            cls = f.enclosing_class(func) if func is not None else None
+            if cls is not None and any(path == "self" and owner is func for owner, path in opt.models):
+                self.refuse(opt.stmt, f"`{opt.path}` is built over the module's own parameters in "
+                                      f"{cls.name.value}.{func.name.value}: `{cls.name.value}` trains itself, inside "
+                                      "the class, so the forward it runs on `self` would bypass Fabric's wrapper "
+                                      "(no precision, no strategy) wherever it were set up; nothing was converted")
+                return True
+        return False
 
     def _ddp_statements(self, home: Scope) -> list[cst.BaseStatement]:
         """The statements of ``home`` that start the hand-made world or read a process's place,
@@ -349,6 +435,12 @@ class _Planner(Reach, Devices):
                 after, ref = opts[-1].stmt, p.ref_at(f, guard)
             p.setups.append(SetupGroup(model_key[1], list(unique.values()), ref, model_key, after,
                                        self._forward_methods(model_key, after), otherwise=guard))
+        for group in p.setups:
+            if not self._read_after_setup(group):
+                self.refuse(group.after, f"`{group.model}` would be set up after line {f.line(group.after)}, but "
+                                         "nothing reads it afterwards, so no forward would run through Fabric "
+                                         "(its precision and strategy would not apply); nothing was converted")
+                return
         guarded = [g for g in p.setups if g.otherwise is not None]
         if guarded and p.precision == "16-mixed" and (f.calls_to(*CLIP_NORM, *CLIP_VALUE)):
             g = guarded[0]
@@ -361,6 +453,22 @@ class _Planner(Reach, Devices):
             node, why = p.setup_skips[0]
             self.refuse(node, f"{why}; without setting every trained model up, Fabric can't apply "
                               "its precision or strategy, so nothing was converted")
+
+    def _read_after_setup(self, group: SetupGroup) -> bool:
+        """Whether what the set-up binds is read once it has run: in another function (a
+        ``train(model, ...)`` defined above, a method reading ``self.model``), later in the same
+        one, or in a loop around the set-up. ``self`` never is: it would rebind a local name."""
+        f = self.f
+        if group.model == "self":
+            return False
+        func, end = f.function(group.after), f.end_line(group.after)
+        loops = [a for a in f.ancestors(group.after) if isinstance(a, (cst.For, cst.While))]
+        for key in f.memo("keys-by-object", lambda: _keys_by_object(f)).get(f.object_of(group.model_key), ()):
+            for ref in f.references(key):
+                if f.function(ref) is not func or f.line(ref) > end \
+                        or any(loop in f.ancestors(ref) for loop in loops):
+                    return True
+        return False
 
     def _only_under_if(self, opts: list[Optimizer], built: list[cst.BaseStatement]) -> Optional[cst.If]:
         """``if args.use_optimizer: optimizer = ...`` (and no optimizer in its ``else``), the model
@@ -417,13 +525,25 @@ class _Planner(Reach, Devices):
                                          "process's (evaluate on a loader of its own)"))
             return
         for loop, names in sums.reductions:
-            reductions.append((loop, p.ref_at(f, loop) or ref, names, f"`{loader.path}` is sharded for training"))
+            reductions.append((loop, p.ref_at(f, loop) or ref, names,
+                               f"`{loader.path}` is sharded for training: each process evaluates its shard"))
+        p.loader_skips.extend(sums.notes)
+
+    def _training_sums(self, loader: Binding, ref: str, reductions: list) -> None:
+        """A sum the training loop over a sharded loader accumulates, read after the loop as a
+        figure of the whole set (``train_loss / len(train_loader.dataset)``): all-reduced after
+        the loop, as an evaluation's; read any other way, the note says it is one process's."""
+        f, p = self.f, self.p
+        sums = training_sums(f, loader)
+        for loop, names in sums.reductions:
+            reductions.append((loop, p.ref_at(f, loop) or ref, names,
+                               f"`{loader.path}` is sharded for training: each process sums its shard"))
         p.loader_skips.extend(sums.notes)
 
     def _loaders(self) -> None:
         f, p = self.f, self.p
         groups: dict[tuple[int, bool], list[Binding]] = {}
-        reductions: list[tuple[cst.For, str, list[tuple[str, bool]], str]] = []
+        reductions: list[tuple[cst.For, str, list[tuple[str, bool, str]], str]] = []
         for loader in f.loaders:
             if loader.key in f.returned_loaders:
                 continue  # set up where the helper that returns it is called
@@ -439,12 +559,14 @@ class _Planner(Reach, Devices):
             evaluation = role == EVAL
             if role == TRAIN and self.o.many_devices:
                 self._evaluated_while_sharded(loader, ref, reductions)
+                self._training_sums(loader, ref, reductions)
             if evaluation and self.o.shard_eval and self.o.many_devices:
                 sums = eval_sums(f, loader)
                 if sums.problem is None:
                     evaluation = False  # sharded: its sums are reduced after its loops
                     for loop, names in sums.reductions:
-                        reductions.append((loop, p.ref_at(f, loop) or ref, names, "--shard-eval"))
+                        reductions.append((loop, p.ref_at(f, loop) or ref, names,
+                                           "--shard-eval: each process evaluates its shard"))
                     p.loader_skips.extend(sums.notes)
                 else:
                     node, why = sums.problem
@@ -467,6 +589,42 @@ class _Planner(Reach, Devices):
         p.reductions = [r for r in reductions
                         if f.key_of(unwrap_iter(r[0].iter)) in set_up or any(
                             f.same_object(f.key_of(unwrap_iter(r[0].iter)), key) for key in set_up)]
+
+
+#: what starts processes that run a function of the script (not DDP's spawn: codemod/ddp.py)
+PROCESS_STARTERS = ("torch.multiprocessing.Process", "multiprocessing.Process", "multiprocessing.context.Process",
+                    "torch.multiprocessing.start_processes")
+#: a pool's or an executor's methods that run a function in its processes
+_POOL_METHODS = ("map", "starmap", "imap", "imap_unordered", "apply", "apply_async", "map_async", "submit")
+
+
+def _reached_from(f: ScriptFacts, func: cst.FunctionDef) -> set[int]:
+    """ids of ``func`` and of the module-level functions it calls, directly or not."""
+    seen: set[int] = set()
+    todo = [func]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        for fn in f.functions.values():
+            if isinstance(fn.node, cst.FunctionDef) and any(
+                    current in f.ancestors(c) for c in fn.calls):
+                todo.append(fn.node)
+    return seen
+
+
+def _inner_statements(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
+    """The statements nested in a compound one (an ``if``'s, a ``try``'s)."""
+    return [s for s in m.findall(stmt, m.SimpleStatementLine()) if s is not stmt]
+
+
+def _keys_by_object(f: ScriptFacts) -> dict[Key, list[Key]]:
+    """Every key the analysis knows, by the object it holds (``object_of``)."""
+    out: dict[Key, list[Key]] = {}
+    for key in f.kinds:
+        out.setdefault(f.object_of(key), []).append(key)
+    return out
 
 
 def _over_tensors(opt: Optimizer) -> bool:

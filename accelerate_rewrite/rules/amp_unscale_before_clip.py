@@ -47,19 +47,18 @@ class UnscaleBeforeClip(Rule):
             body = list(block.body)
             index = body.index(clip_stmt)
             later = [c for c in steps if f.statement(c) in body[index + 1:]]
-            if not later or not later[0].args:
+            optimizer = code(later[0].args[0].value) if later and later[0].args else None
+            last_backward = max((f.line(b.call) for b in f.backward_sites if f.line(b.call) < f.line(site.call)),
+                                default=0)
+            if any(f.line(u) < f.line(site.call) and f.function(u) is f.function(site.call)
+                   and u.args and optimizer in (None, code(u.args[0].value)) and f.line(u) > last_backward
+                   for u in unscales):
+                continue  # unscaled already (``if grad_clip: scaler.unscale_(optimizer)`` above it)
+            if optimizer is None:
                 ctx.skip(site.call, "clipping under a GradScaler with no scaler.step(...) after it in "
                                     "the same block: unscale_ it by hand before clipping")
                 continue
-            step = later[0]
-            scaler, optimizer = code(step.func.value), code(step.args[0].value)
-            earlier = [u for u in unscales if f.line(u) < f.line(site.call)
-                       and f.function(u) is f.function(site.call)
-                       and u.args and code(u.args[0].value) == optimizer
-                       and f.line(u) > max((f.line(b.call) for b in f.backward_sites
-                                            if f.line(b.call) < f.line(site.call)), default=0)]
-            if earlier:
-                continue
+            scaler = code(later[0].func.value)
             ctx.edits.insert_before(clip_stmt, stmt(f"{scaler}.unscale_({optimizer})\n"))
             ctx.change(site.call, f"`{scaler}.unscale_({optimizer})` before `{short(site.call.func)}`: "
                                   "it clipped the scaled gradients")

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Optional
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -56,18 +58,33 @@ def _classify_save(f, p, call: cst.Call, options):
 
 def file_object(f, node) -> bool:
     """``open(...)``, ``io.BytesIO()``, or a name bound to one (``with open(p, "wb") as fh``)."""
+    return _opener(f, node) is not None
+
+
+def _opener(f, node) -> Optional[cst.Call]:
+    """The ``open(...)`` / ``io.BytesIO()`` call behind ``node``, if it is a file object."""
     if isinstance(node, cst.Call):
-        return f.qualname(node) in ("builtins.open", "io.open", "io.BytesIO")
+        return node if f.qualname(node) in ("builtins.open", "io.open", "io.BytesIO") else None
     if not isinstance(node, cst.Name):
-        return False
+        return None
     scope = f.scope(node)
     for assignment in (scope[node.value] if scope is not None else ()):
         target = getattr(assignment, "node", None)
         parent = f.parent(target) if isinstance(target, cst.CSTNode) else None
         if isinstance(parent, cst.AsName) and isinstance(f.parent(parent), cst.WithItem):
-            return file_object(f, f.parent(parent).item)
+            return _opener(f, f.parent(parent).item)
     value = f.assigned_value(node)
-    return value is not None and file_object(f, value)
+    return _opener(f, value) if value is not None else None
+
+
+def file_path(f, node) -> Optional[str]:
+    """The path a save writes or a load reads, as written: ``args.save`` for ``torch.save(model,
+    fh)`` inside ``with open(args.save, "wb") as fh``, the argument itself otherwise; None for a
+    buffer."""
+    opener = _opener(f, node)
+    if opener is None:
+        return code(node)
+    return code(opener.args[0].value) if opener.args and f.qualname(opener) != "io.BytesIO" else None
 
 
 def _is_state_dict_of(f, p, node) -> bool:

@@ -66,11 +66,12 @@ class FabricDataloaders(FabricRule):
             else:
                 ctx.change(group.after, f"set up `{names}` with Fabric")
         for loop, ref, names, why in p.reductions:
-            lines = [f"{name} = {ref}.all_reduce({name}, reduce_op=\"sum\"){'.item()' if number else ''}\n"
-                     for name, number in names]
+            lines = [f"{name} = {ref}.all_reduce({name}, reduce_op=\"{op}\"){'.item()' if number else ''}\n"
+                     for name, number, op in names]
             ctx.edits.insert_after(loop, *(stmt(line) for line in lines))
-            ctx.change(loop, f"{why}: each process evaluates its shard; "
-                             f"{', '.join(f'`{n}`' for n, _ in names)} summed over the processes after the "
+            ctx.change(loop, f"{why}; "
+                             + ", ".join(f"`{n}` {'summed' if op == 'sum' else 'averaged'}" for n, _, op in names)
+                             + " over the processes after the "
                              "loop (exact when the set's size divides by the number of processes: "
                              "a DistributedSampler pads the last shards with repeated samples)")
         for node, why in p.loader_skips:

@@ -71,7 +71,7 @@ class FabricLaunch(FabricRule):
             ctx.edits.replace(sp.call, expr(f"{NAME}.launch({launch_args})"))
             ctx.edits.add_import("lightning.fabric", "Fabric")
             ctx.change(sp.stmt, f"`{short(sp.call)}` became `{NAME} = Fabric({args})` and "
-                                f"`{NAME}.launch({launch_args})`: Fabric starts the processes")
+                                f"`{NAME}.launch({launch_args})`: Fabric starts the processes", kind=_kind(kwargs))
             return
         # a strategy of several processes (ddp, fsdp, deepspeed) needs launch() even on one device
         launch = not ctx.options.single_device or (ctx.options.strategy or "auto") != "auto"
@@ -87,7 +87,8 @@ class FabricLaunch(FabricRule):
             lines[0] = lines[0].with_changes(leading_lines=blanks)
         ctx.edits.insert_before(p.anchor, *lines)
         ctx.edits.add_import("lightning.fabric", "Fabric")
-        ctx.change(p.anchor, f"created `{NAME} = Fabric({args})`" + (" and launched it" if launch else ""))
+        ctx.change(p.anchor, f"created `{NAME} = Fabric({args})`" + (" and launched it" if launch else ""),
+                   kind=_kind(kwargs))
 
     @staticmethod
     def _hand_ddp(ctx: RuleContext, p, kwargs: dict) -> None:
@@ -110,3 +111,9 @@ class FabricLaunch(FabricRule):
         items = sorted(kwargs.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99)
         kwargs.clear()
         kwargs.update(items)
+
+
+def _kind(kwargs: dict) -> Kind:
+    """What the Fabric written does to the numbers: its precision, as written (the summary's
+    numerics line reads it from the note, so it never claims a precision the file does not set)."""
+    return Kind.SAFE if kwargs.get("precision") in (None, "32-true", "64-true") else Kind.APPROXIMATE

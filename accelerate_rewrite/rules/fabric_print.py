@@ -5,6 +5,7 @@ import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import code
 from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, expr, plan, short
+from accelerate_rewrite.rules.fabric_checkpoint import rank_guard
 
 
 class FabricPrint(FabricRule):
@@ -19,7 +20,13 @@ class FabricPrint(FabricRule):
 
     Kind: safe (prints the same on one device).
 
-    Leaves alone: prints before Fabric exists, and in functions that `fabric` does not reach.
+    Fabric is created before the prints just above the place it needs to be (`print(args)`,
+    `print("Random Seed: ", seed)` after the arguments are parsed), so that they become
+    `fabric.print` too.
+
+    Leaves alone: prints before Fabric exists, and in functions that `fabric` does not reach;
+    with several devices, each of them is listed as printing on every process
+    (`sys.stdout.write` is AR110's: a write, on rank 0).
     """
 
     code = "AR108"
@@ -34,9 +41,13 @@ class FabricPrint(FabricRule):
         if p.refusal is not None:
             return
         converted = []
+        many = ctx.options.many_devices
         for call in f.prints:
             ref = p.ref_at(f, call)
             if ref is None or not p.after_creation(f, call):
+                if many and rank_guard(f, call) is None:
+                    ctx.skip(call, f"`{short(call)}` prints on every process: " + (
+                        "it runs before Fabric exists" if ref is not None else "`fabric` can't be reached here"))
                 continue
             if p.ddp is not None:
                 func = f.function(call)

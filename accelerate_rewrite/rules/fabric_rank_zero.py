@@ -7,14 +7,15 @@ import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import ScriptFacts
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.rules._fabric import FABRIC_CORE, FabricRule, expr, plan, short
-from accelerate_rewrite.rules.fabric_checkpoint import RANK_ZERO, TORCH_SAVE, classify_save, rank_guard
+from accelerate_rewrite.rules._fabric import FABRIC_CORE, FabricRule, code, expr, plan, short, stmt
+from accelerate_rewrite.rules.fabric_checkpoint import RANK_ZERO, TORCH_SAVE, classify_save, file_path, rank_guard
 
 #: calls that write files or folders: on several processes each would write (the same file)
 WRITERS = (
     "torchvision.utils.save_image", "matplotlib.pyplot.savefig", "os.mkdir", "os.makedirs",
     "shutil.copy", "shutil.copyfile", "shutil.copy2", "shutil.rmtree", "shutil.move",
     "numpy.save", "numpy.savez", "numpy.savetxt", "json.dump", "pickle.dump", "yaml.dump",
+    "sys.stdout.write", "sys.stderr.write",  # a progress bar of the script's own
 )
 #: methods that write, whatever their receiver: a figure, a path, a TensorBoard writer, a model
 WRITER_METHODS = (
@@ -24,6 +25,7 @@ WRITER_METHODS = (
 )
 _WRITE_MODES = ("w", "a", "x", "+")
 _COLLECTIVE_CALLS = ("torch.load", "torch.serialization.load", "torch.distributed")
+_LOADS = ("torch.load", "torch.serialization.load")
 
 
 def _is_writer(f: ScriptFacts, call: cst.Call, options) -> bool:
@@ -52,13 +54,19 @@ class FabricRankZero(FabricRule):
     What it does: in the code that runs after Fabric is created,
     - a statement that writes a file or folder (`torch.save` of something other than a state
       dict, `save_image`, `plt.savefig`, `open(..., "w")`, `os.makedirs`, `json.dump`,
-      TensorBoard's `writer.add_scalar`, ...) goes under `if fabric.is_global_zero:`
+      TensorBoard's `writer.add_scalar`, ...) or to the terminal (`sys.stdout.write`, a
+      progress bar's) goes under `if fabric.is_global_zero:`
       (consecutive ones under one `if`); so does the call of a function of the script that
       writes where `fabric` can't be reached (`save_checkpoint(state, is_best)`);
     - `torch.save(model, path)` of a set-up model saves `model.module`, the script's own
       module, not Fabric's wrapper (which the script's loading code could not read back);
     - a statement that builds a dataset with `download=True` goes under
-      `with fabric.rank_zero_first():`, so rank 0 downloads while the others wait, then read it.
+      `with fabric.rank_zero_first():`, so rank 0 downloads while the others wait, then read it;
+    - a file rank 0 alone writes with `torch.save` that every process then reads back
+      (`torch.load` of the best model after training) gets `fabric.barrier()` before the read,
+      so that no process reads it half-written; a whole model saved after Fabric redirected one
+      of its methods (`mark_forward_method`) first loses the bound `forward` that the
+      redirection left on it, which would not load back with `weights_only`.
 
     Why: with several devices every process runs the script: without it, each process writes
     the same files at once (and a checkpoint saved from each rank overwrites the others').
@@ -82,6 +90,7 @@ class FabricRankZero(FabricRule):
         if p.refusal is not None:
             return
         guarded: dict[int, tuple[cst.BaseStatement, str, str]] = {}  # id(stmt) -> (stmt, ref, what)
+        saved: list[cst.Call] = []  # the torch.save calls written on rank 0 only
         calls = {id(c): c for c in [*(s.call for s in f.calls), *f.attribute_calls]}
         writes = [c for c in calls.values() if _downloads(c) or _is_writer(f, c, o)]
         # a function of the script that writes, where `fabric` can't be reached: its callers
@@ -115,10 +124,66 @@ class FabricRankZero(FabricRule):
                 continue
             if f.qualnames(call) & set(TORCH_SAVE):
                 self._unwrap_model(ctx, p, call)
+                saved.append(call)
             previous = guarded.get(id(target))
             if previous is None or previous[2] == "write":
                 guarded[id(target)] = (target, ref, what)
         self._apply(ctx, [v for v in guarded.values() if not self._inside_other(f, v[0], guarded)])
+        self._barriers(ctx, p, saved)
+
+    def _barriers(self, ctx: RuleContext, p, saved: list[cst.Call]) -> None:
+        """A file rank 0 alone writes that every process then reads back (``torch.load`` of the
+        best model after training): ``fabric.barrier()`` before the read, so that no process
+        reads it before rank 0 has finished writing it."""
+        f = ctx.facts
+        written = {}
+        for call in saved:
+            path = file_path(f, call.args[1].value) if len(call.args) > 1 else None
+            if path is not None:
+                written.setdefault(path, call)
+        if not written:
+            return
+        done: set[int] = set()
+        for call in f.calls_named(*_LOADS):
+            path = file_path(f, call.args[0].value) if call.args else None
+            save = written.get(path)
+            if save is None or (f.function(call) is f.function(save) and f.line(call) <= f.line(save)):
+                continue
+            ref = p.ref_at(f, call)
+            if ref is None or not p.after_creation(f, call) or rank_guard(f, call) is not None \
+                    or self._called_under_rank_check(f, call):
+                continue
+            target = self._read_statement(f, call)
+            if id(target) in done:
+                continue
+            done.add(id(target))
+            # after the comment on top of the read, right before it
+            ctx.edits.insert_before(target, stmt(f"{ref}.barrier()\n").with_changes(
+                leading_lines=target.leading_lines))
+            ctx.edits.replace(target, lambda u: u.with_changes(leading_lines=[]))
+            ctx.change(call, f"`{ref}.barrier()` before reading `{path}`: rank 0 alone writes it (line "
+                             f"{f.line(save)}), and every process reads it back")
+
+    @staticmethod
+    def _called_under_rank_check(f: ScriptFacts, node: cst.CSTNode) -> bool:
+        func = f.function(node)
+        fn = f.functions.get(func.name.value) if func is not None else None
+        return fn is not None and fn.node is func and any(rank_guard(f, c) is not None for c in fn.calls)
+
+    @staticmethod
+    def _read_statement(f: ScriptFacts, call: cst.Call) -> cst.BaseStatement:
+        """The statement to put the barrier before: the ``with`` whose items open the file the
+        load reads (``with open(args.save, "rb") as fh: model = torch.load(fh)``), or the load's own."""
+        stmt = f.statement(call)
+        opener_names = {n.value for n in m.findall(call.args[0].value, m.Name())}
+        for parent in f.ancestors(call):
+            if isinstance(parent, cst.With) and any(
+                    isinstance(item.asname, cst.AsName) and isinstance(item.asname.name, cst.Name)
+                    and item.asname.name.value in opener_names for item in parent.items):
+                return parent
+            if isinstance(parent, (cst.FunctionDef, cst.Module)):
+                break
+        return stmt
 
     @staticmethod
     def _statement(f: ScriptFacts, call: cst.Call) -> Optional[cst.BaseStatement]:
@@ -158,6 +223,16 @@ class FabricRankZero(FabricRule):
         ctx.edits.replace(obj, lambda u: cst.Attribute(value=u, attr=cst.Name("module")))
         ctx.change(call, f"`torch.save({short(obj)}, ...)` saves `{short(obj)}.module`, the script's own "
                          "module: Fabric's wrapper would not load back")
+        group = p.group_of(f, f.key_of(obj))
+        if group.forward_methods:
+            # Fabric's redirection of a marked method (lightning/fabric/wrappers.py,
+            # _redirection_through_forward) leaves the module's bound `forward` in its __dict__,
+            # which pickles as `getattr` and does not load with weights_only (measured, 2 processes)
+            ctx.edits.insert_before(f.statement(call), stmt(
+                f'vars({code(obj)}.module).pop("forward", None)  # Fabric\'s patched forward would not load\n'))
+            ctx.change(call, f"Fabric's bound `forward`, left by the redirection of "
+                             f"{', '.join(f'`{n}`' for n in group.forward_methods)}, is dropped before "
+                             f"saving `{short(obj)}.module`: pickled, it would not load back")
 
     def _apply(self, ctx: RuleContext, guarded) -> None:
         f = ctx.facts
