@@ -1,0 +1,261 @@
+"""Where Fabric is created (part of the Fabric plan, rules/_fabric.py): the home scope and the
+statement Fabric goes before, a little earlier for the prints just above it; and what makes
+a script's training impossible to give one Fabric: a module that trains itself, processes the
+script starts itself (Hogwild), training handed to code the analysis can't see. A mixin of the
+planner (rules/_fabric_plan.py), as rules/_fabric_reach.py and rules/_fabric_devices.py are."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from accelerate_rewrite.codemod.ddp import HandDDP, hand_ddp
+from accelerate_rewrite.codemod.facts import Optimizer, ScriptFacts, init_of, positional_params
+from accelerate_rewrite.rules._fabric import NAME, Scope, _innermost_scope, first_in_common_block, short
+
+
+class Home:
+    """The planner's part that decides where Fabric is created (``self.f``: the facts,
+    ``self.p``: the plan, ``self.refuse``)."""
+
+    def _own_processes(self) -> Optional[tuple[cst.CSTNode, str]]:
+        """Training in processes the script starts itself, not as DDP (Hogwild:
+        ``model.share_memory()``, ``mp.Process(target=train, args=(rank, args, model, ...))``):
+        Fabric created in the function each of them runs would launch processes of its own from
+        every one, and wrap the shared model in DDP. (node, why), or None."""
+        f = self.f
+        for _, call in f.attribute_calls_of("share_memory"):
+            return call, (f"`{short(call)}` shares the model between processes the script starts itself "
+                          "(Hogwild); Fabric's processes don't share a model, they each hold a copy and "
+                          "average the gradients; nothing was converted")
+        training = {id(s.function) for s in f.backward_sites if s.function is not None}
+        training |= {id(f.function(o.stmt)) for o in f.optimizers if f.function(o.stmt) is not None}
+        handed = [(call, next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "target"),
+                              None)) for call in f.calls_named(*PROCESS_STARTERS)]
+        handed += [(call, call.args[0].value) for method in _POOL_METHODS for _, call in f.attribute_calls_of(method)
+                   if call.args and call.args[0].keyword is None]
+        for call, target in handed:
+            fn = f.functions.get(target.value) if isinstance(target, cst.Name) else None
+            if fn is not None and isinstance(fn.node, cst.FunctionDef) and training & _reached_from(f, fn.node):
+                return call, (f"`{short(call)}` runs `{target.value}`, which trains, in processes the script "
+                              "starts itself (not DDP): each would create a Fabric of its own and launch "
+                              "processes from there; nothing was converted")
+        return None
+
+    def _hidden_training(self) -> Optional[cst.Call]:
+        """A call that passes an optimizer to a function the script does not define (one of a
+        module that is not followed, ``engine.train_one_epoch(model, optimizer, ...)``), not
+        torch's: where its backward and steps must be."""
+        f = self.f
+        for opt in f.optimizers:
+            for ref in f.references(opt.key):
+                arg = f.parent(ref)
+                call = f.parent(arg) if isinstance(arg, cst.Arg) and arg.value is ref else None
+                if not isinstance(call, cst.Call):
+                    continue
+                if isinstance(call.func, cst.Name) and call.func.value in f.functions:
+                    continue
+                if any(q.split(".")[0] == "torch" for q in f.qualnames(call.func)):
+                    continue
+                return call
+        return None
+
+    # -- where Fabric is created --
+    def _find_home(self) -> bool:
+        f, p = self.f, self.p
+        ddp = hand_ddp(f)
+        if ddp.found:
+            p.ddp = ddp
+        if ddp.found and ddp.spawn is not None:
+            return self._spawned_home(ddp)
+        if self._trains_itself():
+            return False
+        trained = {f.object_of(key) for opt in f.optimizers for key in opt.models}
+        builds = [b for b in f.bindings if f.object_of(b.key) in trained]
+        first = min(builds or f.optimizers, key=lambda b: f.line(b.stmt))
+        home = _innermost_scope(f, first.stmt)
+        extra: list[cst.BaseStatement] = []
+        # a factory (``def build(device): ...; return model, optimizer``): Fabric belongs
+        # where it is called
+        while isinstance(home, cst.FunctionDef) and self._is_factory(home):
+            call = f.functions[home.name.value].calls[0]
+            extra.append(f.statement(call))
+            home = _innermost_scope(f, call)
+        cls = f.enclosing_class(home) if isinstance(home, cst.FunctionDef) else None
+        made = f.functions.get(cls.name.value) if cls is not None else None
+        if cls is not None and home is init_of(cls) and made is not None and made.node is cls \
+                and len(made.calls) == 1 and not made.other_uses and not f.repeats(made.calls[0]):
+            # ``class Trainer: def __init__(self, cfg): self.model = Net() ...``, made once:
+            # Fabric is created where the object is made, and passed in (_new_params)
+            extra.append(f.statement(made.calls[0]))
+            home = _innermost_scope(f, made.calls[0])
+            cls = None
+        if cls is not None:
+            what = "the optimizer" if isinstance(first, Optimizer) else "the model"
+            where = f"{cls.name.value}.{home.name.value}"
+            if home is init_of(cls) and made is not None and made.node is cls and made.calls:
+                how = ("more than once" if len(made.calls) > 1 else "in a loop" if f.repeats(made.calls[0])
+                       else "and also used as a value")
+                self.refuse(first.stmt, f"{what} is built in {where}, and `{cls.name.value}(...)` is made {how} "
+                                        f"(line {f.line(made.calls[0])}): Fabric is created once, so it can't "
+                                        "be created where each object is made; create it before and pass it in "
+                                        "by hand")
+                return False
+            self.refuse(
+                first.stmt,
+                f"{what} is built inside a class ({where}), not in its __init__ or in an object made once; "
+                "create Fabric where that object is made and pass it in",
+            )
+            return False
+        if isinstance(home, cst.Lambda):
+            self.refuse(first.stmt, "the model is built in a lambda")
+            return False
+        p.home = home
+        interesting = [b.stmt for b in f.bindings if _innermost_scope(f, b.stmt) is home]
+        interesting += [f.statement(d.call) for d in f.device_moves
+                        if _innermost_scope(f, d.call) is home]
+        interesting += extra
+        if p.ddp is not None:  # Fabric starts the processes where the script started them
+            interesting += self._ddp_statements(home)
+        p.anchor = first_in_common_block(f, interesting)
+        if p.anchor is None:
+            self.refuse(first.stmt, "could not find one place before the model, optimizer and "
+                                    "loaders are built to create Fabric")
+            return False
+        if p.ddp is None:
+            p.anchor = self._before_prints(p.anchor)
+        return True
+
+    def _before_prints(self, anchor: cst.BaseStatement) -> cst.BaseStatement:
+        """Fabric a little earlier, so that the prints just above where it would be created
+        (``print(args)``, ``print("Random Seed: ", seed)``) become ``fabric.print``: the earliest
+        statement of the anchor's block that holds a print, after the arguments are parsed, when
+        nothing between it and the anchor sets up the process's environment (``os.environ``,
+        ``torch.cuda.set_device``, ``torch.distributed``), which Fabric must see done."""
+        f = self.f
+        body = list(f.block(anchor).body)
+        index = body.index(anchor)
+        parsed = max((i for i, s in enumerate(body[:index]) if any(
+            f.statement(c) is s for c in f.attribute_calls_of("parse_args") + f.attribute_calls_of("parse_known_args")
+            for c in [c[1]])), default=-1)
+        printing = {id(f.statement(c)) for c in f.prints}
+        chosen = index
+        for i in range(index - 1, parsed, -1):
+            stmt = body[i]
+            if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or self._sets_environment(stmt):
+                break
+            if id(stmt) in printing or any(id(inner) in printing for inner in _inner_statements(stmt)):
+                chosen = i
+        return body[chosen]
+
+    def _sets_environment(self, stmt: cst.BaseStatement) -> bool:
+        f = self.f
+        names = {q for node in m.findall(stmt, m.Name() | m.Attribute()) for q in f.qualnames(node)}
+        return any(q.startswith(("os.environ", "os.putenv", "torch.cuda.set_device", "torch.distributed",
+                                 "torch.set_default_device", "torch.accelerator.set_device"))
+                   for q in names) or bool(m.findall(stmt, m.Import() | m.ImportFrom()))
+
+    def _trains_itself(self) -> bool:
+        """A module whose own method builds its optimizer over ``self.parameters()`` (a layer that
+        trains itself, as forward-forward scripts write them): it would be set up as ``self``
+        inside its own class, which rebinds a local name only, and the forward its methods run on
+        ``self`` never passes through Fabric's wrapper (no precision, no strategy): refused."""
+        f = self.f
+        for opt in f.optimizers:
+            func = f.function(opt.stmt)
+            cls = f.enclosing_class(func) if func is not None else None
+            if cls is not None and any(path == "self" and owner is func for owner, path in opt.models):
+                self.refuse(opt.stmt, f"`{opt.path}` is built over the module's own parameters in "
+                                      f"{cls.name.value}.{func.name.value}: `{cls.name.value}` trains itself, inside "
+                                      "the class, so the forward it runs on `self` would bypass Fabric's wrapper "
+                                      "(no precision, no strategy) wherever it were set up; nothing was converted")
+                return True
+        return False
+
+    def _ddp_statements(self, home: Scope) -> list[cst.BaseStatement]:
+        """The statements of ``home`` that start the hand-made world or read a process's place,
+        or call a function of the script that does (``rank, world_size = setup()``)."""
+        f, p = self.f, self.p
+        out: list[cst.BaseStatement] = []
+        for node in [*p.ddp.starts, *(n for n, _ in p.ddp.reads)]:
+            scope = _innermost_scope(f, node)
+            if scope is home:
+                out.append(f.statement(node))
+            elif isinstance(scope, cst.FunctionDef) and f.functions.get(scope.name.value) is not None \
+                    and f.functions[scope.name.value].node is scope:
+                out += [f.statement(c) for c in f.functions[scope.name.value].calls
+                        if _innermost_scope(f, c) is home]
+        return out
+
+
+    def _spawned_home(self, ddp: HandDDP) -> bool:
+        """``mp.spawn(worker, ...)``: Fabric is created where spawn was and launches the worker,
+        which receives it as its first argument; so `fabric` exists from the worker's first line."""
+        f, p = self.f, self.p
+        worker = ddp.spawn.worker
+        builds = [b for b in f.bindings if any(f.same_object(b.key, key) for opt in f.optimizers
+                                                for key in opt.models)] or list(f.optimizers)
+        outside = [b for b in builds if f.function(b.stmt) is not worker
+                   and not self._called_only_from(f.function(b.stmt), worker)]
+        if outside:
+            self.refuse(outside[0].stmt, f"hand-made distributed training: `{outside[0].path}` is built "
+                                         f"outside `{worker.name.value}`, the function mp.spawn runs; "
+                                         "nothing was converted")
+            return False
+        if any(p.name.value == NAME for p in positional_params(worker)):
+            self.refuse(worker, f"`{worker.name.value}` already has a parameter named `{NAME}`")
+            return False
+        p.home = worker
+        p.anchor = next(s for s in worker.body.body)
+        return True
+
+    def _called_only_from(self, func: Optional[cst.FunctionDef], worker: cst.FunctionDef) -> bool:
+        """A module-level function called once, from ``worker`` (``load_train_objs()`` in the
+        function mp.spawn runs): what it builds is built in each process, after the world starts."""
+        f = self.f
+        fn = f.functions.get(func.name.value) if func is not None else None
+        return (fn is not None and fn.node is func and len(fn.calls) == 1 and not fn.other_uses
+                and f.function(fn.calls[0]) is worker)
+
+    def _is_factory(self, func: cst.FunctionDef) -> bool:
+        """A module-level function that builds and returns the model, called once."""
+        f = self.f
+        fn = f.functions.get(func.name.value)
+        if fn is None or fn.node is not func or len(fn.calls) != 1 or fn.other_uses:
+            return False
+        built = {b.path for b in f.bindings if b.owner is func and b.kind in ("module", "optimizer")}
+        # its returns, those of functions inside it too (from the analysis's list, not a walk of it)
+        for ret in (r for r in f.returns if any(a is func for a in f.ancestors(r))):
+            if ret.value is not None and {n.value for n in m.findall(ret.value, m.Name())} & built:
+                return True
+        return False
+
+
+#: what starts processes that run a function of the script (not DDP's spawn: codemod/ddp.py)
+PROCESS_STARTERS = ("torch.multiprocessing.Process", "multiprocessing.Process", "multiprocessing.context.Process",
+                    "torch.multiprocessing.start_processes")
+#: a pool's or an executor's methods that run a function in its processes
+_POOL_METHODS = ("map", "starmap", "imap", "imap_unordered", "apply", "apply_async", "map_async", "submit")
+
+
+def _reached_from(f: ScriptFacts, func: cst.FunctionDef) -> set[int]:
+    """ids of ``func`` and of the module-level functions it calls, directly or not."""
+    seen: set[int] = set()
+    todo = [func]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        for fn in f.functions.values():
+            if isinstance(fn.node, cst.FunctionDef) and any(
+                    current in f.ancestors(c) for c in fn.calls):
+                todo.append(fn.node)
+    return seen
+
+
+def _inner_statements(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
+    """The statements nested in a compound one (an ``if``'s, a ``try``'s)."""
+    return [s for s in m.findall(stmt, m.SimpleStatementLine()) if s is not stmt]
