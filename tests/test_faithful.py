@@ -335,3 +335,29 @@ def test_a_clip_unscaled_under_an_if_above_it_gets_no_note():
     """), backend="torch", precision="16-mixed")
     assert not skips(result, "AR202")
     assert result.output.count("unscale_") == 1
+
+
+def test_a_progress_bar_is_drawn_by_rank_zero_alone():
+    source = HEAD + dedent("""
+        from tqdm import tqdm
+
+        device = torch.device("cuda")
+        model = Net().to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(TensorDataset(torch.randn(16, 8)), batch_size=4)
+        for epoch in range(2):
+            for (x,) in tqdm(
+                loader,
+                desc=f"epoch {epoch}",
+            ):
+                loss = model(x.to(device)).pow(2).mean()
+                loss.backward()
+                optimizer.step()
+            for (x,) in tqdm(loader, disable=True):
+                pass
+    """)
+    result = convert(source, devices=2)
+    assert ('tqdm(\n        loader,\n        desc=f"epoch {epoch}",\n        disable=not fabric.is_global_zero,\n'
+            '    ):') in result.output
+    assert "tqdm(loader, disable=True)" in result.output
+    assert "is_global_zero" not in convert(source).output  # one device: nothing to say

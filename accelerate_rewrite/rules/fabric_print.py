@@ -1,11 +1,17 @@
 from __future__ import annotations
 
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
+import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import code
 from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, expr, plan, short
 from accelerate_rewrite.rules.fabric_checkpoint import rank_guard
+
+
+#: progress bars: each process would draw its own
+_PROGRESS_BARS = ("tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm", "tqdm.trange",
+                  "tqdm.auto.trange")
 
 
 class FabricPrint(FabricRule):
@@ -14,6 +20,9 @@ class FabricPrint(FabricRule):
     What it does: in the code that runs after Fabric is created (the training path, and the
     functions `fabric` is passed into), `print(...)` becomes `fabric.print(...)`, with the same
     arguments.
+
+    With several devices, a `tqdm(...)` progress bar gets `disable=not fabric.is_global_zero`,
+    so that rank 0 alone draws it.
 
     Why: with several devices every process runs the script; `fabric.print` prints on rank 0
     only.
@@ -62,6 +71,38 @@ class FabricPrint(FabricRule):
                     continue
             ctx.edits.replace(call.func, expr(f"{ref}.print"))
             converted.append(call)
+        if many:  # a progress bar in every process: rank 0's alone
+            for call in f.calls_named(*_PROGRESS_BARS):
+                ref = p.ref_at(f, call)
+                if any(a.keyword is not None and a.keyword.value == "disable" for a in call.args):
+                    continue
+                if ref is None or not p.after_creation(f, call):
+                    ctx.skip(call, f"`{short(call)}` draws its progress bar on every process: " + (
+                        "it runs before Fabric exists" if ref is not None else "`fabric` can't be reached here"))
+                    continue
+                ctx.edits.replace(call, lambda u, r=ref: _with_disable(u, r))
+                ctx.change(call, f"`{short(call)}` draws its progress bar on rank 0 only "
+                                 f"(`disable=not {ref}.is_global_zero`)")
         if converted:
             lines = ", ".join(str(f.line(c)) for c in converted)
             ctx.change(converted[0], f"print(...) became fabric.print(...) (rank 0 only) on lines {lines}")
+
+
+def _with_disable(call: cst.Call, ref: str) -> cst.Call:
+    """``tqdm(loader, desc=...)`` -> ``tqdm(loader, desc=..., disable=not fabric.is_global_zero)``,
+    the arguments' own layout kept (a trailing comma, one argument a line)."""
+    args = list(call.args)
+    no_space = cst.SimpleWhitespace("")
+    new = cst.Arg(expr(f"not {ref}.is_global_zero"), keyword=cst.Name("disable"),
+                  equal=cst.AssignEqual(whitespace_before=no_space, whitespace_after=no_space))
+    last = args[-1] if args else None
+    if last is not None and isinstance(last.comma, cst.Comma) \
+            and isinstance(last.comma.whitespace_after, cst.ParenthesizedWhitespace):
+        # one argument a line: the new one on a line of its own, the closing line kept
+        item = args[-2].comma.whitespace_after if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) \
+            else call.whitespace_before_args
+        args[-1] = last.with_changes(comma=last.comma.with_changes(whitespace_after=item))
+        new = new.with_changes(comma=last.comma)
+    elif last is not None and last.comma is cst.MaybeSentinel.DEFAULT:
+        args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return call.with_changes(args=[*args, new])
