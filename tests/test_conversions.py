@@ -574,22 +574,35 @@ def test_fabric_goes_after_argument_parsing_and_before_the_first_device_use():
 # optimizers, backward, clipping
 # ---------------------------------------------------------------------------------------
 
-def test_optimizer_over_two_models_is_refused_as_a_whole():
-    result = convert("""
-        import torch
-        import torch.nn as nn
+TWO_MODELS_ONE_OPTIMIZER = """
+    import torch
+    import torch.nn as nn
 
-        enc = nn.Linear(4, 2)
-        dec = nn.Linear(2, 4)
-        optimizer = torch.optim.Adam(list(enc.parameters()) + list(dec.parameters()), lr=1e-3)
-        for step in range(3):
-            x = torch.randn(2, 4)
-            loss = (dec(enc(x)) - x).pow(2).mean()
-            loss.backward()
-            optimizer.step()
-            print(loss.item())
-    """, precision="bf16-mixed", devices=2)
-    assert_left_alone(result, "AR101", "optimizer", "several models", "nothing was converted")
+    enc = nn.Linear(4, 2)
+    dec = nn.Linear(2, 4)
+    optimizer = torch.optim.Adam(list(enc.parameters()) + list(dec.parameters()), lr=1e-3)
+    for step in range(3):
+        x = torch.randn(2, 4)
+        loss = (dec(enc(x)) - x).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        print(loss.item())
+"""
+
+
+def test_optimizer_over_two_models_sets_each_up_then_the_optimizer():
+    # issue 26: Fabric's own answer, setup_module for each model, then setup_optimizers
+    result = convert(TWO_MODELS_ONE_OPTIMIZER, precision="bf16-mixed", devices=2)
+    assert ("optimizer = torch.optim.Adam(list(enc.parameters()) + list(dec.parameters()), lr=1e-3)\n"
+            "enc = fabric.setup_module(enc)\ndec = fabric.setup_module(dec)\n"
+            "optimizer = fabric.setup_optimizers(optimizer)\n") in result.output
+    assert not backward_calls_not_through_fabric(result.output)
+
+
+def test_optimizer_over_two_models_is_refused_under_deepspeed():
+    result = convert(TWO_MODELS_ONE_OPTIMIZER, strategy="deepspeed", devices=2)
+    assert_left_alone(result, "AR101", "optimizer `optimizer` not set up: DeepSpeed sets a model and its "
+                                       "optimizer up together", "nothing was converted")
     [note] = result.skips
     assert note.line == 6
 

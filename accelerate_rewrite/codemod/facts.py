@@ -111,6 +111,9 @@ class ScriptFacts:
         #: keys of loaders built in a helper that returns them (codemod/returns.py): they are
         #: set up where the helper's result is bound, which holds their own bindings
         self.returned_loaders: set[Key] = set()
+        #: (statement, wrapper call, the optimizer built in its arguments): a wrapper the script
+        #: steps whose class the analysis can't see into, so the optimizer inside can't be reached
+        self.opaque_optimizers: list[tuple[cst.BaseStatement, cst.Call, cst.Call]] = []
         _Collector(self).collect()
         from accelerate_rewrite.codemod.returns import find_returned_loaders
 
@@ -399,6 +402,23 @@ class ScriptFacts:
     def _flow(self) -> None:
         """Keys joined by a flow (an alias, an argument into a parameter, ``self.x = param``)
         hold the same object: they share one set of kinds."""
+        find, seen = self._joined()
+
+        by_root: dict[Key, set[str]] = {}
+        for b in self.bindings:
+            by_root.setdefault(find(b.key), set()).add(b.kind)
+        for opt in self.optimizers:
+            for key in opt.models:
+                by_root.setdefault(find(key), set()).add(MODEL)
+        keys = seen | {b.key for b in self.bindings}
+        for opt in self.optimizers:
+            keys.update(opt.models)
+        for key in keys:
+            self.kinds[key] = by_root.get(find(key), set())
+        self._find = find
+
+    def _joined(self):
+        """The flows between keys as a union-find: (find, every key a flow joins)."""
         parent: dict[Key, Key] = {}
 
         def find(k: Key) -> Key:
@@ -424,19 +444,7 @@ class ScriptFacts:
                     param = param_for(fn.params, fn.node, arg, index)
                     if param is not None:
                         union((owner, param.name.value), self.key_of(arg.value))
-
-        by_root: dict[Key, set[str]] = {}
-        for b in self.bindings:
-            by_root.setdefault(find(b.key), set()).add(b.kind)
-        for opt in self.optimizers:
-            for key in opt.models:
-                by_root.setdefault(find(key), set()).add(MODEL)
-        keys = seen | {b.key for b in self.bindings}
-        for opt in self.optimizers:
-            keys.update(opt.models)
-        for key in keys:
-            self.kinds[key] = by_root.get(find(key), set())
-        self._find = find
+        return find, seen
 
     def same_object(self, a: Optional[Key], b: Optional[Key]) -> bool:
         return a is not None and b is not None and self._find(a) == self._find(b)

@@ -166,8 +166,10 @@ class _Collector(cst.CSTVisitor):
         self._find_module_classes()
         f.module.visit(self)
         self._lifted: set[int] = set()
+        self._unknown: list[tuple[Key, cst.BaseStatement, cst.BaseExpression, cst.Call]] = []
         for target, value, node in self._pending:
             self._assignment(target, value, node)
+        self._stepped_unknowns()
         if self._lifted:  # what a method builds and returns is bound where its result is
             f.bindings = [b for b in f.bindings if not (isinstance(b.stmt, cst.SimpleStatementLine)
                                                        and any(id(s) in self._lifted for s in b.stmt.body))]
@@ -298,6 +300,76 @@ class _Collector(cst.CSTVisitor):
             f.bindings.append(Binding(key, LOADER, stmt, value, core, qual))
         elif self._is_module_ctor(core, qual):
             f.bindings.append(Binding(key, MODULE, stmt, value, core, qual or _callee_text(core)))
+        else:  # an optimizer of a class the analysis can't see, if the script steps it (below)
+            self._unknown.append((key, stmt, value, core))
+
+    def _stepped_unknowns(self) -> None:
+        """The reader's rule: an object built from some models' parameters (directly, through
+        comprehensions, ``filter``, ``chain``, ``+``, groups, or a call given the model) whose
+        ``.step()`` the script calls, directly or through a method of its own
+        (``step_and_update_lr``), is those models' optimizer, whatever its class:
+        ``getattr(optim, args.optim)(model.parameters(), lr=lr)``, transformers' ``AdamW``,
+        ``SAM(...)`` or ``create_optimizer(args, model)`` from a package. One that wraps an
+        optimizer built in its arguments (``ScheduledOptim(optim.Adam(...), ...)``) is set up
+        through the attribute that holds it, when its class is the script's own."""
+        f = self.f
+        if not self._unknown:
+            return
+        find, _ = f._joined()  # the flows so far: ``train(model, optimizer)`` steps main's optimizer
+        stepped = set()
+        for call in f.attribute_calls:
+            method = call.func.attr.value
+            key = f.key_of(call.func.value)
+            if "step" in method and method != "step_size" and key is not None:
+                stepped.add(find(key))
+        optimizers = {b.key for b in f.bindings if isinstance(b, Optimizer)}
+        for key, stmt, value, core in self._unknown:
+            if find(key) not in stepped or any(f.key_of(a.value) in optimizers for a in core.args):
+                continue  # a scheduler, or a wrapper around an optimizer the script names
+            inner_call = next((c for c in m.findall(core, m.Call()) if c is not core and self._torch_optimizer(c)),
+                              None)
+            if inner_call is not None:
+                attr = self._holding_attribute(core, inner_call)
+                if attr is None:
+                    f.opaque_optimizers.append((stmt, core, inner_call))
+                    continue
+                f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, _callee_text(core),
+                                            models=self._param_models(inner_call), inner=attr))
+                continue
+            models = self._param_models(core) or self._models_given(core)
+            if models:
+                f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, _callee_text(core),
+                                            models=models, custom=True))
+
+    def _torch_optimizer(self, call: cst.Call) -> bool:
+        qual = self.f.qualname(call) or ""
+        return qual.startswith("torch.optim.") and not qual.startswith(("torch.optim.lr_scheduler.",
+                                                                        "torch.optim.swa_utils.")) \
+            and qual.rsplit(".", 1)[-1][:1].isupper()
+
+    def _holding_attribute(self, wrapper: cst.Call, inner: cst.Call) -> Optional[str]:
+        """``ScheduledOptim(optim.Adam(...), ...)`` with ``class ScheduledOptim: def __init__(self,
+        optimizer, ...): self._optimizer = optimizer``: "_optimizer"."""
+        f = self.f
+        fn = f.functions.get(wrapper.func.value) if isinstance(wrapper.func, cst.Name) else None
+        init = init_of(fn.node) if fn is not None and isinstance(fn.node, cst.ClassDef) else None
+        arg = next((a for a in wrapper.args if a.value is inner), None)
+        if init is None or arg is None:
+            return None
+        param = param_for(fn.params, fn.node, arg, wrapper.args.index(arg))
+        if param is None:
+            return None
+        for assign in m.findall(init.body, m.Assign(targets=[m.AssignTarget(m.Attribute(value=m.Name("self")))],
+                                                    value=m.Name(param.name.value))):
+            return assign.targets[0].target.attr.value
+        return None
+
+    def _models_given(self, call: cst.Call) -> list[Key]:
+        """``create_optimizer(args, model)``: the arguments that are modules built before."""
+        f = self.f
+        modules = {b.key for b in f.bindings if b.kind == MODULE}
+        keys = [f.key_of(a.value) for a in call.args if isinstance(a.value, (cst.Name, cst.Attribute))]
+        return [k for k in keys if k is not None and k in modules]
 
     def _built_by_method(self, value: cst.BaseExpression, node: cst.CSTNode):
         """What a method returns, when it builds it and is called only here: ``self.model =
@@ -388,20 +460,34 @@ class _Collector(cst.CSTVisitor):
 
     def _param_models(self, call: cst.Call) -> list[Key]:
         keys: list[Key] = []
-        params = call.args[0].value if call.args else None
+        params = call.args[0].value if call.args and call.args[0].keyword is None else None
         for arg in call.args:
             if arg.keyword is not None and arg.keyword.value == "params":
                 params = arg.value
-        if isinstance(params, cst.Name):  # groups = [{"params": ...}, ...]; Adam(groups)
-            params = self.f.assigned_value(params) or params
         if params is None:
             return keys
-        for found in m.findall(
-            params, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))
-        ):
-            key = self.f.key_of(root_of(found.func.value))  # type: ignore[union-attr]
-            if key is not None and key not in keys:
-                keys.append(key)
+        optimizers = {b.key for b in self.f.bindings if isinstance(b, Optimizer)}
+        # the names it is made of, followed to their values: ``groups = [{"params": [p for n, p in
+        # param_optimizer if ...]}, ...]`` with ``param_optimizer = list(model.named_parameters())``
+        todo, seen = [params], set()
+        while todo and len(seen) < 32:
+            expr = todo.pop(0)
+            if id(expr) in seen:
+                continue
+            seen.add(id(expr))
+            for found in m.findall(
+                expr, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))
+            ):
+                key = self.f.key_of(root_of(found.func.value))  # type: ignore[union-attr]
+                if key is not None and key not in keys:
+                    keys.append(key)
+            names = [expr] if isinstance(expr, cst.Name) else m.findall(expr, m.Name())
+            for name in names:
+                if self.f.key_of(name) in optimizers:
+                    continue  # a scheduler over an optimizer is not over its parameters
+                value = self.f.assigned_value(name)
+                if value is not None:
+                    todo.append(value)
         return keys
 
     def visit_Decorator(self, node: cst.Decorator) -> None:

@@ -104,9 +104,19 @@ class Binding:
 @dataclass
 class Optimizer(Binding):
     models: list[Key] = field(default_factory=list)  # whose parameters it takes
-    #: a class of the script's own deriving from torch.optim.Optimizer (SAM): the script may
-    #: step it by methods of its own (``first_step``, ``second_step``)
+    #: a class of the script's own deriving from torch.optim.Optimizer (SAM), or one the
+    #: analysis can't see into (imported from a package, ``getattr(optim, args.optim)``) that the
+    #: script steps: it may step it by methods of its own (``first_step``, ``second_step``)
     custom: bool = False
+    #: a wrapper of the script's own around an optimizer (``ScheduledOptim(optim.Adam(...),
+    #: ...)``, whose methods step it): the attribute that holds the optimizer inside, which is
+    #: what gets set up (``optimizer._optimizer``)
+    inner: Optional[str] = None
+
+    @property
+    def set_up_as(self) -> str:
+        """How the optimizer to set up is written: ``optimizer``, or ``optimizer._optimizer``."""
+        return f"{self.path}.{self.inner}" if self.inner else self.path
 
 
 @dataclass

@@ -92,6 +92,11 @@ class SetupGroup:
     #: the optimizers are built under this ``if`` only (``if args.use_optimizer:``): they are set
     #: up with the model there, and the model alone in its ``else`` (made when there is none)
     otherwise: Optional[cst.If] = None
+    #: one of several models that an optimizer trains together (``Adam(chain(G_AB.parameters(),
+    #: G_BA.parameters()))``): each model is set up alone (``fabric.setup_module``), then the
+    #: optimizers of them all (``fabric.setup_optimizers``), after ``after``, which the groups of
+    #: those models share
+    joint: bool = False
 
 
 @dataclass

@@ -240,6 +240,25 @@ PROCESS_STARTERS = ("torch.multiprocessing.Process", "multiprocessing.Process", 
 _POOL_METHODS = ("map", "starmap", "imap", "imap_unordered", "apply", "apply_async", "map_async", "submit")
 
 
+def trains(f: ScriptFacts) -> dict[int, cst.FunctionDef]:
+    """The module-level functions of the script that train: run a backward themselves, or call
+    one that does (directly or not), by id. Made once per file."""
+    def compute() -> dict[int, cst.FunctionDef]:
+        out = {id(s.function): s.function for s in f.backward_sites if s.function is not None}
+        changed = True
+        while changed:
+            changed = False
+            for fn in f.functions.values():
+                if isinstance(fn.node, cst.FunctionDef) and id(fn.node) in out:
+                    for call in fn.calls:
+                        caller = f.function(call)
+                        if caller is not None and id(caller) not in out:
+                            out[id(caller)] = caller
+                            changed = True
+        return out
+    return f.memo("training-functions-reached", compute)
+
+
 def _reached_from(f: ScriptFacts, func: cst.FunctionDef) -> set[int]:
     """ids of ``func`` and of the module-level functions it calls, directly or not."""
     seen: set[int] = set()

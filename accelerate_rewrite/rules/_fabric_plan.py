@@ -34,7 +34,7 @@ from accelerate_rewrite.rules._fabric import (
     short,
 )
 from accelerate_rewrite.rules._fabric_devices import Devices
-from accelerate_rewrite.rules._fabric_home import Home
+from accelerate_rewrite.rules._fabric_home import Home, trains
 from accelerate_rewrite.rules._fabric_reach import Reach
 
 
@@ -191,13 +191,16 @@ class _Planner(Home, Reach, Devices):
                     return
                 p.tensor_optimizers.append(opt)
                 continue
-            if len(opt.models) != 1:
-                why = ("its parameters come from several models" if opt.models
-                       else "could not tell which model's parameters it takes")
-                p.setup_skips.append((opt.stmt, f"optimizer `{opt.path}` not set up: {why}"))
+            if not opt.models:
+                p.setup_skips.append((opt.stmt, f"optimizer `{opt.path}` not set up: could not tell which "
+                                                "model's parameters it takes"))
                 continue
-            by_model.setdefault(opt.models[0], []).append(opt)
+            for key in opt.models:
+                by_model.setdefault(key, []).append(opt)
+        joint = self._joint(by_model)
         for model_key, opts in by_model.items():
+            if model_key in joint:
+                continue
             opts.sort(key=lambda o: f.line(o.stmt))
             # in a block that holds the model's binding too: an optimizer built under an ``if``
             # the model is not in is set up after that ``if`` (where the engine's flow check then
@@ -226,6 +229,13 @@ class _Planner(Home, Reach, Devices):
                                          "nothing reads it afterwards, so no forward would run through Fabric "
                                          "(its precision and strategy would not apply); nothing was converted")
                 return
+            trained = self._trains_before_setup(group)
+            if trained is not None:
+                self.refuse(trained, f"`{group.model}` could be set up only after line {f.line(group.after)}, once "
+                                     f"`{short(trained)}` has trained it (its optimizers are built on both "
+                                     "sides of the training: one is built again while it runs); nothing was "
+                                     "converted")
+                return
         guarded = [g for g in p.setups if g.otherwise is not None]
         if guarded and p.precision == "16-mixed" and (f.calls_to(*CLIP_NORM, *CLIP_VALUE)):
             g = guarded[0]
@@ -238,6 +248,54 @@ class _Planner(Home, Reach, Devices):
             node, why = p.setup_skips[0]
             self.refuse(node, f"{why}; without setting every trained model up, Fabric can't apply "
                               "its precision or strategy, so nothing was converted")
+
+    def _joint(self, by_model: dict[Key, list[Optimizer]]) -> set[Key]:
+        """Models that an optimizer trains together with others (a CycleGAN's generators, a model
+        and its criterion's own parameters), with every optimizer of any of them: each such set
+        gets ``fabric.setup_module`` for its models and ``fabric.setup_optimizers`` for its
+        optimizers, after the statement that builds the last of them. Their keys."""
+        f, p = self.f, self.p
+        sets: list[tuple[set[Key], dict[int, Optimizer]]] = []
+        for model_key, opts in by_model.items():
+            models = {model_key} | {k for o in opts for k in o.models}
+            roots = {f.object_of(k) for k in models}
+            linked = [s for s in sets if {f.object_of(k) for k in s[0]} & roots]
+            optimizers = {id(o): o for o in opts}
+            for s in linked:
+                models |= s[0]
+                optimizers.update(s[1])
+                sets.remove(s)
+            sets.append((models, optimizers))
+        out: set[Key] = set()
+        for models, optimizers in sets:
+            if len({f.object_of(k) for k in models}) < 2:
+                continue
+            out |= models
+            opts = sorted(optimizers.values(), key=lambda o: f.line(o.stmt))
+            if (self.o.strategy or "").startswith("deepspeed"):
+                p.setup_skips.append((opts[0].stmt, f"optimizer `{opts[0].path}` not set up: DeepSpeed sets a model "
+                                                    "and its optimizer up together, and this one trains several "
+                                                    "models"))
+                continue
+            built = [b.stmt for key in models for b in f.bound_as(key, "module")
+                     if f.function(b.stmt) is f.function(opts[0].stmt)]
+            after = common_after(f, [o.stmt for o in opts] + built)
+            ref = p.ref_at(f, after) if after is not None else None
+            if after is None or ref is None or not p.after_creation(f, after):
+                p.setup_skips.append((opts[-1].stmt, f"`{opts[-1].path}` is built where `fabric` can't be reached"))
+                continue
+            firsts: dict[Key, Key] = {}  # one key of each model, as the optimizers name it
+            for key in sorted(models, key=lambda k: min((f.line(b.stmt) for b in f.bound_as(k, "module")),
+                                                        default=0)):
+                firsts.setdefault(f.object_of(key), key)
+            for key in firsts.values():
+                unique: dict[str, Optimizer] = {}  # the same optimizer built in an if/else: once
+                for o in opts:
+                    if any(f.same_object(key, k) for k in o.models):
+                        unique.setdefault(o.path, o)
+                p.setups.append(SetupGroup(key[1], list(unique.values()), ref, key, after,
+                                           self._forward_methods(key, after), joint=True))
+        return out
 
     def _read_after_setup(self, group: SetupGroup) -> bool:
         """Whether what the set-up binds is read once it has run: in another function (a
@@ -254,6 +312,22 @@ class _Planner(Home, Reach, Devices):
                         or any(loop in f.ancestors(ref) for loop in loops):
                     return True
         return False
+
+    def _trains_before_setup(self, group: SetupGroup) -> Optional[cst.CSTNode]:
+        """A backward, or a call of a function of the script that runs one, inside the statement
+        the set-up would follow: the training runs before the set-up (an optimizer built again
+        in the training loop puts the set-up after the loop)."""
+        f = self.f
+        for site in f.backward_sites:
+            if group.after is site.stmt or group.after in f.ancestors(site.call):
+                return site.call
+        training = trains(f)
+        for fn in f.functions.values():
+            if id(fn.node) in training:
+                for call in fn.calls:
+                    if group.after in f.ancestors(call):
+                        return call
+        return None
 
     def _only_under_if(self, opts: list[Optimizer], built: list[cst.BaseStatement]) -> Optional[cst.If]:
         """``if args.use_optimizer: optimizer = ...`` (and no optimizer in its ``else``), the model

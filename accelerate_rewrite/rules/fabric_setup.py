@@ -49,8 +49,12 @@ class FabricSetup(FabricRule):
         for opt in p.tensor_optimizers:
             ctx.skip(opt.stmt, f"`{opt.path}` optimizes tensors (`{short(opt.call.args[0].value)}`), not a "
                                "model's parameters: nothing to set up (Fabric takes the backward and the device)")
+        joint: dict[int, list] = {}  # id(after) -> the joint groups set up there
         for group in p.setups:
-            opts = [o.path for o in group.optimizers]
+            if group.joint:
+                joint.setdefault(id(group.after), []).append(group)
+                continue
+            opts = [o.set_up_as for o in group.optimizers]
             ref = group.ref
             marks = [stmt(f'{group.model}.mark_forward_method("{name}")\n') for name in group.forward_methods]
             if marks:
@@ -78,3 +82,21 @@ class FabricSetup(FabricRule):
                     ctx.edits.insert_after(guard.orelse.body.body[-1], alone, *marks)
                 ctx.change(guard, f"`{', '.join(opts)}` is built only under `if {short(guard.test)}:`: set up "
                                   f"with `{group.model}` there, `{group.model}` alone otherwise")
+        for groups in joint.values():
+            self._joint(ctx, groups)
+
+    @staticmethod
+    def _joint(ctx: RuleContext, groups) -> None:
+        """Models an optimizer trains together: each model set up alone, then the optimizers."""
+        ref, after = groups[0].ref, groups[0].after
+        lines = []
+        for group in groups:
+            lines.append(stmt(f"{group.model} = {ref}.setup_module({group.model})\n"))
+            lines += [stmt(f'{group.model}.mark_forward_method("{name}")\n') for name in group.forward_methods]
+        opts = list(dict.fromkeys(o.set_up_as for g in groups for o in g.optimizers))
+        names = ", ".join(opts)
+        lines.append(stmt(f"{names} = {ref}.setup_optimizers({names})\n"))
+        ctx.edits.insert_after(after, *lines)
+        models = ", ".join(f"`{g.model}`" for g in groups)
+        ctx.change(after, f"set up {models} with Fabric one by one (setup_module), then `{names}` "
+                          "(setup_optimizers): an optimizer trains several of them")
