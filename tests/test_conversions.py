@@ -889,7 +889,7 @@ HAND_DDP_HEAD = """
     ("""
     def worker(rank, n):
         dist.init_process_group("gloo", rank=rank, world_size=n)
-        model = DDP(torch.nn.Linear(4, 1), broadcast_buffers=False)
+        model = DDP(torch.nn.Linear(4, 1), broadcast_buffers=n > 1)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         model(torch.randn(2, 4)).sum().backward()
         optimizer.step()
@@ -943,6 +943,25 @@ HAND_DDP_HEAD = """
 def test_hand_made_ddp_refused_with_a_reason(body, reason):
     result = convert(HAND_DDP_HEAD + body)
     assert_left_alone(result, "AR101", "hand-made distributed training", reason)
+
+
+def test_ddp_options_go_to_fabric_s_ddp_strategy():
+    # issue 26: Swin's `DistributedDataParallel(model, device_ids=[...], broadcast_buffers=False)`;
+    # spawn's arguments given by position (barlowtwins' `mp.spawn(main_worker, (args,), n)`)
+    result = convert(HAND_DDP_HEAD + """
+    def worker(rank, n):
+        dist.init_process_group("gloo", rank=rank, world_size=n)
+        model = DDP(torch.nn.Linear(4, 1), device_ids=[rank], broadcast_buffers=False,
+                    find_unused_parameters=True)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+
+    mp.spawn(worker, (2,), 2)
+    """)
+    assert "from lightning.fabric.strategies import DDPStrategy" in result.output
+    assert ("fabric = Fabric(strategy=DDPStrategy(broadcast_buffers=False, find_unused_parameters=True), devices=2)\n"
+            "\nfabric.launch(worker, 2)") in result.output
 
 
 def test_spawned_worker_receives_fabric_and_devices_follow_nprocs():

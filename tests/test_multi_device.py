@@ -168,9 +168,9 @@ def _runnable() -> list[str]:
 #: the fixtures (besides EVALUATED) that convert to 2 devices: a list, so that collecting the
 #: tests (once per xdist worker) rewrites nothing; the test below keeps it current
 RUNNABLE = ["accelerator_api", "already_autocast", "apex_o1", "checkpointing", "conditional_optimizer",
-            "cuda_amp", "data_parallel", "finetune_encoder", "gan", "gan_bce", "lbfgs", "module_loop",
-            "text_classification", "torchmetrics_metrics", "train_function", "trainer_class",
-            "transformer_lm"]
+            "cuda_amp", "cyclegan_chain", "data_parallel", "finetune_encoder", "gan", "gan_bce", "lbfgs",
+            "manual_sgd", "module_loop", "param_groups", "scheduled_optim", "text_classification",
+            "torchmetrics_metrics", "train_function", "trainer_class", "transformer_lm"]
 
 
 def test_the_list_of_converted_fixtures_is_current():

@@ -53,15 +53,17 @@ DIVERGING = {"pure_half"}
 #: fixtures whose point is a refusal, in a style another fixture already runs (module_loop), and
 #: hf_finetune, which downloads its weights (text_classification is the runnable NLP fixture);
 #: the hand-made DDP fixtures start their own processes: tests/test_hand_ddp.py runs them on 2
-#: conditional_optimizer runs both ways, on both of its paths, in tests/test_conditional.py
+#: conditional_optimizer runs both ways, on both of its paths, in tests/test_conditional.py;
+#: manual_sgd has no optimizer for the verifier to count steps by: tests/test_real_code.py runs it
 NOT_RUN = {"accumulates_already", "hf_finetune", "ddp_spawn", "ddp_torchrun", "ddp_trainer", "hand_ddp",
-           "conditional_optimizer"}
+           "conditional_optimizer", "manual_sgd"}
 #: (a list, so that collecting the tests, once per xdist worker, rewrites nothing; the first
 #: test keeps it current)
 RUNNABLE = ["accelerator_api", "already_autocast", "apex_o1", "apex_o2_two_losses", "autoencoder_sums",
-            "checkpointing", "cuda_amp", "data_parallel", "finetune_encoder", "gan", "gan_bce", "imagenet_style",
-            "lbfgs", "mnist_style", "module_loop", "rnn_classifier", "text_classification", "torchmetrics_metrics",
-            "train_function", "trainer_class", "transformer_lm", "vae", "word_lm"]
+            "checkpointing", "cuda_amp", "cyclegan_chain", "data_parallel", "finetune_encoder", "gan", "gan_bce",
+            "imagenet_style", "lbfgs", "mnist_style", "module_loop", "param_groups", "rnn_classifier",
+            "scheduled_optim", "text_classification", "torchmetrics_metrics", "train_function", "trainer_class",
+            "transformer_lm", "vae", "word_lm"]
 #: fixtures whose rewrite refuses bf16-mixed (the script's own autocast; LBFGS) and says why
 REFUSE_BF16 = {"already_autocast", "cuda_amp", "lbfgs"}  # their own autocast; LBFGS
 #: the tolerance kind of the rewrites whose rules are not all "safe" at 32-true: the GradScaler
@@ -170,7 +172,8 @@ BF16_COVERED_ELSEWHERE = {"gan_bce", "apex_o2_two_losses", "finetune_encoder", "
 #: in the default run (CI): the refusals, and one fixture of each style; the others are in the
 #: ``slow`` set (pytest -m slow), as are the native 16-mixed runs of NATIVE_SLOW below
 BF16_SLOW = {"module_loop", "train_function", "trainer_class", "torchmetrics_metrics", "imagenet_style",
-             "rnn_classifier", "apex_o1", "vae", "checkpointing", "autoencoder_sums", "word_lm"}
+             "rnn_classifier", "apex_o1", "vae", "checkpointing", "autoencoder_sums", "word_lm", "param_groups",
+             "scheduled_optim"}
 
 
 @pytest.mark.parametrize("name", _slow_if([n for n in RUNNABLE if n not in BF16_COVERED_ELSEWHERE], BF16_SLOW))
@@ -208,7 +211,8 @@ NATIVE_CASES = [(name, "16-mixed") for name in NATIVE] + [
     (name, "bf16-mixed") for name in TWO_PROCESSES]
 #: models and loops that other fixtures in the default run already cover at 16-mixed
 NATIVE_SLOW = {"accelerator_api", "checkpointing", "data_parallel", "finetune_encoder",
-               "imagenet_style", "rnn_classifier", "torchmetrics_metrics", "trainer_class", "autoencoder_sums"}
+               "imagenet_style", "rnn_classifier", "torchmetrics_metrics", "trainer_class", "autoencoder_sums",
+               "param_groups", "scheduled_optim", "cyclegan_chain"}
 
 
 @pytest.mark.parametrize("name,precision", _slow_if(NATIVE_CASES, NATIVE_SLOW)[:-2] + [

@@ -111,7 +111,20 @@ class HandDDP:
     #: helpers left with nothing to do: they go, with the statements that call them
     removed_functions: list[cst.FunctionDef] = field(default_factory=list)
     wraps: list[Wrap] = field(default_factory=list)
-    strategy: Optional[str] = None  # from DDP(find_unused_parameters=True)
+    #: DistributedDataParallel's own options, as written (``broadcast_buffers=False``): Fabric's
+    #: ``strategy=DDPStrategy(...)`` takes them (``strategy``)
+    ddp_options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def strategy(self) -> Optional[str]:
+        """The strategy Fabric needs for the script's DDP options: None for none,
+        "ddp_find_unused_parameters_true" for that one alone, else ``DDPStrategy(...)`` (code)."""
+        options = {k: v for k, v in self.ddp_options.items() if (k, v) != ("find_unused_parameters", "False")}
+        if not options:
+            return None
+        if options == {"find_unused_parameters": "True"}:
+            return "ddp_find_unused_parameters_true"
+        return "DDPStrategy(" + ", ".join(f"{k}={v}" for k, v in options.items()) + ")"
     reads: list[tuple[cst.CSTNode, str]] = field(default_factory=list)  # node -> fabric attribute
     barriers: list[cst.Call] = field(default_factory=list)
     reductions: list[tuple[cst.SimpleStatementLine, cst.BaseExpression, str]] = field(default_factory=list)
@@ -206,8 +219,10 @@ class _Finder:
             return not self.problem(worker, f"`{name}` takes its arguments in a way the rewrite can't follow")
         args: list[cst.BaseExpression] = []
         nprocs: Optional[cst.BaseExpression] = None
-        for arg in call.args[1:]:
-            key = arg.keyword.value if arg.keyword is not None else None
+        for position, arg in enumerate(call.args[1:]):
+            # spawn(fn, args=(), nprocs=1, join=True, ...): positional as the keywords
+            key = arg.keyword.value if arg.keyword is not None else (
+                ("args", "nprocs", "join")[position] if position < 3 else None)
             if key == "args" and isinstance(arg.value, cst.Tuple) \
                     and all(isinstance(e, cst.Element) and not isinstance(e, cst.StarredElement)
                             for e in arg.value.elements):
@@ -254,12 +269,14 @@ class _Finder:
             key = arg.keyword.value if arg.keyword is not None else None
             if key in _DDP_PLACEMENT:
                 continue
-            if key == "find_unused_parameters" and m.matches(arg.value, m.Name("True") | m.Name("False")):
-                if arg.value.value == "True":
-                    d.strategy = "ddp_find_unused_parameters_true"
+            if key is not None and m.matches(arg.value, m.Name("True") | m.Name("False") | m.Integer() | m.Float()
+                                             | m.SimpleString()):
+                # Fabric's DDPStrategy passes its keywords on to DistributedDataParallel
+                d.ddp_options[key] = code(arg.value)
                 continue
-            return not self.problem(call, f"`DistributedDataParallel(..., {code(arg).strip(', ')})`: pass it to "
-                                          "Fabric with `strategy=DDPStrategy(...)` by hand")
+            return not self.problem(call, f"`DistributedDataParallel(..., {code(arg).strip(', ')})`: a value the "
+                                          "rewrite can't carry to where Fabric is created; pass it to Fabric with "
+                                          "`strategy=DDPStrategy(...)` by hand")
         assign = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
         if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.value is call):
             return not self.problem(call, f"`{short(call)}` is not a plain assignment")

@@ -59,6 +59,7 @@ from accelerate_rewrite.codemod.facts_kinds import (  # noqa: F401
     Key,
     Optimizer,
     Owner,
+    hand_updated,
 )
 from accelerate_rewrite.codemod.facts_metadata import Metadata
 from accelerate_rewrite.codemod.facts_collect import (  # noqa: F401
@@ -407,12 +408,11 @@ class ScriptFacts:
         by_root: dict[Key, set[str]] = {}
         for b in self.bindings:
             by_root.setdefault(find(b.key), set()).add(b.kind)
-        for opt in self.optimizers:
-            for key in opt.models:
-                by_root.setdefault(find(key), set()).add(MODEL)
-        keys = seen | {b.key for b in self.bindings}
-        for opt in self.optimizers:
-            keys.update(opt.models)
+        trained = [key for opt in self.optimizers for key in opt.models]
+        trained += [key for key, _ in hand_updated(self)]  # no optimizer: updated by hand
+        for key in trained:
+            by_root.setdefault(find(key), set()).add(MODEL)
+        keys = seen | {b.key for b in self.bindings} | set(trained)
         for key in keys:
             self.kinds[key] = by_root.get(find(key), set())
         self._find = find

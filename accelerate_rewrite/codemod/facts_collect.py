@@ -452,7 +452,8 @@ class _Collector(cst.CSTVisitor):
     def _is_module_ctor(self, call: cst.Call, qual: str) -> bool:
         if qual.startswith("torch.nn.") and not qual.startswith(_NOT_MODULES):
             return True
-        if qual.startswith("torchvision.models.") or qual.startswith("timm."):
+        if qual.startswith("torchvision.models.") or (qual.startswith("timm.") and not qual.startswith(
+                ("timm.optim", "timm.scheduler", "timm.data", "timm.loss", "timm.utils"))):
             return True
         if qual.startswith("transformers.") and qual.endswith(".from_pretrained"):
             return "Tokenizer" not in qual and "Config" not in qual and "Processor" not in qual
@@ -481,14 +482,67 @@ class _Collector(cst.CSTVisitor):
                 key = self.f.key_of(root_of(found.func.value))  # type: ignore[union-attr]
                 if key is not None and key not in keys:
                     keys.append(key)
+            for key in self._given_to_helpers(expr):  # ``set_weight_decay(model, skip)``
+                if key not in keys:
+                    keys.append(key)
             names = [expr] if isinstance(expr, cst.Name) else m.findall(expr, m.Name())
             for name in names:
                 if self.f.key_of(name) in optimizers:
                     continue  # a scheduler over an optimizer is not over its parameters
-                value = self.f.assigned_value(name)
-                if value is not None:
-                    todo.append(value)
+                todo.extend(self._sources(name))
         return keys
+
+    def _given_to_helpers(self, expr: cst.BaseExpression) -> list[Key]:
+        """The models passed to a helper of the script that reads their parameters
+        (``set_weight_decay(model, ...)`` whose body loops over ``model.named_parameters()``):
+        the keys of the arguments, as the call passes them."""
+        f = self.f
+        out: list[Key] = []
+        for call in m.findall(expr, m.Call(func=m.Name())):
+            fn = f.functions.get(call.func.value)
+            if fn is None or not isinstance(fn.node, cst.FunctionDef):
+                continue
+            read = {root_of(c.func.value).value for c in m.findall(fn.node.body, m.Call(
+                func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters"))))
+                if isinstance(root_of(c.func.value), cst.Name)}
+            for index, arg in enumerate(call.args):
+                param = param_for(fn.params, fn.node, arg, index)
+                if param is not None and param.name.value in read and isinstance(arg.value, cst.Name):
+                    key = f.key_of(arg.value)
+                    if key is not None:
+                        out.append(key)
+        return out
+
+    def _sources(self, name: cst.Name) -> list[cst.BaseExpression]:
+        """What a name's value is made of: its assignments' values, what is appended to it
+        (``param_weights.append(param)``), and for a loop variable the loop's iterable (``for
+        param in model.parameters():``)."""
+        f = self.f
+        out: list[cst.BaseExpression] = []
+        scope = f.scope(name)
+        for assignment in (scope[name.value] if scope is not None else ()):  # each branch's value
+            target = getattr(assignment, "node", None)
+            parent = f.parent(target) if isinstance(target, cst.CSTNode) else None
+            assign = f.parent(parent) if isinstance(parent, cst.AssignTarget) else None
+            if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.targets[0].target is target:
+                out.append(assign.value)
+        key = f.key_of(name)
+        if key is None:
+            return out
+        for call in f.attribute_calls:
+            if call.func.attr.value in ("append", "extend") and call.args \
+                    and isinstance(call.func.value, cst.Name) and f.key_of(call.func.value) == key:
+                out.append(call.args[0].value)
+        for assignment in (scope[name.value] if scope is not None else ()):
+            target = getattr(assignment, "node", None)
+            for parent in (f.ancestors(target) if isinstance(target, cst.CSTNode) else ()):
+                if isinstance(parent, (cst.For, cst.CompFor)):
+                    if any(t is target for t in m.findall(parent.target, m.Name())):
+                        out.append(parent.iter)
+                    break
+                if isinstance(parent, cst.BaseStatement):
+                    break
+        return out
 
     def visit_Decorator(self, node: cst.Decorator) -> None:
         self.f.decorators.append(node)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Union
 
 import libcst as cst
+import libcst.matchers as m
 
 if TYPE_CHECKING:
     from accelerate_rewrite.codemod.facts import ScriptFacts
@@ -179,3 +180,21 @@ def stepped_by(f: "ScriptFacts") -> str:
     opt, methods = stepped[0]
     return (f": `{opt.path}` ({opt.qualname}) steps by {' and '.join(f'`{n}`' for n in methods)}, "
             "whose updates the rule can't place itself around")
+
+
+def hand_updated(f: "ScriptFacts") -> list[tuple[Key, cst.For]]:
+    """Models whose parameters the script updates by hand, with no optimizer (``for p in
+    model.parameters(): p.data.add_(p.grad, alpha=-lr)``, the word language model's SGD): the
+    model's key and the loop. Made once per file."""
+    def compute() -> list[tuple[Key, cst.For]]:
+        out = []
+        for loop in f.find(m.For(target=m.Name(), iter=m.Call(func=m.Attribute(attr=m.Name("parameters"))))):
+            name = loop.target.value
+            reads_grad = m.findall(loop.body, m.Attribute(value=m.Name(name), attr=m.Name("grad")))
+            updates = m.findall(loop.body, m.Call(func=m.Attribute(
+                value=m.Attribute(value=m.Name(name), attr=m.Name("data")) | m.Name(name))))
+            key = f.key_of(loop.iter.func.value)
+            if reads_grad and updates and key is not None:
+                out.append((key, loop))
+        return out
+    return f.memo("hand-updated", compute)

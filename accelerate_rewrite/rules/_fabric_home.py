@@ -13,6 +13,7 @@ import libcst.matchers as m
 
 from accelerate_rewrite.codemod.ddp import HandDDP, hand_ddp
 from accelerate_rewrite.codemod.facts import Optimizer, ScriptFacts, init_of, positional_params
+from accelerate_rewrite.codemod.facts_kinds import hand_updated
 from accelerate_rewrite.rules._fabric import NAME, Scope, _innermost_scope, first_in_common_block, short
 
 
@@ -73,7 +74,12 @@ class Home:
         if self._trains_itself():
             return False
         trained = {f.object_of(key) for opt in f.optimizers for key in opt.models}
+        trained |= {f.object_of(key) for key, _ in hand_updated(f)}
         builds = [b for b in f.bindings if f.object_of(b.key) in trained]
+        if not builds and not f.optimizers:
+            self.refuse(hand_updated(f)[0][1], "the model whose parameters are updated by hand here is not built "
+                                               "in this script")
+            return False
         first = min(builds or f.optimizers, key=lambda b: f.line(b.stmt))
         home = _innermost_scope(f, first.stmt)
         extra: list[cst.BaseStatement] = []
@@ -83,6 +89,7 @@ class Home:
             call = f.functions[home.name.value].calls[0]
             extra.append(f.statement(call))
             home = _innermost_scope(f, call)
+        home = self._where_the_group_starts(ddp, home, extra)
         cls = f.enclosing_class(home) if isinstance(home, cst.FunctionDef) else None
         made = f.functions.get(cls.name.value) if cls is not None else None
         if cls is not None and home is init_of(cls) and made is not None and made.node is cls \
@@ -173,6 +180,28 @@ class Home:
                                       "(no precision, no strategy) wherever it were set up; nothing was converted")
                 return True
         return False
+
+    def _where_the_group_starts(self, ddp, home: Scope, extra: list[cst.BaseStatement]) -> Scope:
+        """Hand-made DDP whose process group starts in an outer scope (``if __name__ ==
+        "__main__": ...; init_process_group(...); ...; main(config)``, Swin's and the torchrun
+        family's) that calls the function building the model once: Fabric is created where the
+        group started, and the function receives it (``main(fabric, config)``)."""
+        f = self.f
+        if not ddp.found or not ddp.starts:
+            return home
+        starts = {id(_innermost_scope(f, s)) for s in ddp.starts}
+        chain, current = [], home
+        while isinstance(current, cst.FunctionDef) and id(current) not in starts:
+            fn = f.functions.get(current.name.value)
+            if fn is None or fn.node is not current or len(fn.calls) != 1 or fn.other_uses \
+                    or f.repeats(fn.calls[0]):
+                return home
+            chain.append(f.statement(fn.calls[0]))
+            current = _innermost_scope(f, fn.calls[0])
+        if id(current) not in starts or current is home:
+            return home
+        extra[:] = [s for s in [*extra, *chain] if _innermost_scope(f, s) is current]
+        return current
 
     def _ddp_statements(self, home: Scope) -> list[cst.BaseStatement]:
         """The statements of ``home`` that start the hand-made world or read a process's place,

@@ -5,6 +5,7 @@ device rules/_fabric_devices.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import libcst as cst
@@ -19,7 +20,8 @@ from accelerate_rewrite.codemod.facts import (
     ScriptFacts,
 )
 from accelerate_rewrite.codemod.ddp import hand_ddp
-from accelerate_rewrite.codemod.facts_kinds import custom_steps
+from accelerate_rewrite.codemod.ddp_places import PLACE_CALLS
+from accelerate_rewrite.codemod.facts_kinds import custom_steps, hand_updated
 from accelerate_rewrite.codemod.loops import (
     EVAL, TRAIN, eval_sums, evaluations_of_training_loader, loader_role, training_sums, unwrap_iter,
 )
@@ -28,6 +30,7 @@ from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, Options
 from accelerate_rewrite.rules._fabric import (
     NAME,
     FabricPlan,
+    code,
     LoaderGroup,
     SetupGroup,
     common_after,
@@ -88,8 +91,14 @@ class _Planner(Home, Reach, Devices):
         taken = [n for n in f.find(m.Name(NAME)) if f.key_of(n) is not None]
         if taken:
             return self.refuse(taken[0], f"the name `{NAME}` is already used in this script")
-        if not f.optimizers:
-            return self.refuse(f.backward_sites[0].call, "no optimizer found to set up with Fabric")
+        if not f.optimizers and not hand_updated(f):
+            if f.opaque_optimizers:
+                stmt_, wrapper, inner = f.opaque_optimizers[0]
+                return self.refuse(stmt_, f"`{short(inner)}` is wrapped in `{short(wrapper.func)}`, which the "
+                                          "rewrite can't see into: the optimizer inside it is what Fabric must set "
+                                          "up, and its steps go through the wrapper")
+            return self.refuse(f.backward_sites[0].call, "no optimizer found to set up with Fabric (nor "
+                                                         "parameters updated by hand)")
         if not f.backward_sites:
             hidden = self._hidden_training()
             where = (f": `{short(hidden)}` takes the optimizer into code this rewrite can't see"
@@ -130,6 +139,9 @@ class _Planner(Home, Reach, Devices):
             for node, attr in p.ddp.reads:
                 if p.ref_at(self.f, node) is None or not p.after_creation(self.f, node):
                     func = self.f.function(node)
+                    if self.o.many_devices and func is not None and func is not p.home \
+                            and self.f.qualname(node) in PLACE_CALLS:
+                        continue  # ``dist.get_world_size()`` in a helper: it works, Fabric starts the group
                     where = f"in {func.name.value}()" if func is not None else "there"
                     self.refuse(node, f"hand-made distributed training: `{short(node)}` {where} can't "
                                       f"become `fabric.{attr}`: `fabric` can't be reached there, or only "
@@ -165,6 +177,13 @@ class _Planner(Home, Reach, Devices):
             p.omit_precision = (lbfgs[0].stmt, f"precision {p.precision} not set: {why}; "
                                                "LBFGS stays at 32-true")
             return
+        hand = hand_updated(f)
+        if hand and p.precision == "16-mixed":
+            p.omit_precision = (hand[0][1], f"precision 16-mixed not set: the parameters are updated by hand "
+                                            f"(`for {code(hand[0][1].target)} in {short(hand[0][1].iter)}:`), "
+                                            "where Fabric's GradScaler can't unscale the gradients; use bf16-mixed, "
+                                            "which needs no scaler")
+            return
         stepped = custom_steps(f)
         if stepped and p.precision == "16-mixed":
             opt, methods = stepped[0]
@@ -178,7 +197,7 @@ class _Planner(Home, Reach, Devices):
     def _setups(self) -> None:
         f, p = self.f, self.p
         by_model: dict[Key, list[Optimizer]] = {}
-        for opt in f.optimizers:
+        for opt in map(self._received, f.optimizers):
             if not opt.models and _over_tensors(opt):
                 # ``optim.LBFGS([input_img])`` (style transfer): no module to set up; Fabric still
                 # takes the backward and the device, but can't apply a precision or a strategy
@@ -198,6 +217,7 @@ class _Planner(Home, Reach, Devices):
             for key in opt.models:
                 by_model.setdefault(key, []).append(opt)
         joint = self._joint(by_model)
+        self._hand_updated(by_model)
         for model_key, opts in by_model.items():
             if model_key in joint:
                 continue
@@ -224,17 +244,16 @@ class _Planner(Home, Reach, Devices):
             p.setups.append(SetupGroup(model_key[1], list(unique.values()), ref, model_key, after,
                                        self._forward_methods(model_key, after), otherwise=guard))
         for group in p.setups:
+            trained = self._trains_before_setup(group)
+            if trained is not None:
+                self.refuse(trained, f"`{short(trained)}` trains `{group.model}` before it could be set up (only "
+                                     f"after line {f.line(group.after)}: its optimizers are built on both sides "
+                                     "of the training, one is built again while it runs); nothing was converted")
+                return
             if not self._read_after_setup(group):
                 self.refuse(group.after, f"`{group.model}` would be set up after line {f.line(group.after)}, but "
                                          "nothing reads it afterwards, so no forward would run through Fabric "
                                          "(its precision and strategy would not apply); nothing was converted")
-                return
-            trained = self._trains_before_setup(group)
-            if trained is not None:
-                self.refuse(trained, f"`{group.model}` could be set up only after line {f.line(group.after)}, once "
-                                     f"`{short(trained)}` has trained it (its optimizers are built on both "
-                                     "sides of the training: one is built again while it runs); nothing was "
-                                     "converted")
                 return
         guarded = [g for g in p.setups if g.otherwise is not None]
         if guarded and p.precision == "16-mixed" and (f.calls_to(*CLIP_NORM, *CLIP_VALUE)):
@@ -248,6 +267,42 @@ class _Planner(Home, Reach, Devices):
             node, why = p.setup_skips[0]
             self.refuse(node, f"{why}; without setting every trained model up, Fabric can't apply "
                               "its precision or strategy, so nothing was converted")
+
+    def _received(self, opt: Optimizer) -> Optimizer:
+        """An optimizer a helper builds and returns by name (``optimizer = None; if ...: optimizer =
+        optim.SGD(...); ...; return optimizer``, Swin's ``build_optimizer(config, model)``), called
+        once: set up where the script receives it (``optimizer = build_optimizer(config, model)``),
+        leaving the helper (and its module) alone."""
+        f = self.f
+        func = f.function(opt.stmt)
+        fn = f.functions.get(func.name.value) if func is not None else None
+        if fn is None or fn.node is not func or len(fn.calls) != 1 or fn.other_uses:
+            return opt
+        returns = [r for r in f.returns if f.function(r) is func]
+        assign = f.parent(fn.calls[0])
+        if not returns or not all(m.matches(r.value, m.Name(opt.path)) for r in returns) \
+                or not (isinstance(assign, cst.Assign) and len(assign.targets) == 1
+                        and isinstance(assign.targets[0].target, cst.Name)):
+            return opt
+        key = f.key_of(assign.targets[0].target)
+        return replace(opt, key=key, stmt=f.statement(assign)) if key is not None else opt
+
+    def _hand_updated(self, by_model: dict[Key, list[Optimizer]]) -> None:
+        """A model no optimizer trains, whose parameters the script updates by hand (``p.data.add_(
+        p.grad, alpha=-lr)``): set up alone (``model = fabric.setup(model)``), right after it is built."""
+        f, p = self.f, self.p
+        for key, loop in hand_updated(f):
+            if any(f.same_object(key, k) for k in by_model) or any(f.same_object(key, g.model_key) for g in p.setups):
+                continue
+            built = [b for b in f.bound_as(key, "module")]
+            after = common_after(f, [b.stmt for b in built]) if built else None
+            ref = p.ref_at(f, after) if after is not None else None
+            if after is None or ref is None or not p.after_creation(f, after):
+                p.setup_skips.append((loop, f"`{short(loop.iter.func.value)}`, whose parameters are updated by hand "
+                                            "here, is built where `fabric` can't be reached"))
+                continue
+            name = built[0].path
+            p.setups.append(SetupGroup(name, [], ref, built[0].key, after, self._forward_methods(built[0].key, after)))
 
     def _joint(self, by_model: dict[Key, list[Optimizer]]) -> set[Key]:
         """Models that an optimizer trains together with others (a CycleGAN's generators, a model

@@ -360,6 +360,26 @@ class _Planner(Scaler):
         return None
 
     # -- the script's own device --
+    def _cuda_flag(self, node: cst.CSTNode) -> Optional[str]:
+        """``cuda = torch.cuda.is_available()`` (PyTorch-GAN's), visible at ``node``, when every
+        ``.cuda()`` of the script is under ``if cuda:``: the flag's name."""
+        f = self.f
+        moves = [mv for mv in f.device_moves if mv.device_arg is None]
+        if not moves:
+            return None
+        tests = {id(mv.call): [a.test for a in f.ancestors(mv.call) if isinstance(a, cst.If)] for mv in moves}
+        for name in {t.value for ts in tests.values() for t in ts if isinstance(t, cst.Name)}:
+            key = f.key_for_name(node, name)
+            value = f.assigned_value(next(t for ts in tests.values() for t in ts
+                                          if isinstance(t, cst.Name) and t.value == name))
+            if key is None or value is None or not any(
+                    f.qualname(c) == "torch.cuda.is_available" for c in m.findall(value, m.Call())):
+                continue
+            if all(any(isinstance(t, cst.Name) and t.value == name and f.key_of(t) == key for t in ts)
+                   for ts in tests.values()):
+                return name
+        return None
+
     def device_type(self, node: cst.CSTNode) -> Optional[str]:
         """An expression for the type of the script's device where ``node`` stands."""
         f = self.f
@@ -387,6 +407,9 @@ class _Planner(Scaler):
             if isinstance(arg, cst.Name) and f.key_of(arg) is not None \
                     and f.key_for_name(node, arg.value) == f.key_of(arg):
                 return f"torch.device({arg.value}).type"
+        flag = self._cuda_flag(node)
+        if flag is not None:
+            return f'"cuda" if {flag} else "cpu"'  # ``if cuda: model.cuda()``: CUDA only when there is one
         if any(mv.device_arg is None or "cuda" in code(mv.device_arg.value) for mv in f.device_moves):
             return '"cuda"'  # ``.cuda()`` / ``.to("cuda")``: the script needs CUDA anyway
         if not f.device_moves and not f.device_defs:

@@ -29,7 +29,8 @@ class Scaler:
     def _scaler(self, sites: list[Site]) -> None:
         f, p = self.f, self.p
         if not self.steps:
-            self.refuse(sites[0].call, "no `optimizer.step()` found for a GradScaler to step")
+            self.refuse(sites[0].call, f"`{short(sites[0].call)}`: no `optimizer.step()` found for a GradScaler to "
+                                       "step (the parameters are updated by hand, or by a wrapper's own method)")
             return
         for call in self.steps:
             if call.args:

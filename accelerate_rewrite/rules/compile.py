@@ -74,7 +74,12 @@ class Compile(Rule):
                 if self._whole(ctx, group.model_key, group.model):
                     continue
                 ctx.edits.add_import("torch")
-                ctx.edits.insert_before(group.after, stmt(f"{group.model} = torch.compile({group.model})\n"))
+                own = _binds(group.after, group.model)
+                if own is not None:  # set up right after it is built (no optimizer): compiled as it is built
+                    ctx.edits.replace(own.value, lambda u: cst.Call(func=cst.parse_expression("torch.compile"),
+                                                                    args=[cst.Arg(u)]))
+                else:
+                    ctx.edits.insert_before(group.after, stmt(f"{group.model} = torch.compile({group.model})\n"))
                 ctx.change(group.after, f"`{group.model}` compiled with torch.compile before fabric.setup")
             return
         for binding in _models(f):
@@ -101,6 +106,14 @@ class Compile(Rule):
                                     "model pickles or traces differently); save its state_dict() instead")
                 return True
         return False
+
+
+def _binds(statement: cst.BaseStatement, name: str) -> Optional[cst.Assign]:
+    """The ``name = ...`` assignment that ``statement`` is, if it is one."""
+    if m.matches(statement, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget()])])) \
+            and cst.Module([]).code_for_node(statement.body[0].targets[0].target) == name:
+        return statement.body[0]
+    return None
 
 
 def _last_setup(f: ScriptFacts, binding: Binding) -> cst.BaseStatement:

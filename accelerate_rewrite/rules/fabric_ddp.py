@@ -97,6 +97,10 @@ class FabricHandDDP(FabricRule):
                                   "the model in DistributedDataParallel")
         for node, attr in d.reads:
             ref = p.ref_at(f, node)
+            if ref is None or not p.after_creation(f, node):  # the plan keeps only those that work
+                ctx.skip(node, f"`{short(node)}` kept: `fabric` can't be reached here (it works: Fabric starts "
+                               "the process group with several devices)")
+                continue
             ctx.edits.replace(node, expr(f"{ref}.{attr}"))
             ctx.change(node, f"`{short(node)}` became `{ref}.{attr}`")
         for call in d.barriers:

@@ -95,7 +95,11 @@ class FabricLaunch(FabricRule):
         """Hand-made DDP: Fabric's devices are the script's world size unless --devices is given."""
         ddp, o = p.ddp, ctx.options
         if o.strategy is None and ddp.strategy is not None:
-            kwargs["strategy"] = ddp.strategy
+            if ddp.strategy.startswith("DDPStrategy("):
+                kwargs["strategy"] = _Code(ddp.strategy)
+                ctx.edits.add_import("lightning.fabric.strategies", "DDPStrategy")
+            else:
+                kwargs["strategy"] = ddp.strategy
         if o.devices is not None:
             return
         if ddp.spawn is not None:
