@@ -159,3 +159,45 @@ def test_a_model_updated_by_hand_trains_as_before(tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
     assert runs[0].stdout.count("valid loss") == 3
     assert runs[1].stdout == runs[0].stdout
+
+
+# ---- 2. loaders where the script receives them ---------------------------------------------------
+
+def test_loaders_handed_to_a_trainer_object_and_a_helper_of_two_or_three_results():
+    output = run("trainer_given_loaders", "bf16-mixed-devices-4").output
+    assert "    train_loader = fabric.setup_dataloaders(train_loader)\n" in output
+    assert "    test_loader = fabric.setup_dataloaders(test_loader, use_distributed_sampler=False)\n" in output
+    assert "self.fabric.backward(loss)" in output
+
+
+PACKAGE_LOADERS = HEAD + """
+from mypackage.data import data_generator
+
+device = torch.device("cuda")
+model = Net().to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+train_loader, test_loader = data_generator("data", 16)
+for epoch in range(2):
+    for x, y in train_loader:
+        x, y = x.to(device), y.to(device)
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_loader_from_code_the_rewrite_can_t_see_is_set_up_where_it_is_received():
+    result = convert(PACKAGE_LOADERS, devices=2)
+    assert 'train_loader, test_loader = data_generator("data", 16)\n' \
+           "train_loader = fabric.setup_dataloaders(train_loader)\n" in result.output
+    assert any("assumed `train_loader` is a DataLoader, where the script receives it from `data_generator()`"
+               in n.message and "raises a TypeError at start-up if it is not" in n.message for n in result.changes)
+
+
+def test_what_is_surely_not_a_loader_is_never_assumed_one():
+    # torchtext's iterators (attention-is-all-you-need's): a loud TypeError is still a broken script
+    result = convert(PACKAGE_LOADERS.replace("from mypackage.data import data_generator",
+                                             "from torchtext.data import BucketIterator as data_generator"),
+                     devices=2)
+    assert_left_alone(result, "AR101", "batches come from `train_loader`")

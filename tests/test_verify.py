@@ -63,7 +63,7 @@ RUNNABLE = ["accelerator_api", "already_autocast", "apex_o1", "apex_o2_two_losse
             "checkpointing", "cuda_amp", "cyclegan_chain", "data_parallel", "finetune_encoder", "gan", "gan_bce",
             "imagenet_style", "lbfgs", "mnist_style", "module_loop", "param_groups", "rnn_classifier",
             "scheduled_optim", "text_classification", "torchmetrics_metrics", "train_function", "trainer_class",
-            "transformer_lm", "vae", "word_lm"]
+            "trainer_given_loaders", "transformer_lm", "vae", "word_lm"]
 #: fixtures whose rewrite refuses bf16-mixed (the script's own autocast; LBFGS) and says why
 REFUSE_BF16 = {"already_autocast", "cuda_amp", "lbfgs"}  # their own autocast; LBFGS
 #: the tolerance kind of the rewrites whose rules are not all "safe" at 32-true: the GradScaler
@@ -173,7 +173,7 @@ BF16_COVERED_ELSEWHERE = {"gan_bce", "apex_o2_two_losses", "finetune_encoder", "
 #: ``slow`` set (pytest -m slow), as are the native 16-mixed runs of NATIVE_SLOW below
 BF16_SLOW = {"module_loop", "train_function", "trainer_class", "torchmetrics_metrics", "imagenet_style",
              "rnn_classifier", "apex_o1", "vae", "checkpointing", "autoencoder_sums", "word_lm", "param_groups",
-             "scheduled_optim"}
+             "scheduled_optim", "trainer_given_loaders"}
 
 
 @pytest.mark.parametrize("name", _slow_if([n for n in RUNNABLE if n not in BF16_COVERED_ELSEWHERE], BF16_SLOW))
@@ -212,7 +212,7 @@ NATIVE_CASES = [(name, "16-mixed") for name in NATIVE] + [
 #: models and loops that other fixtures in the default run already cover at 16-mixed
 NATIVE_SLOW = {"accelerator_api", "checkpointing", "data_parallel", "finetune_encoder",
                "imagenet_style", "rnn_classifier", "torchmetrics_metrics", "trainer_class", "autoencoder_sums",
-               "param_groups", "scheduled_optim", "cyclegan_chain"}
+               "param_groups", "scheduled_optim", "cyclegan_chain", "trainer_given_loaders"}
 
 
 @pytest.mark.parametrize("name,precision", _slow_if(NATIVE_CASES, NATIVE_SLOW)[:-2] + [

@@ -112,13 +112,17 @@ class ScriptFacts:
         #: keys of loaders built in a helper that returns them (codemod/returns.py): they are
         #: set up where the helper's result is bound, which holds their own bindings
         self.returned_loaders: set[Key] = set()
+        #: loaders taken for loaders where the script receives them from a call the analysis
+        #: can't see into (codemod/returns.py): set up there, and the note says it was assumed
+        self.assumed_loaders: set[Key] = set()
         #: (statement, wrapper call, the optimizer built in its arguments): a wrapper the script
         #: steps whose class the analysis can't see into, so the optimizer inside can't be reached
         self.opaque_optimizers: list[tuple[cst.BaseStatement, cst.Call, cst.Call]] = []
         _Collector(self).collect()
-        from accelerate_rewrite.codemod.returns import find_returned_loaders
+        from accelerate_rewrite.codemod.returns import assume_received_loaders, find_returned_loaders
 
         find_returned_loaders(self)
+        assume_received_loaders(self)
         self._flow()
         self._ready = True  # the facts are complete: conclusions drawn from them may be kept
 
@@ -444,7 +448,36 @@ class ScriptFacts:
                     param = param_for(fn.params, fn.node, arg, index)
                     if param is not None:
                         union((owner, param.name.value), self.key_of(arg.value))
+        for call, method in self._method_calls_of_objects():  # ``simclr.train(train_loader)``
+            params = positional_params(method)[1:]  # without self
+            for index, arg in enumerate(call.args):
+                if arg.keyword is None and not arg.star and index < len(params):
+                    union((method, params[index].name.value), self.key_of(arg.value))
+                elif arg.keyword is not None:
+                    named = [p for p in positional_params(method)[1:] if p.name.value == arg.keyword.value]
+                    if named:
+                        union((method, named[0].name.value), self.key_of(arg.value))
         return find, seen
+
+    def _method_calls_of_objects(self) -> list[tuple[cst.Call, cst.FunctionDef]]:
+        """``obj.method(...)`` where ``obj = C(...)`` (its one assignment) is an object of a class
+        of the script that defines ``method``: the call and the method."""
+        out = []
+        for call in self.attribute_calls:
+            receiver = call.func.value
+            if not isinstance(receiver, cst.Name):
+                continue
+            built = self.assigned_value(receiver)
+            fn = self.functions.get(built.func.value) if isinstance(built, cst.Call) \
+                and isinstance(built.func, cst.Name) else None
+            if fn is None or not isinstance(fn.node, cst.ClassDef):
+                continue
+            method = next((s for s in fn.node.body.body if isinstance(s, cst.FunctionDef)
+                           and s.name.value == call.func.attr.value), None)
+            if method is not None and not any(m.matches(d.decorator, m.Name("staticmethod") | m.Name("classmethod")
+                                                        | m.Name("property")) for d in method.decorators):
+                out.append((call, method))
+        return out
 
     def same_object(self, a: Optional[Key], b: Optional[Key]) -> bool:
         return a is not None and b is not None and self._find(a) == self._find(b)

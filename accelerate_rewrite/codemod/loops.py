@@ -11,7 +11,9 @@ rank's sum by the full size). So the Fabric plan asks, for each loader, which it
 - ``EVAL``: it is iterated, never by a training loop, and under ``torch.no_grad()`` /
   ``torch.inference_mode()`` (a ``with`` around or inside the loop, or a decorator of its
   function), after a ``model.eval()`` in the same function, or its name says so (test, val);
-- ``UNKNOWN``: not iterated in this file, or nothing says; treated as training (sharded).
+- ``UNKNOWN``: not iterated in this file, or nothing says; treated as training (sharded). One
+  not iterated in this file whose name says test/val is ``EVAL`` (sharding it could only make
+  its figures one process's).
 
 Computed once per file (``facts.memo``) and shared by the rules.
 """
@@ -147,11 +149,11 @@ def loader_role(f: ScriptFacts, loader: Binding) -> str:
         loops = loops_over(f, loader.key)
         if drawing_loops(f, loader.key):
             return TRAIN
-        if not loops:
-            return UNKNOWN
+        named = any(w in loader.path.lower() for w in EVAL_WORDS)
+        if not loops:  # handed to code the analysis can't see: its name is all there is to go by
+            return EVAL if named else UNKNOWN
         if any(is_training_loop(f, loop) for loop in loops):
             return TRAIN
-        named = any(w in loader.path.lower() for w in EVAL_WORDS)
         if named or all(has_eval_evidence(f, loop) for loop in loops):
             return EVAL
         return UNKNOWN

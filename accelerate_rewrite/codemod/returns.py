@@ -34,15 +34,16 @@ def _by_function(f: "F.ScriptFacts") -> dict[cst.FunctionDef, list[cst.Return]]:
     return out
 
 
-def _loader_positions(f: "F.ScriptFacts", func: cst.FunctionDef) -> Optional[tuple[Optional[F.Key], ...]]:
-    """For each element of what ``func`` returns: the key of the loader built in it (or None
-    for a DataLoader(...) returned directly, or for a non-loader); None when no element is a
-    loader or the returns disagree."""
+def _loader_positions(f: "F.ScriptFacts", func: cst.FunctionDef) -> list[tuple[Optional[F.Key], ...]]:
+    """For each length of what ``func`` returns (a helper may return a validation loader only
+    when asked: two loaders or three): per element, the key of the loader built in it (or None
+    for a DataLoader(...) returned directly, or for a non-loader); none for a length whose
+    returns disagree or hold no loader."""
     shapes = []
     for ret in _returns(f, func):
         value = ret.value
         if value is None:
-            return None
+            return []
         elements = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
         shape = []
         for element in elements:
@@ -55,12 +56,13 @@ def _loader_positions(f: "F.ScriptFacts", func: cst.FunctionDef) -> Optional[tup
             else:
                 shape.append((None, None))
         shapes.append(shape)
-    if not shapes or any(len(s) != len(shapes[0]) or [k for k, _ in s] != [k for k, _ in shapes[0]]
-                         for s in shapes):
-        return None
-    if not any(kind for kind, _ in shapes[0]):
-        return None
-    return tuple(key if kind == "name" else (() if kind == "call" else None) for kind, key in shapes[0])
+    out = []
+    for length in sorted({len(s) for s in shapes}):
+        same = [s for s in shapes if len(s) == length]
+        if any([k for k, _ in s] != [k for k, _ in same[0]] for s in same) or not any(k for k, _ in same[0]):
+            continue
+        out.append(tuple(key if kind == "name" else (() if kind == "call" else None) for kind, key in same[0]))
+    return out
 
 
 def _returned_names(f: "F.ScriptFacts", func: cst.FunctionDef) -> Optional[list[Optional[cst.Name]]]:
@@ -100,11 +102,9 @@ def find_returned_loaders(f: "F.ScriptFacts") -> None:
         if not isinstance(fn.node, cst.FunctionDef) or not fn.calls:
             continue
         _alias_results(f, fn)
-        positions = _loader_positions(f, fn.node)
-        if positions is None:
-            continue
-        for call in fn.calls:
-            _bind_results(f, call, positions, f"{fn.name}()")
+        for positions in _loader_positions(f, fn.node):
+            for call in fn.calls:
+                _bind_results(f, call, positions, f"{fn.name}()")
     if f.folder is None:
         return
     found: dict[str, Optional[tuple[bool, ...]]] = {}
@@ -142,3 +142,89 @@ def _bind_results(f: "F.ScriptFacts", call: cst.Call, positions, label: str) -> 
         f.bindings.append(F.Binding(key, F.LOADER, stmt, call, None, label))
         if inner:
             f.returned_loaders.add(inner)
+
+
+#: calls whose results a training loop may draw batches from that are surely not DataLoaders
+_NOT_LOADERS = ("builtins.", "torchtext.", "torch.utils.data.Dataset", "numpy.", "itertools.")
+_ITER_WRAPPERS = ("enumerate", "tqdm", "iter")
+
+
+def assume_received_loaders(f: "F.ScriptFacts") -> None:
+    """A training loop's batches from the result of a call the analysis can't see into
+    (``train_loader, test_loader = data_generator(root, batch_size)`` from a package, a loader
+    handed in from another file): Fabric's guide sets loaders up where the script receives them,
+    and ``setup_dataloaders`` raises a TypeError at start-up when handed anything but a DataLoader
+    (a loud failure, never a silent one), so the name the result lands in is taken for a loader,
+    bound there; ``f.assumed_loaders`` says which, for the note. Only where the loop trains (a
+    backward in it, or a call of a function that runs one), and never for a call known not to
+    build one (builtins, torchtext, numpy, a Dataset)."""
+    import libcst.matchers as m
+
+    loaders = {b.key for b in f.bindings if b.kind == F.LOADER}
+    find, _ = f._joined()
+    roots = {find(k) for k in loaders}
+    sources: list[cst.BaseExpression] = []
+    for site in f.backward_sites:
+        for loop in (a for a in f.ancestors(site.call) if isinstance(a, cst.For)):
+            source = loop.iter
+            while isinstance(source, cst.Call) and source.args and code_of(source.func).rsplit(".", 1)[-1] \
+                    in _ITER_WRAPPERS:
+                source = source.args[0].value
+            if isinstance(source, (cst.Name, cst.Attribute)) and f.key_of(source) is not None:
+                sources.append(source)
+    by_root: dict = {}
+    for target in f.find(m.AssignTarget()):
+        assign = f.parent(target)
+        if not isinstance(assign, cst.Assign) or not isinstance(assign.value, cst.Call):
+            continue
+        elements = [e.value for e in target.target.elements] if isinstance(target.target, (cst.Tuple, cst.List)) \
+            else [target.target]
+        for element in elements:
+            key = f.key_of(element) if isinstance(element, (cst.Name, cst.Attribute)) else None
+            if key is not None:
+                by_root.setdefault(find(key), []).append((key, assign))
+    done: set = set()
+    for source in sources:
+        root = find(f.key_of(source))
+        if root in roots or root in done:
+            continue
+        done.add(root)
+        received = by_root.get(root, [])
+        if len(received) != 1:
+            continue
+        key, assign = received[0]
+        if _not_a_loader(f, assign.value, key, assign):
+            continue
+        f.bindings.append(F.Binding(key, F.LOADER, f.statement(assign), assign.value, None,
+                                    f"{code_of(assign.value.func)}()"))
+        f.assumed_loaders.add(key)
+
+
+def _not_a_loader(f: "F.ScriptFacts", call: cst.Call, key, assign: cst.Assign) -> bool:
+    """What the call gives is known not to be a DataLoader: a builtin, torchtext's iterators, a
+    class of the script's own, or a helper of the script whose result there is one of those."""
+    names = f.qualnames(call.func) | f.qualnames(call)
+    if any(n.startswith(_NOT_LOADERS) for n in names):
+        return True
+    fn = f.functions.get(call.func.value) if isinstance(call.func, cst.Name) else None
+    if fn is None:
+        return False
+    if isinstance(fn.node, cst.ClassDef):
+        return True
+    target = assign.targets[0].target
+    index = next((i for i, e in enumerate(target.elements) if f.key_of(e.value) == key), None) \
+        if isinstance(target, (cst.Tuple, cst.List)) else None
+    for ret in _returns(f, fn.node):
+        value = ret.value
+        if index is not None and isinstance(value, (cst.Tuple, cst.List)) and index < len(value.elements):
+            value = value.elements[index].value
+        if isinstance(value, cst.Name):
+            value = f.assigned_value(value)
+        if not isinstance(value, cst.Call) or any(
+                n.startswith(_NOT_LOADERS) for n in f.qualnames(value.func) | f.qualnames(value)):
+            return True  # built there, and not by a call it can't see
+    return False
+
+
+def code_of(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)

@@ -65,6 +65,11 @@ class FabricDataloaders(FabricRule):
                                         "the script computes stay those of the whole set")
             else:
                 ctx.change(group.after, f"set up `{names}` with Fabric")
+            for b in group.loaders:
+                if b.key in ctx.facts.assumed_loaders:
+                    ctx.change(b.stmt, f"assumed `{b.path}` is a DataLoader, where the script receives it from "
+                                       f"`{b.qualname}`, which the rewrite can't see into: "
+                                       "fabric.setup_dataloaders raises a TypeError at start-up if it is not")
         for loop, ref, names, why in p.reductions:
             lines = [f"{name} = {ref}.all_reduce({name}, reduce_op=\"{op}\"){'.item()' if number else ''}\n"
                      for name, number, op in names]
