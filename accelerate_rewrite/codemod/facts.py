@@ -61,9 +61,10 @@ from accelerate_rewrite.codemod.facts_kinds import (  # noqa: F401
     Owner,
     hand_updated,
 )
+from accelerate_rewrite.codemod.facts_flow import Flow
 from accelerate_rewrite.codemod.facts_metadata import Metadata
-from accelerate_rewrite.codemod.facts_collect import (  # noqa: F401
-    _Collector,
+from accelerate_rewrite.codemod.facts_collect import _Collector
+from accelerate_rewrite.codemod.syntax import (  # noqa: F401 (the rules import them from here)
     code,
     short,
     root_of,
@@ -76,7 +77,7 @@ from accelerate_rewrite.codemod.facts_collect import (  # noqa: F401
 )
 
 
-class ScriptFacts:
+class ScriptFacts(Flow):
     def __init__(self, module: cst.Module, folder: Optional[Path] = None, *, fresh: bool = False) -> None:
         """``fresh``: ``module`` was just parsed and nothing else holds it, so it is analysed as
         it is (LibCST's ``unsafe_skip_copy``); otherwise the analysis works on a copy, in which
@@ -402,89 +403,6 @@ class ScriptFacts:
             probe = body.body[0] if isinstance(body, cst.IndentedBlock) and body.body else body
             return self.scope(probe)
         return None
-
-    # ---- flow ----------------------------------------------------------------------------
-    def _flow(self) -> None:
-        """Keys joined by a flow (an alias, an argument into a parameter, ``self.x = param``)
-        hold the same object: they share one set of kinds."""
-        find, seen = self._joined()
-
-        by_root: dict[Key, set[str]] = {}
-        for b in self.bindings:
-            by_root.setdefault(find(b.key), set()).add(b.kind)
-        trained = [key for opt in self.optimizers for key in opt.models]
-        trained += [key for key, _ in hand_updated(self)]  # no optimizer: updated by hand
-        for key in trained:
-            by_root.setdefault(find(key), set()).add(MODEL)
-        keys = seen | {b.key for b in self.bindings} | set(trained)
-        for key in keys:
-            self.kinds[key] = by_root.get(find(key), set())
-        self._find = find
-
-    def _joined(self):
-        """The flows between keys as a union-find: (find, every key a flow joins)."""
-        parent: dict[Key, Key] = {}
-
-        def find(k: Key) -> Key:
-            while parent.get(k, k) != k:
-                k = parent[k]
-            return k
-
-        seen: set[Key] = set()
-
-        def union(a: Optional[Key], b: Optional[Key]) -> None:
-            if a is not None and b is not None:
-                seen.update((a, b))
-                parent[find(a)] = find(b)
-
-        for target, value in self._aliases:
-            union(target, self.key_of(value))
-        for fn in self.functions.values():
-            owner = fn.node if isinstance(fn.node, cst.FunctionDef) else init_of(fn.node)
-            if owner is None:
-                continue
-            for call in fn.calls:
-                for index, arg in enumerate(call.args):
-                    param = param_for(fn.params, fn.node, arg, index)
-                    if param is not None:
-                        union((owner, param.name.value), self.key_of(arg.value))
-        for call, method in self._method_calls_of_objects():  # ``simclr.train(train_loader)``
-            params = positional_params(method)[1:]  # without self
-            for index, arg in enumerate(call.args):
-                if arg.keyword is None and not arg.star and index < len(params):
-                    union((method, params[index].name.value), self.key_of(arg.value))
-                elif arg.keyword is not None:
-                    named = [p for p in positional_params(method)[1:] if p.name.value == arg.keyword.value]
-                    if named:
-                        union((method, named[0].name.value), self.key_of(arg.value))
-        return find, seen
-
-    def _method_calls_of_objects(self) -> list[tuple[cst.Call, cst.FunctionDef]]:
-        """``obj.method(...)`` where ``obj = C(...)`` (its one assignment) is an object of a class
-        of the script that defines ``method``: the call and the method."""
-        out = []
-        for call in self.attribute_calls:
-            receiver = call.func.value
-            if not isinstance(receiver, cst.Name):
-                continue
-            built = self.assigned_value(receiver)
-            fn = self.functions.get(built.func.value) if isinstance(built, cst.Call) \
-                and isinstance(built.func, cst.Name) else None
-            if fn is None or not isinstance(fn.node, cst.ClassDef):
-                continue
-            method = next((s for s in fn.node.body.body if isinstance(s, cst.FunctionDef)
-                           and s.name.value == call.func.attr.value), None)
-            if method is not None and not any(m.matches(d.decorator, m.Name("staticmethod") | m.Name("classmethod")
-                                                        | m.Name("property")) for d in method.decorators):
-                out.append((call, method))
-        return out
-
-    def same_object(self, a: Optional[Key], b: Optional[Key]) -> bool:
-        return a is not None and b is not None and self._find(a) == self._find(b)
-
-    def object_of(self, key: Key) -> Key:
-        """The one key that stands for every key holding the same object as ``key``."""
-        return self._find(key)
 
     # ---- whole-script questions ----------------------------------------------------------
     def uses_autocast(self) -> list[CallSite]:

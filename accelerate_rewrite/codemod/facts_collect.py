@@ -1,10 +1,10 @@
-"""The one walk over the tree that finds what ScriptFacts holds (``_Collector``), and the
-syntax helpers it and the rules share (codemod/facts.py re-exports them): a node's code, the
-object under ``.to(device)`` calls, a function's parameters, device expressions."""
+"""The one walk over the tree that finds what ScriptFacts holds (``_Collector``); which objects
+are optimizers, and over which models, is codemod/facts_optimizers.py (a mixin of it); the
+syntax helpers it and the rules share are codemod/syntax.py (codemod/facts.py re-exports them)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Optional, Union
+from typing import TYPE_CHECKING, Iterable, Optional
 
 import libcst as cst
 import libcst.matchers as m
@@ -30,100 +30,19 @@ from accelerate_rewrite.codemod.facts_kinds import (
     Optimizer,
 )
 
+from accelerate_rewrite.codemod.facts_optimizers import OptimizerSearch
+from accelerate_rewrite.codemod.syntax import (
+    callee_text,
+    code,
+    is_device_expr,
+    param_for,
+    positional_params,
+    root_of,
+    unwrap_moves,
+)
+
 if TYPE_CHECKING:
     from accelerate_rewrite.codemod.facts import ScriptFacts
-
-
-def code(node: cst.CSTNode) -> str:
-    """The source text of a node."""
-    return cst.Module([]).code_for_node(node)
-
-
-def short(node: cst.CSTNode, limit: int = 48) -> str:
-    """One line of code for a message: whitespace folded, long code cut."""
-    text = " ".join(code(node).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def root_of(expr: cst.BaseExpression) -> cst.BaseExpression:
-    """``model.fc.weight`` -> ``model``; ``self.model.fc`` -> ``self.model``."""
-    while isinstance(expr, cst.Attribute):
-        if m.matches(expr, m.Attribute(value=m.Name("self"))):
-            return expr
-        expr = expr.value
-    while isinstance(expr, cst.Subscript):
-        expr = root_of(expr.value)
-    return expr
-
-
-def unwrap_moves(expr: cst.BaseExpression) -> cst.BaseExpression:
-    """``Net().to(device).train()`` -> ``Net()``: strip method calls that return the object."""
-    while m.matches(
-        expr,
-        m.Call(func=m.Attribute(attr=m.Name("to") | m.Name("cuda") | m.Name("cpu") | m.Name("train")
-                                | m.Name("float") | m.Name("half") | m.Name("bfloat16") | m.Name("double"))),
-    ):
-        expr = expr.func.value  # type: ignore[union-attr]
-    return expr
-
-
-def positional_params(node: Union[cst.FunctionDef, cst.ClassDef]) -> list[cst.Param]:
-    if isinstance(node, cst.ClassDef):
-        init = init_of(node)
-        if init is None:
-            return []
-        return list(init.params.posonly_params) + list(init.params.params)[1:]
-    params = list(node.params.posonly_params) + list(node.params.params)
-    return params
-
-
-def param_for(params: list[cst.Param], node, arg: cst.Arg, index: int) -> Optional[cst.Param]:
-    if arg.star:
-        return None
-    if arg.keyword is not None:
-        func = node if isinstance(node, cst.FunctionDef) else init_of(node)
-        if func is None:
-            return None
-        for p in [*func.params.params, *func.params.kwonly_params, *func.params.posonly_params]:
-            if p.name.value == arg.keyword.value:
-                return p
-        return None
-    return params[index] if index < len(params) else None
-
-
-def init_of(cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
-    if isinstance(cls.body, cst.IndentedBlock):
-        for stmt in cls.body.body:
-            if isinstance(stmt, cst.FunctionDef) and stmt.name.value == "__init__":
-                return stmt
-    return None
-
-
-def is_device_expr(facts: "ScriptFacts", expr: cst.BaseExpression) -> bool:
-    """``torch.device(...)``, ``"cuda"``, ``"cuda" if torch.cuda.is_available() else "cpu"``,
-    ``torch.accelerator.current_accelerator()``, and conditionals of those."""
-    if isinstance(expr, cst.IfExp):
-        return is_device_expr(facts, expr.body) and is_device_expr(facts, expr.orelse)
-    if isinstance(expr, cst.SimpleString):
-        text = expr.evaluated_value
-        return isinstance(text, str) and (
-            text in ("cpu", "cuda", "mps", "xpu") or text.startswith("cuda:")
-        )
-    if isinstance(expr, cst.Call):
-        return facts.qualname(expr) in (
-            "torch.device",
-            "torch.accelerator.current_accelerator",
-        )
-    if isinstance(expr, cst.Attribute) and expr.attr.value == "device":
-        return False
-    return False
-
-
-def is_literal_device(facts: "ScriptFacts", expr: cst.BaseExpression) -> bool:
-    """A device spelled out in a ``.to(...)``: ``"cuda"``, ``0``, ``torch.device("cuda")``."""
-    if isinstance(expr, cst.Integer):
-        return True
-    return is_device_expr(facts, expr)
 
 
 def _arguments_read(fn: Function, call: cst.Call, returned: cst.BaseExpression):
@@ -151,7 +70,7 @@ def _arguments_read(fn: Function, call: cst.Call, returned: cst.BaseExpression):
     return over if all(isinstance(a, cst.Name) for a in over) else False
 
 
-class _Collector(cst.CSTVisitor):
+class _Collector(OptimizerSearch, cst.CSTVisitor):
     def __init__(self, facts: "ScriptFacts") -> None:
         super().__init__()
         self.f = facts
@@ -292,84 +211,16 @@ class _Collector(cst.CSTVisitor):
                 models = [k for k in keys if k is not None] if None not in keys else []
             f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, qual, models=models))
         elif self._is_optimizer_class(core):
-            f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, _callee_text(core),
+            f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, callee_text(core),
                                         models=self._param_models(core), custom=True))
         elif qual in GRAD_SCALERS:
             f.bindings.append(Binding(key, SCALER, stmt, value, core, qual))
         elif qual in DATALOADERS:
             f.bindings.append(Binding(key, LOADER, stmt, value, core, qual))
         elif self._is_module_ctor(core, qual):
-            f.bindings.append(Binding(key, MODULE, stmt, value, core, qual or _callee_text(core)))
+            f.bindings.append(Binding(key, MODULE, stmt, value, core, qual or callee_text(core)))
         else:  # an optimizer of a class the analysis can't see, if the script steps it (below)
             self._unknown.append((key, stmt, value, core))
-
-    def _stepped_unknowns(self) -> None:
-        """The reader's rule: an object built from some models' parameters (directly, through
-        comprehensions, ``filter``, ``chain``, ``+``, groups, or a call given the model) whose
-        ``.step()`` the script calls, directly or through a method of its own
-        (``step_and_update_lr``), is those models' optimizer, whatever its class:
-        ``getattr(optim, args.optim)(model.parameters(), lr=lr)``, transformers' ``AdamW``,
-        ``SAM(...)`` or ``create_optimizer(args, model)`` from a package. One that wraps an
-        optimizer built in its arguments (``ScheduledOptim(optim.Adam(...), ...)``) is set up
-        through the attribute that holds it, when its class is the script's own."""
-        f = self.f
-        if not self._unknown:
-            return
-        find, _ = f._joined()  # the flows so far: ``train(model, optimizer)`` steps main's optimizer
-        stepped = set()
-        for call in f.attribute_calls:
-            method = call.func.attr.value
-            key = f.key_of(call.func.value)
-            if "step" in method and method != "step_size" and key is not None:
-                stepped.add(find(key))
-        optimizers = {b.key for b in f.bindings if isinstance(b, Optimizer)}
-        for key, stmt, value, core in self._unknown:
-            if find(key) not in stepped or any(f.key_of(a.value) in optimizers for a in core.args):
-                continue  # a scheduler, or a wrapper around an optimizer the script names
-            inner_call = next((c for c in m.findall(core, m.Call()) if c is not core and self._torch_optimizer(c)),
-                              None)
-            if inner_call is not None:
-                attr = self._holding_attribute(core, inner_call)
-                if attr is None:
-                    f.opaque_optimizers.append((stmt, core, inner_call))
-                    continue
-                f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, _callee_text(core),
-                                            models=self._param_models(inner_call), inner=attr))
-                continue
-            models = self._param_models(core) or self._models_given(core)
-            if models:
-                f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, _callee_text(core),
-                                            models=models, custom=True))
-
-    def _torch_optimizer(self, call: cst.Call) -> bool:
-        qual = self.f.qualname(call) or ""
-        return qual.startswith("torch.optim.") and not qual.startswith(("torch.optim.lr_scheduler.",
-                                                                        "torch.optim.swa_utils.")) \
-            and qual.rsplit(".", 1)[-1][:1].isupper()
-
-    def _holding_attribute(self, wrapper: cst.Call, inner: cst.Call) -> Optional[str]:
-        """``ScheduledOptim(optim.Adam(...), ...)`` with ``class ScheduledOptim: def __init__(self,
-        optimizer, ...): self._optimizer = optimizer``: "_optimizer"."""
-        f = self.f
-        fn = f.functions.get(wrapper.func.value) if isinstance(wrapper.func, cst.Name) else None
-        init = init_of(fn.node) if fn is not None and isinstance(fn.node, cst.ClassDef) else None
-        arg = next((a for a in wrapper.args if a.value is inner), None)
-        if init is None or arg is None:
-            return None
-        param = param_for(fn.params, fn.node, arg, wrapper.args.index(arg))
-        if param is None:
-            return None
-        for assign in m.findall(init.body, m.Assign(targets=[m.AssignTarget(m.Attribute(value=m.Name("self")))],
-                                                    value=m.Name(param.name.value))):
-            return assign.targets[0].target.attr.value
-        return None
-
-    def _models_given(self, call: cst.Call) -> list[Key]:
-        """``create_optimizer(args, model)``: the arguments that are modules built before."""
-        f = self.f
-        modules = {b.key for b in f.bindings if b.kind == MODULE}
-        keys = [f.key_of(a.value) for a in call.args if isinstance(a.value, (cst.Name, cst.Attribute))]
-        return [k for k in keys if k is not None and k in modules]
 
     def _built_by_method(self, value: cst.BaseExpression, node: cst.CSTNode):
         """What a method returns, when it builds it and is called only here: ``self.model =
@@ -438,17 +289,6 @@ class _Collector(cst.CSTVisitor):
                  and (over is not None or (f.function(c) is not None and f.enclosing_class(f.function(c)) is cls))]
         return (returned, inner, over) if calls == [value] else None
 
-    def _is_optimizer_class(self, call: cst.Call) -> bool:
-        """``SAM(model.parameters(), ...)``: a class of the script (or of a module of its project,
-        codemod/project.py) deriving from torch.optim.Optimizer."""
-        if not isinstance(call.func, cst.Name):
-            return False
-        fn = self.f.functions.get(call.func.value)
-        if fn is None or not isinstance(fn.node, cst.ClassDef):
-            return False
-        return any(self.f.qualname(base.value) in ("torch.optim.Optimizer", "torch.optim.optimizer.Optimizer")
-                   for base in fn.node.bases)
-
     def _is_module_ctor(self, call: cst.Call, qual: str) -> bool:
         if qual.startswith("torch.nn.") and not qual.startswith(_NOT_MODULES):
             return True
@@ -458,91 +298,6 @@ class _Collector(cst.CSTVisitor):
         if qual.startswith("transformers.") and qual.endswith(".from_pretrained"):
             return "Tokenizer" not in qual and "Config" not in qual and "Processor" not in qual
         return isinstance(call.func, cst.Name) and call.func.value in self.f.module_classes
-
-    def _param_models(self, call: cst.Call) -> list[Key]:
-        keys: list[Key] = []
-        params = call.args[0].value if call.args and call.args[0].keyword is None else None
-        for arg in call.args:
-            if arg.keyword is not None and arg.keyword.value == "params":
-                params = arg.value
-        if params is None:
-            return keys
-        optimizers = {b.key for b in self.f.bindings if isinstance(b, Optimizer)}
-        # the names it is made of, followed to their values: ``groups = [{"params": [p for n, p in
-        # param_optimizer if ...]}, ...]`` with ``param_optimizer = list(model.named_parameters())``
-        todo, seen = [params], set()
-        while todo and len(seen) < 32:
-            expr = todo.pop(0)
-            if id(expr) in seen:
-                continue
-            seen.add(id(expr))
-            for found in m.findall(
-                expr, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))
-            ):
-                key = self.f.key_of(root_of(found.func.value))  # type: ignore[union-attr]
-                if key is not None and key not in keys:
-                    keys.append(key)
-            for key in self._given_to_helpers(expr):  # ``set_weight_decay(model, skip)``
-                if key not in keys:
-                    keys.append(key)
-            names = [expr] if isinstance(expr, cst.Name) else m.findall(expr, m.Name())
-            for name in names:
-                if self.f.key_of(name) in optimizers:
-                    continue  # a scheduler over an optimizer is not over its parameters
-                todo.extend(self._sources(name))
-        return keys
-
-    def _given_to_helpers(self, expr: cst.BaseExpression) -> list[Key]:
-        """The models passed to a helper of the script that reads their parameters
-        (``set_weight_decay(model, ...)`` whose body loops over ``model.named_parameters()``):
-        the keys of the arguments, as the call passes them."""
-        f = self.f
-        out: list[Key] = []
-        for call in m.findall(expr, m.Call(func=m.Name())):
-            fn = f.functions.get(call.func.value)
-            if fn is None or not isinstance(fn.node, cst.FunctionDef):
-                continue
-            read = {root_of(c.func.value).value for c in m.findall(fn.node.body, m.Call(
-                func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters"))))
-                if isinstance(root_of(c.func.value), cst.Name)}
-            for index, arg in enumerate(call.args):
-                param = param_for(fn.params, fn.node, arg, index)
-                if param is not None and param.name.value in read and isinstance(arg.value, cst.Name):
-                    key = f.key_of(arg.value)
-                    if key is not None:
-                        out.append(key)
-        return out
-
-    def _sources(self, name: cst.Name) -> list[cst.BaseExpression]:
-        """What a name's value is made of: its assignments' values, what is appended to it
-        (``param_weights.append(param)``), and for a loop variable the loop's iterable (``for
-        param in model.parameters():``)."""
-        f = self.f
-        out: list[cst.BaseExpression] = []
-        scope = f.scope(name)
-        for assignment in (scope[name.value] if scope is not None else ()):  # each branch's value
-            target = getattr(assignment, "node", None)
-            parent = f.parent(target) if isinstance(target, cst.CSTNode) else None
-            assign = f.parent(parent) if isinstance(parent, cst.AssignTarget) else None
-            if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.targets[0].target is target:
-                out.append(assign.value)
-        key = f.key_of(name)
-        if key is None:
-            return out
-        for call in f.attribute_calls:
-            if call.func.attr.value in ("append", "extend") and call.args \
-                    and isinstance(call.func.value, cst.Name) and f.key_of(call.func.value) == key:
-                out.append(call.args[0].value)
-        for assignment in (scope[name.value] if scope is not None else ()):
-            target = getattr(assignment, "node", None)
-            for parent in (f.ancestors(target) if isinstance(target, cst.CSTNode) else ()):
-                if isinstance(parent, (cst.For, cst.CompFor)):
-                    if any(t is target for t in m.findall(parent.target, m.Name())):
-                        out.append(parent.iter)
-                    break
-                if isinstance(parent, cst.BaseStatement):
-                    break
-        return out
 
     def visit_Decorator(self, node: cst.Decorator) -> None:
         self.f.decorators.append(node)
@@ -585,7 +340,3 @@ class _Collector(cst.CSTVisitor):
 
 def _only_sync_args(args: Iterable[cst.Arg]) -> bool:
     return all(a.keyword is not None and a.keyword.value in ("non_blocking", "copy") for a in args)
-
-
-def _callee_text(call: cst.Call) -> str:
-    return code(call.func)

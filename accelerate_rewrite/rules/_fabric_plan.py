@@ -1,7 +1,7 @@
 """The Fabric plan's making (see rules/_fabric.py for what it decides): what is set up with
-Fabric, and which loaders; where Fabric is created (and what can't be given one Fabric) is
-rules/_fabric_home.py, where `fabric` is reached rules/_fabric_reach.py, what becomes of the
-device rules/_fabric_devices.py."""
+Fabric; where Fabric is created (and what can't be given one Fabric) is rules/_fabric_home.py,
+which loaders rules/_fabric_loaders.py, where `fabric` is reached rules/_fabric_reach.py, what
+becomes of the device rules/_fabric_devices.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import libcst.matchers as m
 from accelerate_rewrite.codemod.facts import (
     CLIP_NORM,
     CLIP_VALUE,
-    Binding,
     Key,
     Optimizer,
     ScriptFacts,
@@ -22,22 +21,19 @@ from accelerate_rewrite.codemod.facts import (
 from accelerate_rewrite.codemod.ddp import hand_ddp
 from accelerate_rewrite.codemod.ddp_places import PLACE_CALLS
 from accelerate_rewrite.codemod.facts_kinds import custom_steps, hand_updated
-from accelerate_rewrite.codemod.loops import (
-    EVAL, TRAIN, eval_sums, evaluations_of_training_loader, loader_role, training_sums, unwrap_iter,
-)
 from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, Options
 from accelerate_rewrite.rules._fabric import (
     NAME,
     FabricPlan,
     code,
-    LoaderGroup,
     SetupGroup,
     common_after,
     short,
 )
 from accelerate_rewrite.rules._fabric_devices import Devices
 from accelerate_rewrite.rules._fabric_home import Home, trains
+from accelerate_rewrite.rules._fabric_loaders import Loaders
 from accelerate_rewrite.rules._fabric_reach import Reach
 
 
@@ -45,7 +41,7 @@ def make_plan(facts: ScriptFacts, options: Options) -> FabricPlan:
     return _Planner(facts, options).run()
 
 
-class _Planner(Home, Reach, Devices):
+class _Planner(Home, Loaders, Reach, Devices):
     def __init__(self, facts: ScriptFacts, options: Options) -> None:
         self.f = facts
         self.o = options
@@ -421,89 +417,6 @@ class _Planner(Home, Reach, Devices):
                     found[name] = i
                     break
         return sorted(found, key=found.get)
-
-    # -- fabric.setup_dataloaders(...) --
-    def _evaluated_while_sharded(self, loader: Binding, ref: str, reductions: list) -> None:
-        """A training loader the script also evaluates on is sharded for the training: after each
-        evaluation loop over it, the sums it accumulates are all-reduced (the whole set's figures
-        again, as --shard-eval does); where they can't be, the note says the figures become one
-        process's."""
-        f, p = self.f, self.p
-        loops, sums = evaluations_of_training_loader(f, loader)
-        if not loops:
-            return
-        if sums.problem is not None:
-            node, why = sums.problem
-            p.loader_skips.append((node, f"`{loader.path}` is sharded for training, so the evaluation over it "
-                                         f"sees one process's share: {why}; its figures become one "
-                                         "process's (evaluate on a loader of its own)"))
-            return
-        for loop, names in sums.reductions:
-            reductions.append((loop, p.ref_at(f, loop) or ref, names,
-                               f"`{loader.path}` is sharded for training: each process evaluates its shard"))
-        p.loader_skips.extend(sums.notes)
-
-    def _training_sums(self, loader: Binding, ref: str, reductions: list) -> None:
-        """A sum the training loop over a sharded loader accumulates, read after the loop as a
-        figure of the whole set (``train_loss / len(train_loader.dataset)``): all-reduced after
-        the loop, as an evaluation's; read any other way, the note says it is one process's."""
-        f, p = self.f, self.p
-        sums = training_sums(f, loader)
-        for loop, names in sums.reductions:
-            reductions.append((loop, p.ref_at(f, loop) or ref, names,
-                               f"`{loader.path}` is sharded for training: each process sums its shard"))
-        p.loader_skips.extend(sums.notes)
-
-    def _loaders(self) -> None:
-        f, p = self.f, self.p
-        groups: dict[tuple[int, bool], list[Binding]] = {}
-        reductions: list[tuple[cst.For, str, list[tuple[str, bool, str]], str]] = []
-        for loader in f.loaders:
-            if loader.key in f.returned_loaders:
-                continue  # set up where the helper that returns it is called
-            sharded = p.ddp.sharded(f, loader.key) if p.ddp is not None else None
-            if sharded is not None and not sharded.set_up:
-                p.loader_skips.append((loader.stmt, sharded.why))
-                continue
-            ref = p.ref_at(f, loader.stmt)
-            if ref is None:
-                p.loader_skips.append((loader.stmt, f"`{loader.path}` is built where `fabric` can't be reached"))
-                continue
-            role = loader_role(f, loader)
-            evaluation = role == EVAL
-            if role == TRAIN and self.o.many_devices:
-                self._evaluated_while_sharded(loader, ref, reductions)
-                self._training_sums(loader, ref, reductions)
-            if evaluation and self.o.shard_eval and self.o.many_devices:
-                sums = eval_sums(f, loader)
-                if sums.problem is None:
-                    evaluation = False  # sharded: its sums are reduced after its loops
-                    for loop, names in sums.reductions:
-                        reductions.append((loop, p.ref_at(f, loop) or ref, names,
-                                           "--shard-eval: each process evaluates its shard"))
-                    p.loader_skips.extend(sums.notes)
-                else:
-                    node, why = sums.problem
-                    p.loader_skips.append((node, f"--shard-eval: `{loader.path}` is not sharded: {why}; "
-                                                 "every process evaluates all of it"))
-            groups.setdefault((id(f.block(loader.stmt)), evaluation), []).append(loader)
-        for (_, evaluation), loaders in groups.items():
-            loaders.sort(key=lambda b: f.line(b.stmt))
-            last = loaders[-1].stmt
-            block = f.block(last)
-            if not p.after_creation(f, last):
-                # built before Fabric: set up right after the Fabric lines when that's the same block
-                if block is not f.block(p.anchor):
-                    for b in loaders:
-                        p.loader_skips.append((b.stmt, f"`{b.path}` is built before Fabric exists"))
-                    continue
-                last = p.anchor
-            p.loader_groups.append(LoaderGroup(loaders, last, p.ref_at(f, loaders[-1].stmt), evaluation))
-        set_up = {b.key for group in p.loader_groups for b in group.loaders}
-        p.reductions = [r for r in reductions
-                        if f.key_of(unwrap_iter(r[0].iter)) in set_up or any(
-                            f.same_object(f.key_of(unwrap_iter(r[0].iter)), key) for key in set_up)]
-
 
 def _keys_by_object(f: ScriptFacts) -> dict[Key, list[Key]]:
     """Every key the analysis knows, by the object it holds (``object_of``)."""

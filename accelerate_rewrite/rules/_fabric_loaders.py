@@ -1,0 +1,105 @@
+"""Which loaders the Fabric plan sets up (part of the plan, rules/_fabric.py): training loaders
+sharded, evaluation loaders whole (or sharded with --shard-eval), and the sums a loop over a
+sharded loader accumulates all-reduced after it. A mixin of the planner
+(rules/_fabric_plan.py), as rules/_fabric_home.py, _fabric_reach.py and _fabric_devices.py are."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from accelerate_rewrite.codemod.facts import Binding, ScriptFacts
+from accelerate_rewrite.codemod.loops import (
+    EVAL, TRAIN, eval_sums, evaluations_of_training_loader, loader_role, training_sums, unwrap_iter,
+)
+from accelerate_rewrite.options import Options
+from accelerate_rewrite.rules._fabric import FabricPlan, LoaderGroup
+
+
+class Loaders:
+    """The planner's part that decides the loaders (``self.f``: the facts, ``self.o``: the
+    options, ``self.p``: the plan)."""
+
+    f: ScriptFacts
+    o: Options
+    p: FabricPlan
+
+    def _evaluated_while_sharded(self, loader: Binding, ref: str, reductions: list) -> None:
+        """A training loader the script also evaluates on is sharded for the training: after each
+        evaluation loop over it, the sums it accumulates are all-reduced (the whole set's figures
+        again, as --shard-eval does); where they can't be, the note says the figures become one
+        process's."""
+        f, p = self.f, self.p
+        loops, sums = evaluations_of_training_loader(f, loader)
+        if not loops:
+            return
+        if sums.problem is not None:
+            node, why = sums.problem
+            p.loader_skips.append((node, f"`{loader.path}` is sharded for training, so the evaluation over it "
+                                         f"sees one process's share: {why}; its figures become one "
+                                         "process's (evaluate on a loader of its own)"))
+            return
+        for loop, names in sums.reductions:
+            reductions.append((loop, p.ref_at(f, loop) or ref, names,
+                               f"`{loader.path}` is sharded for training: each process evaluates its shard"))
+        p.loader_skips.extend(sums.notes)
+
+    def _training_sums(self, loader: Binding, ref: str, reductions: list) -> None:
+        """A sum the training loop over a sharded loader accumulates, read after the loop as a
+        figure of the whole set (``train_loss / len(train_loader.dataset)``): all-reduced after
+        the loop, as an evaluation's; read any other way, the note says it is one process's."""
+        f, p = self.f, self.p
+        sums = training_sums(f, loader)
+        for loop, names in sums.reductions:
+            reductions.append((loop, p.ref_at(f, loop) or ref, names,
+                               f"`{loader.path}` is sharded for training: each process sums its shard"))
+        p.loader_skips.extend(sums.notes)
+
+    def _loaders(self) -> None:
+        f, p = self.f, self.p
+        groups: dict[tuple[int, bool], list[Binding]] = {}
+        reductions: list[tuple[cst.For, str, list[tuple[str, bool, str]], str]] = []
+        for loader in f.loaders:
+            if loader.key in f.returned_loaders:
+                continue  # set up where the helper that returns it is called
+            sharded = p.ddp.sharded(f, loader.key) if p.ddp is not None else None
+            if sharded is not None and not sharded.set_up:
+                p.loader_skips.append((loader.stmt, sharded.why))
+                continue
+            ref = p.ref_at(f, loader.stmt)
+            if ref is None:
+                p.loader_skips.append((loader.stmt, f"`{loader.path}` is built where `fabric` can't be reached"))
+                continue
+            role = loader_role(f, loader)
+            evaluation = role == EVAL
+            if role == TRAIN and self.o.many_devices:
+                self._evaluated_while_sharded(loader, ref, reductions)
+                self._training_sums(loader, ref, reductions)
+            if evaluation and self.o.shard_eval and self.o.many_devices:
+                sums = eval_sums(f, loader)
+                if sums.problem is None:
+                    evaluation = False  # sharded: its sums are reduced after its loops
+                    for loop, names in sums.reductions:
+                        reductions.append((loop, p.ref_at(f, loop) or ref, names,
+                                           "--shard-eval: each process evaluates its shard"))
+                    p.loader_skips.extend(sums.notes)
+                else:
+                    node, why = sums.problem
+                    p.loader_skips.append((node, f"--shard-eval: `{loader.path}` is not sharded: {why}; "
+                                                 "every process evaluates all of it"))
+            groups.setdefault((id(f.block(loader.stmt)), evaluation), []).append(loader)
+        for (_, evaluation), loaders in groups.items():
+            loaders.sort(key=lambda b: f.line(b.stmt))
+            last = loaders[-1].stmt
+            block = f.block(last)
+            if not p.after_creation(f, last):
+                # built before Fabric: set up right after the Fabric lines when that's the same block
+                if block is not f.block(p.anchor):
+                    for b in loaders:
+                        p.loader_skips.append((b.stmt, f"`{b.path}` is built before Fabric exists"))
+                    continue
+                last = p.anchor
+            p.loader_groups.append(LoaderGroup(loaders, last, p.ref_at(f, loaders[-1].stmt), evaluation))
+        set_up = {b.key for group in p.loader_groups for b in group.loaders}
+        p.reductions = [r for r in reductions
+                        if f.key_of(unwrap_iter(r[0].iter)) in set_up or any(
+                            f.same_object(f.key_of(unwrap_iter(r[0].iter)), key) for key in set_up)]
