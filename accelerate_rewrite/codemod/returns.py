@@ -14,7 +14,7 @@ from typing import Optional
 import libcst as cst
 
 from accelerate_rewrite.codemod import facts as F
-from accelerate_rewrite.codemod.siblings import loader_results
+from accelerate_rewrite.codemod.siblings import loader_results, sibling_defines
 
 
 def _returns(f: "F.ScriptFacts", func: cst.FunctionDef) -> list[cst.Return]:
@@ -205,6 +205,9 @@ def _not_a_loader(f: "F.ScriptFacts", call: cst.Call, key, assign: cst.Assign) -
     class of the script's own, or a helper of the script whose result there is one of those."""
     names = f.qualnames(call.func) | f.qualnames(call)
     if any(n.startswith(_NOT_LOADERS) for n in names):
+        return True
+    # a helper of a module next to the script, read far enough to see that it returns no loader
+    if any(sibling_defines(f.folder, *n.rsplit(".", 1)) for n in names if "." in n and not n.startswith(".")):
         return True
     fn = f.functions.get(call.func.value) if isinstance(call.func, cst.Name) else None
     if fn is None:

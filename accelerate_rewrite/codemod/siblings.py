@@ -98,6 +98,13 @@ def loader_results(folder: Optional[Path], dotted: str, name: str) -> Optional[t
     return shapes[0]
 
 
+def sibling_defines(folder: Optional[Path], dotted: str, name: str) -> bool:
+    """Whether ``name`` is a function at the top of the sibling module ``dotted``, a file next to
+    the script that the analysis can read (so what it returns can be seen)."""
+    module = _module(folder, dotted) if folder is not None else None
+    return module is not None and any(isinstance(n, ast.FunctionDef) and n.name == name for n in module.body)
+
+
 def imported_modules(folder: Optional[Path], module: ast.Module) -> list[tuple[str, Path]]:
     """The project's own modules that ``module`` imports at its top level (``from engine import
     train``, ``import utils``): (dotted name, file), in import order, each once. Only files in
