@@ -245,7 +245,8 @@ class Reporter:
 
                 counts: dict[str, int] = {}
                 for note in result.changes:
-                    counts[note.rule] = counts.get(note.rule, 0) + 1
+                    if note.rule.startswith("AR"):  # not the engine's notes (a comment gone)
+                        counts[note.rule] = counts.get(note.rule, 0) + 1
                 rules = ", ".join(f"{code} x{n}" if n > 1 else code for code, n in counts.items())
                 self._flush_out()
                 self.err.print(f"{escape(str(path))}: {escape(rules)}", soft_wrap=True)
@@ -525,7 +526,7 @@ def record(outcome: Outcome) -> dict:
         "path": str(outcome.path),
         "status": outcome.status or ("error" if outcome.error else ""),
         "changed": outcome.changed,
-        "rules": sorted({n.rule for n in notes if not n.skipped}),
+        "rules": sorted({n.rule for n in notes if not n.skipped and n.rule.startswith("AR")}),
         "changes": [{"rule": n.rule, "line": n.line, **cell(n.line), "message": n.message,
                      "kind": n.kind_with(options).value if options is not None and n.rule.startswith("AR")
                      else None} for n in notes if not n.skipped],
@@ -552,7 +553,7 @@ def _summary_table(tally: Tally, report: Reporter) -> None:
     for o in rows:
         r = o.result
         table.add_row(escape(str(o.path)), escape(o.status or "error"),
-                      ", ".join(sorted({n.rule for n in r.changes})) if r else "",
+                      ", ".join(sorted({n.rule for n in r.changes if n.rule.startswith("AR")})) if r else "",
                       str(len(r.skips)) if r and r.skips else "", str(len(r.dropped)) if r and r.dropped else "")
     report._flush_out()
     report.err.print(table)

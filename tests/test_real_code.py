@@ -201,3 +201,25 @@ def test_what_is_surely_not_a_loader_is_never_assumed_one():
                                              "from torchtext.data import BucketIterator as data_generator"),
                      devices=2)
     assert_left_alone(result, "AR101", "batches come from `train_loader`")
+
+
+# ---- 5. comments ----------------------------------------------------------------------------------
+
+def test_a_comment_over_a_removed_statement_goes_with_it_and_the_summary_says_so():
+    result = convert(HEAD + dedent("""
+        # Decide which device we want to run on
+        if torch.cuda.is_available():
+            # use the first GPU
+            device = torch.device("cuda:0")
+        else:
+            device = torch.device("cpu")
+        model = Net().to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = model(torch.randn(4, 8, device=device)).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+    """))
+    assert "fabric.setup(model, optimizer)" in result.output and not result.dropped
+    assert "# use the first GPU" not in result.output
+    assert [n.message for n in result.changes if n.rule == "comment"] == [
+        "the comment `# use the first GPU` went with the statement it stood over, which the rewrite removed"]

@@ -17,10 +17,10 @@ from accelerate_rewrite.codemod.checks import check
 from accelerate_rewrite.codemod.edits import apply_edits
 from accelerate_rewrite.codemod.facts import ScriptFacts
 from accelerate_rewrite.codemod.flow import maybe_unbound
-from accelerate_rewrite.codemod.result import Result  # noqa: F401 (plain data: codemod/result.py)
+from accelerate_rewrite.codemod.result import Kind, Result  # noqa: F401 (plain data: codemod/result.py)
 from accelerate_rewrite.codemod.project import (Project, Realias, Scope, Unit, analyse, build, candidates, relocate,
                                                 units_of)
-from accelerate_rewrite.codemod.preserve import Region, lost_trivia, restore, split_tail
+from accelerate_rewrite.codemod.preserve import Region, lost_trivia, removed_comments, restore, split_tail
 from accelerate_rewrite.codemod.rule import Note, Rule, RuleContext
 from accelerate_rewrite.codemod.suppress import applies_to, changed_lines, protected_lines, skip_file_line
 from accelerate_rewrite.options import Options
@@ -436,6 +436,12 @@ def _rewrite(
                                    if several else note)
     for line, why in unfollowed:
         per_unit[0].append(Note("project", line, why, skipped=True))
+    for unit in units:  # what the reader of the diff would otherwise find missing
+        if outputs[unit.index] != unit.source:
+            per_unit[unit.index] += [
+                Note("comment", line, f"the comment `{text}` went with the statement it stood over, which the "
+                                      "rewrite removed", kind=Kind.SAFE)
+                for line, text in removed_comments(unit.source, outputs[unit.index])]
     for i, notes in enumerate(per_unit):  # one note a place: a rule may reach a line twice
         per_unit[i] = sorted(dict.fromkeys(notes), key=lambda n: (n.line, n.rule))
     result.notes = per_unit[0]

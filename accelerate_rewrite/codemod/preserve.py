@@ -114,6 +114,27 @@ def trivia(text: str) -> Optional[list[tuple[int, str]]]:
     return sorted(out)
 
 
+def removed_comments(source: str, output: str) -> list[tuple[int, str]]:
+    """The comments of ``source`` that ``output`` no longer has (a comment over a statement the
+    rewrite removed went with it): (line in ``source``, text), by count of each text."""
+    before, after = trivia(source), trivia(output)
+    if before is None or after is None:
+        return []
+    left: dict[str, int] = {}
+    for _, text in after:
+        if text:
+            left[text] = left.get(text, 0) + 1
+    gone = []
+    for line, text in before:
+        if not text:
+            continue
+        if left.get(text, 0):
+            left[text] -= 1
+        else:
+            gone.append((line, text))
+    return gone
+
+
 def _describe(item: tuple[int, str]) -> str:
     line, text = item
     return f"the comment `{text}` (line {line})" if text else f"the blank line {line}"
