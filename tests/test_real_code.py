@@ -223,3 +223,43 @@ def test_a_comment_over_a_removed_statement_goes_with_it_and_the_summary_says_so
     assert "# use the first GPU" not in result.output
     assert [n.message for n in result.changes if n.rule == "comment"] == [
         "the comment `# use the first GPU` went with the statement it stood over, which the rewrite removed"]
+
+
+# ---- 4. several files: a GPT repository -----------------------------------------------------------
+
+def test_a_gpt_repository_converts_with_its_model_module_beside_it():
+    # nanoGPT's train.py converted copied alone, but was refused in its own repository: model.py's
+    # `configure_optimizers` (the model built in each branch: scratch, resume) was taken for "the
+    # model is built inside a class"
+    output = (FIXTURES / "projects" / "gpt_repo" / "expected" / "default" / "train.py").read_text()
+    assert "optimizer = model.configure_optimizers(0.1, learning_rate, (0.9, 0.95), 'cpu')\n" \
+           "model, optimizer = fabric.setup(model, optimizer)\n" in output
+    # "is this a ddp run?" by RANK's -1 default: never -1 under Fabric
+    assert "ddp = fabric.world_size > 1 # is this a ddp run?\n" in output
+    # the master process's checkpoint stays torch.save: fabric.save would wait for the others
+    assert "torch.save({'model': raw_model.state_dict()" in output
+
+
+@pytest.mark.runs
+def test_the_gpt_repository_trains_as_before(tmp_path):
+    pytest.importorskip("lightning")
+    import shutil
+
+    root = FIXTURES / "projects" / "gpt_repo"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    for key in ("LT_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(key, None)
+    outputs = []
+    for name in ("original", "rewritten"):
+        folder = tmp_path / name
+        folder.mkdir()
+        shutil.copy(root / "model.py", folder / "model.py")
+        shutil.copy(root / "train.py" if name == "original" else root / "expected" / "default" / "train.py",
+                    folder / "train.py")
+        done = subprocess.run([sys.executable, "train.py"], cwd=folder, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert (folder / "out" / "ckpt.pt").is_file()
+        outputs.append(done.stdout)
+    assert outputs[0].count("iter ") == 8
+    assert outputs[1] == outputs[0]

@@ -106,8 +106,10 @@ def _new_unbound_reads(original: tuple[str, dict[tuple[str, str], list[int]]], n
                 ok = i1 + (line - 1 - j1) + 1 in known
             elif tag == "replace":
                 ok = any(i1 < n <= i2 for n in known)
-            else:  # inserted
-                ok = False
+            else:  # inserted: fine right after an input line at its indentation that read the name so
+                # already (nanoGPT's `optimizer = model.configure_optimizers(...)`, then the set-up):
+                # every path to it went through that read, which failed the same way there
+                ok = i1 in known and _indent(old_lines[i1 - 1]) == _indent(new_lines[line - 1])
             if not ok:
                 where = scope.replace("<module>.", "").replace("<module>", "the module")
                 return [f"it reads `{name}` (line {line} of the result, in {where}) where some path "
@@ -115,6 +117,10 @@ def _new_unbound_reads(original: tuple[str, dict[tuple[str, str], list[int]]], n
     return []
 
 
+
+
+def _indent(text: str) -> int:
+    return len(text) - len(text.lstrip())
 
 
 #: names a module reads without binding them: builtins and the module's own attributes

@@ -113,6 +113,9 @@ class ScriptFacts(Flow):
         #: keys of loaders built in a helper that returns them (codemod/returns.py): they are
         #: set up where the helper's result is bound, which holds their own bindings
         self.returned_loaders: set[Key] = set()
+        #: for a project (codemod/project.py): the file (0: the script) each top-level statement
+        #: of the analysed module comes from; None for a script alone
+        self.body_parts: Optional[list[int]] = None
         #: loaders taken for loaders where the script receives them from a call the analysis
         #: can't see into (codemod/returns.py): set up there, and the note says it was assumed
         self.assumed_loaders: set[Key] = set()
@@ -234,6 +237,19 @@ class ScriptFacts(Flow):
             if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                 return False
         return False
+
+    def part_of(self, node: cst.CSTNode) -> int:
+        """The file of the project ``node`` comes from (0: the script, or a script alone)."""
+        if self.body_parts is None:
+            return 0
+        top = node
+        for parent in self.ancestors(node):
+            if isinstance(parent, cst.Module):
+                break
+            top = parent
+        index = self.memo("top-level-index", lambda: {id(s): i for i, s in enumerate(self.module.body)})
+        i = index.get(id(top))
+        return self.body_parts[i] if i is not None and i < len(self.body_parts) else 0
 
     def enclosing_class(self, func: cst.FunctionDef) -> Optional[cst.ClassDef]:
         parent = self.parent(func)

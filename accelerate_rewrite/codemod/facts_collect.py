@@ -256,12 +256,18 @@ class _Collector(OptimizerSearch, cst.CSTVisitor):
         if receiver.value == "self":
             cls = f.enclosing_class(func) if func is not None else None
             over = None
-        else:  # ``model = GPT(...)``, one assignment: an object of a class of the script
-            built = f.assigned_value(receiver)
-            core = unwrap_moves(built) if built is not None else None
-            fn = f.functions.get(core.func.value) if isinstance(core, cst.Call) and isinstance(core.func, cst.Name) \
-                else None
-            cls = fn.node if fn is not None and isinstance(fn.node, cst.ClassDef) else None
+        else:  # ``model = GPT(...)``: an object of a class of the script (in each branch that builds it:
+            # nanoGPT's `model = GPT(gptconf)` from scratch, on resume, from GPT-2 weights)
+            classes = set()
+            for built in self._values(receiver, before=value):
+                core = unwrap_moves(built)
+                fn = f.functions.get(core.func.value) if isinstance(core, cst.Call) \
+                    and isinstance(core.func, cst.Name) else None
+                if fn is None and isinstance(core, cst.Call) and isinstance(core.func, cst.Attribute) \
+                        and isinstance(core.func.value, cst.Name):  # ``GPT.from_pretrained(...)``
+                    fn = f.functions.get(core.func.value.value)
+                classes.add(fn.node if fn is not None and isinstance(fn.node, cst.ClassDef) else None)
+            cls = classes.pop() if len(classes) == 1 else None
             over = [receiver]
         if cls is None:
             return None
@@ -288,6 +294,24 @@ class _Collector(OptimizerSearch, cst.CSTVisitor):
                  and isinstance(c.func.value, cst.Name) and c.func.value.value == receiver.value
                  and (over is not None or (f.function(c) is not None and f.enclosing_class(f.function(c)) is cls))]
         return (returned, inner, over) if calls == [value] else None
+
+    def _values(self, name: cst.Name, before: cst.CSTNode) -> list[cst.BaseExpression]:
+        """The values of every plain assignment of ``name`` in its scope above ``before`` (those
+        below, ``model = torch.compile(model)``, come after it)."""
+        f = self.f
+        scope = f.scope(name)
+        out = []
+        for assignment in (scope[name.value] if scope is not None else ()):
+            target = getattr(assignment, "node", None)
+            if isinstance(target, cst.CSTNode) and f.line(target) >= f.line(before):
+                continue
+            parent = f.parent(target) if isinstance(target, cst.CSTNode) else None
+            assign = f.parent(parent) if isinstance(parent, cst.AssignTarget) else None
+            if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.targets[0].target is target:
+                out.append(assign.value)
+            else:
+                return []  # bound some other way too: unknown
+        return out
 
     def _is_module_ctor(self, call: cst.Call, qual: str) -> bool:
         if qual.startswith("torch.nn.") and not qual.startswith(_NOT_MODULES):

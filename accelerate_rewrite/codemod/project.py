@@ -476,5 +476,7 @@ def analyse(key: tuple, project: Project, folder: Optional[Path]) -> tuple[Scrip
     if key not in _PROJECTS:
         if len(_PROJECTS) >= 4:
             _PROJECTS.pop(next(iter(_PROJECTS)))
-        _PROJECTS[key] = (ScriptFacts(project.combined, folder), project)
+        facts = ScriptFacts(project.combined, folder)
+        facts.body_parts = [part for part, _ in project.origin]
+        _PROJECTS[key] = (facts, project)
     return _PROJECTS[key]

@@ -162,6 +162,9 @@ class FabricPlan:
                 return None
             ref = self.refs.get(id(scope))
             if ref is not None:
+                if isinstance(scope, cst.Module) and self.home is not None \
+                        and facts.part_of(node) != facts.part_of(self.anchor or node):
+                    return None  # a global of the script is no global of another file of the project
                 return ref
         return None
 

@@ -173,7 +173,13 @@ class Home:
         for opt in f.optimizers:
             func = f.function(opt.stmt)
             cls = f.enclosing_class(func) if func is not None else None
-            if cls is not None and any(path == "self" and owner is func for owner, path in opt.models):
+            # kept on the object and stepped by its own methods (not nanoGPT's configure_optimizers,
+            # which builds one over its parameters and returns it to the script)
+            stepped_inside = cls is not None and opt.path.startswith("self.") and any(
+                c.func.attr.value == "step" and f.key_of(c.func.value) == opt.key
+                and f.function(c) is not None and f.enclosing_class(f.function(c)) is cls
+                for c in f.attribute_calls)
+            if stepped_inside and any(path == "self" and owner is func for owner, path in opt.models):
                 self.refuse(opt.stmt, f"`{opt.path}` is built over the module's own parameters in "
                                       f"{cls.name.value}.{func.name.value}: `{cls.name.value}` trains itself, inside "
                                       "the class, so the forward it runs on `self` would bypass Fabric's wrapper "

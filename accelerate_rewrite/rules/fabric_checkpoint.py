@@ -9,7 +9,7 @@ from accelerate_rewrite.codemod.facts import OPTIMIZER, root_of
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, code, expr, plan
 
-_RANK_WORDS = ("rank", "is_main", "main_process", "is_master", "global_zero")
+_RANK_WORDS = ("rank", "is_main", "main_process", "master", "global_zero")
 TORCH_SAVE = ("torch.save", "torch.serialization.save")
 FABRIC, RANK_ZERO, SKIP = "fabric", "rank-zero", "skip"
 

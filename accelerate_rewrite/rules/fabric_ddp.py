@@ -101,6 +101,14 @@ class FabricHandDDP(FabricRule):
                 ctx.skip(node, f"`{short(node)}` kept: `fabric` can't be reached here (it works: Fabric starts "
                                "the process group with several devices)")
                 continue
+            test = _is_distributed_test(f, node)
+            if test is not None:  # ``int(os.environ.get("RANK", -1)) != -1``: "is this a ddp run?"
+                comparison, several = test
+                new = f"{ref}.world_size {'>' if several else '=='} 1"
+                ctx.edits.replace(comparison, expr(new))
+                ctx.change(node, f"`{short(comparison)}` (is this a distributed run?) became `{new}`: "
+                                 f"under Fabric `{ref}.{attr}` is never -1")
+                continue
             ctx.edits.replace(node, expr(f"{ref}.{attr}"))
             ctx.change(node, f"`{short(node)}` became `{ref}.{attr}`")
         for call in d.barriers:
@@ -154,3 +162,23 @@ class FabricHandDDP(FabricRule):
         if new:
             first = insert_at_top(ctx.edits, worker, new)
             ctx.change(first, "read back from Fabric: " + ", ".join(f"`{short(s)}`" for s in new))
+
+
+def _is_distributed_test(f, node: cst.CSTNode):
+    """``<rank read> != -1`` (or ``== -1``, ``> -1``, ``>= 0``, ``< 0``): the script's test of
+    whether it runs distributed, by the -1 a launcher-less run reads. (the comparison, whether
+    it tests for several processes), or None."""
+    parent = f.parent(node)
+    if not isinstance(parent, cst.Comparison) or parent.left is not node or len(parent.comparisons) != 1:
+        return None
+    target = parent.comparisons[0]
+    value, op = code(target.comparator).replace(" ", ""), type(target.operator)
+    if value == "-1" and op in (cst.NotEqual, cst.GreaterThan, cst.IsNot):
+        return parent, True
+    if value == "-1" and op in (cst.Equal, cst.Is):
+        return parent, False
+    if value == "0" and op is cst.GreaterThanEqual:
+        return parent, True
+    if value == "0" and op is cst.LessThan:
+        return parent, False
+    return None
