@@ -283,18 +283,23 @@ class ScriptFacts(Flow):
         owner = self.module if isinstance(scope, GlobalScope) else getattr(scope, "node", None)
         return None if owner is None else (owner, name)
 
+    def assignments(self, name: cst.Name) -> list[tuple[cst.CSTNode, Optional[cst.BaseExpression]]]:
+        """Every binding of ``name`` in its scope: (the node bound, the value of ``name = <value>``
+        where the binding is that plain assignment, else None: a loop variable, an import, ...)."""
+        scope = self.scope(name)
+        out = []
+        for assignment in (scope[name.value] if scope is not None else ()):
+            target = getattr(assignment, "node", None)
+            parent = self.parent(target) if isinstance(target, cst.CSTNode) else None
+            assign = self.parent(parent) if isinstance(parent, cst.AssignTarget) else None
+            plain = isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.targets[0].target is target
+            out.append((target, assign.value if plain else None))
+        return out
+
     def assigned_value(self, name: cst.Name) -> Optional[cst.BaseExpression]:
         """The value of ``name = <value>`` when that is the name's one assignment in its scope."""
-        scope = self.scope(name)
-        assignments = list(scope[name.value]) if scope is not None else []
-        if len(assignments) != 1:
-            return None
-        target = getattr(assignments[0], "node", None)
-        parent = self.parent(target) if isinstance(target, cst.CSTNode) else None
-        assign = self.parent(parent) if isinstance(parent, cst.AssignTarget) else None
-        if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.targets[0].target is target:
-            return assign.value
-        return None
+        bound = self.assignments(name)
+        return bound[0][1] if len(bound) == 1 else None
 
     def kinds_of(self, expr: cst.BaseExpression) -> set[str]:
         key = self.key_of(expr)

@@ -299,18 +299,13 @@ class _Collector(OptimizerSearch, cst.CSTVisitor):
         """The values of every plain assignment of ``name`` in its scope above ``before`` (those
         below, ``model = torch.compile(model)``, come after it)."""
         f = self.f
-        scope = f.scope(name)
         out = []
-        for assignment in (scope[name.value] if scope is not None else ()):
-            target = getattr(assignment, "node", None)
+        for target, value in f.assignments(name):
             if isinstance(target, cst.CSTNode) and f.line(target) >= f.line(before):
                 continue
-            parent = f.parent(target) if isinstance(target, cst.CSTNode) else None
-            assign = f.parent(parent) if isinstance(parent, cst.AssignTarget) else None
-            if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.targets[0].target is target:
-                out.append(assign.value)
-            else:
+            if value is None:
                 return []  # bound some other way too: unknown
+            out.append(value)
         return out
 
     def _is_module_ctor(self, call: cst.Call, qual: str) -> bool:

@@ -161,14 +161,8 @@ class OptimizerSearch:
         (``param_weights.append(param)``), and for a loop variable the loop's iterable (``for
         param in model.parameters():``)."""
         f = self.f
-        out: list[cst.BaseExpression] = []
-        scope = f.scope(name)
-        for assignment in (scope[name.value] if scope is not None else ()):  # each branch's value
-            target = getattr(assignment, "node", None)
-            parent = f.parent(target) if isinstance(target, cst.CSTNode) else None
-            assign = f.parent(parent) if isinstance(parent, cst.AssignTarget) else None
-            if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.targets[0].target is target:
-                out.append(assign.value)
+        bound = f.assignments(name)
+        out: list[cst.BaseExpression] = [value for _, value in bound if value is not None]  # each branch's
         key = f.key_of(name)
         if key is None:
             return out
@@ -176,9 +170,8 @@ class OptimizerSearch:
             if call.func.attr.value in ("append", "extend") and call.args \
                     and isinstance(call.func.value, cst.Name) and f.key_of(call.func.value) == key:
                 out.append(call.args[0].value)
-        for assignment in (scope[name.value] if scope is not None else ()):
-            target = getattr(assignment, "node", None)
-            for parent in (f.ancestors(target) if isinstance(target, cst.CSTNode) else ()):
+        for target, value in bound:
+            for parent in (f.ancestors(target) if value is None and isinstance(target, cst.CSTNode) else ()):
                 if isinstance(parent, (cst.For, cst.CompFor)):
                     if any(t is target for t in m.findall(parent.target, m.Name())):
                         out.append(parent.iter)

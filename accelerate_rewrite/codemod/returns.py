@@ -15,6 +15,7 @@ import libcst as cst
 
 from accelerate_rewrite.codemod import facts as F
 from accelerate_rewrite.codemod.siblings import loader_results, sibling_defines
+from accelerate_rewrite.codemod.syntax import code
 
 
 def _returns(f: "F.ScriptFacts", func: cst.FunctionDef) -> list[cst.Return]:
@@ -146,7 +147,6 @@ def _bind_results(f: "F.ScriptFacts", call: cst.Call, positions, label: str) -> 
 
 #: calls whose results a training loop may draw batches from that are surely not DataLoaders
 _NOT_LOADERS = ("builtins.", "torchtext.", "torch.utils.data.Dataset", "numpy.", "itertools.")
-_ITER_WRAPPERS = ("enumerate", "tqdm", "iter")
 
 
 def assume_received_loaders(f: "F.ScriptFacts") -> None:
@@ -160,16 +160,15 @@ def assume_received_loaders(f: "F.ScriptFacts") -> None:
     build one (builtins, torchtext, numpy, a Dataset)."""
     import libcst.matchers as m
 
+    from accelerate_rewrite.codemod.loops import unwrap_iter  # loops reads facts, made after this
+
     loaders = {b.key for b in f.bindings if b.kind == F.LOADER}
     find, _ = f._joined()
     roots = {find(k) for k in loaders}
     sources: list[cst.BaseExpression] = []
     for site in f.backward_sites:
         for loop in (a for a in f.ancestors(site.call) if isinstance(a, cst.For)):
-            source = loop.iter
-            while isinstance(source, cst.Call) and source.args and code_of(source.func).rsplit(".", 1)[-1] \
-                    in _ITER_WRAPPERS:
-                source = source.args[0].value
+            source = unwrap_iter(loop.iter)
             if isinstance(source, (cst.Name, cst.Attribute)) and f.key_of(source) is not None:
                 sources.append(source)
     by_root: dict = {}
@@ -196,7 +195,7 @@ def assume_received_loaders(f: "F.ScriptFacts") -> None:
         if _not_a_loader(f, assign.value, key, assign):
             continue
         f.bindings.append(F.Binding(key, F.LOADER, f.statement(assign), assign.value, None,
-                                    f"{code_of(assign.value.func)}()"))
+                                    f"{code(assign.value.func)}()"))
         f.assumed_loaders.add(key)
 
 
@@ -227,7 +226,3 @@ def _not_a_loader(f: "F.ScriptFacts", call: cst.Call, key, assign: cst.Assign) -
                 n.startswith(_NOT_LOADERS) for n in f.qualnames(value.func) | f.qualnames(value)):
             return True  # built there, and not by a call it can't see
     return False
-
-
-def code_of(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)

@@ -31,15 +31,13 @@ class Home:
             return call, (f"`{short(call)}` shares the model between processes the script starts itself "
                           "(Hogwild); Fabric's processes don't share a model, they each hold a copy and "
                           "average the gradients; nothing was converted")
-        training = {id(s.function) for s in f.backward_sites if s.function is not None}
-        training |= {id(f.function(o.stmt)) for o in f.optimizers if f.function(o.stmt) is not None}
         handed = [(call, next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "target"),
                               None)) for call in f.calls_named(*PROCESS_STARTERS)]
         handed += [(call, call.args[0].value) for method in _POOL_METHODS for _, call in f.attribute_calls_of(method)
                    if call.args and call.args[0].keyword is None]
         for call, target in handed:
             fn = f.functions.get(target.value) if isinstance(target, cst.Name) else None
-            if fn is not None and isinstance(fn.node, cst.FunctionDef) and training & _reached_from(f, fn.node):
+            if fn is not None and id(fn.node) in trains(f):
                 return call, (f"`{short(call)}` runs `{target.value}`, which trains, in processes the script "
                               "starts itself (not DDP): each would create a Fabric of its own and launch "
                               "processes from there; nothing was converted")
@@ -292,22 +290,6 @@ def trains(f: ScriptFacts) -> dict[int, cst.FunctionDef]:
                             changed = True
         return out
     return f.memo("training-functions-reached", compute)
-
-
-def _reached_from(f: ScriptFacts, func: cst.FunctionDef) -> set[int]:
-    """ids of ``func`` and of the module-level functions it calls, directly or not."""
-    seen: set[int] = set()
-    todo = [func]
-    while todo:
-        current = todo.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        for fn in f.functions.values():
-            if isinstance(fn.node, cst.FunctionDef) and any(
-                    current in f.ancestors(c) for c in fn.calls):
-                todo.append(fn.node)
-    return seen
 
 
 def _inner_statements(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
