@@ -6,7 +6,9 @@
     .venv/bin/python benchmarks/real_corpus.py --only PyTorch-GAN --keep /tmp/real   # a subset; keep the trees
     .venv/bin/python benchmarks/real_corpus.py --at HEAD ...            # the package as committed, not the work tree
 
-The corpus is ``../shared/real-corpus/scripts.tsv`` (``--tsv``; its README says what it is): one
+The corpus is ``../shared/real-corpus/scripts.tsv`` (its README says what it is) followed by
+``benchmarks/real-corpus-more.tsv``, the scripts this project added in families the shared list
+lacks (``--tsv``, repeatable, names other lists instead). One
 line a script, tab-separated ``repo  commit  script  family``, ``#`` lines are comments. The
 repositories' git mirrors are in ``--mirrors`` (default /work/.mirror), one folder
 ``<owner>+<name>`` each, whose git directory is ``repo/.git`` or else ``repo``. Nothing of them
@@ -80,6 +82,8 @@ from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TSV = ROOT.parent / "shared" / "real-corpus" / "scripts.tsv"
+#: the scripts this project added, in families the shared list lacks (read after it)
+MORE_TSV = ROOT / "benchmarks" / "real-corpus-more.tsv"
 DEFAULT_MIRRORS = Path("/work/.mirror")
 TIMEOUT_S = 300
 REASON_CHARS = 120
@@ -531,7 +535,7 @@ def markdown_section(label: str, meta: dict, results: list[dict]) -> str:
 PREAMBLE = """# Real-world training scripts
 
 What `accelerate-rewrite` makes of real public training scripts, none of them written for it:
-the corpus `../shared/real-corpus/scripts.tsv` (repository, commit, script, the shape it stands
+the corpus `../shared/real-corpus/scripts.tsv` and `benchmarks/real-corpus-more.tsv` (repository, commit, script, the shape it stands
 for), each script's repository tree taken at its commit into a scratch folder and the command run
 in the script's own folder, as its user would. Produced by `benchmarks/real_corpus.py` (its
 docstring says exactly what it runs and checks); CI has no mirrors of these repositories, so it
@@ -615,7 +619,8 @@ def to_json(results: list[dict], meta: dict) -> dict:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tsv", type=Path, default=DEFAULT_TSV, help=f"the corpus (default {DEFAULT_TSV})")
+    parser.add_argument("--tsv", type=Path, action="append",
+                        help=f"the corpus, repeatable (default {DEFAULT_TSV} and then {MORE_TSV.relative_to(ROOT)})")
     parser.add_argument("--mirrors", type=Path, default=DEFAULT_MIRRORS,
                         help=f"folder of the git mirrors, <owner>+<name>/repo (default {DEFAULT_MIRRORS})")
     parser.add_argument("--only", metavar="PATTERN", action="append",
@@ -632,7 +637,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if pyflakes is None:
         sys.exit("this benchmark needs pyflakes: .venv/bin/pip install pyflakes")
 
-    entries = read_tsv(args.tsv)
+    entries = [entry for path in (args.tsv or [DEFAULT_TSV, MORE_TSV]) for entry in read_tsv(path)]
     if args.only:
         entries = [e for e in entries if any(p.lower() in f"{e.repo}/{e.script}".lower() for p in args.only)]
     if not entries:
