@@ -32,7 +32,7 @@ from tests.goldens import (OPTION_SETS, PROJECT_SETS, PROJECTS, project_names, p
 CASES = [(name, option_set) for name in project_names() for option_set in PROJECT_SETS]
 #: projects whose loop is in a module of their own: it changes with the script (the native
 #: backend may change one file only); in ``sam`` the module is the optimizer, read, not changed
-MODULES_CHANGE = {"engine_driver", "ddp_tutorial"}
+MODULES_CHANGE = {"engine_driver", "ddp_tutorial", "scaler_class"}
 
 
 def test_there_are_project_fixtures():
@@ -421,3 +421,51 @@ def test_sam_steps_in_two_halves_as_before(work):
                    scope=Scope(follow=True))
     assert any("steps by `first_step` and `second_step`, which Fabric's GradScaler does not see" in n.message
                for n in half.skips)
+
+
+@pytest.mark.runs
+def test_a_loss_scaler_class_trains_every_rank_as_before(work):
+    """The Swin Transformer's shape (fixtures/projects/scaler_class): a loss scaler of utils.py
+    whose ``__call__`` runs backward and the step receives ``fabric``; the driver's process
+    group, started under torchrun, becomes Fabric's; each rank writes its own log file (not
+    rank 0's alone: the whole training runs inside that ``with``). The original under torchrun
+    on 2 gloo processes, the rewrite with Fabric on 2 CPU devices: each rank's losses, gradient
+    norms and log lines equal, digit for digit, and rank 0's checkpoint holds the same weights."""
+    import socket
+
+    import torch
+
+    base = Path(work) / "scaler_class"
+    original, rewritten = base / "original", base / "rewritten"
+    for folder in (original, rewritten):
+        shutil.copytree(PROJECTS / "scaler_class", folder, ignore=shutil.ignore_patterns("expected"))
+    path = rewritten / "train.py"
+    result = rewrite(path.read_text(encoding="utf-8"), Options.create(devices=2, accelerator="cpu"),
+                     path=str(path), scope=Scope(follow=True))
+    assert not result.dropped, result.dropped
+    assert sorted(Path(m.path).name for m in result.members if m.changed) == ["utils.py"]
+    assert "with open(os.path.join(args.output, f\"log_rank{fabric.global_rank}.txt\"), \"a\") as log:\n" \
+           "        main(args, log)\n" in result.output  # every rank trains, and logs
+    path.write_text(result.output, encoding="utf-8")
+    for member in result.members:
+        Path(member.path).write_text(member.output, encoding="utf-8")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    for name in ("LT_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        env.pop(name, None)
+    runs = [processes.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_port", port, "train.py"], cwd=original, env=env, timeout=300),
+            processes.run([sys.executable, "train.py"], cwd=rewritten, env=env, timeout=300)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+    line = re.compile(r"rank (\d) epoch (\d+) step (\d+) loss (\d+\.\d{6}) norm (\d+\.\d{6})")
+    before, after = (sorted(line.findall(run.stdout)) for run in runs)
+    assert {rank for rank, *_ in before} == {"0", "1"} and len(before) == 16
+    assert after == before
+    for rank in ("0", "1"):
+        logs = [(folder / "output" / f"log_rank{rank}.txt").read_text() for folder in (original, rewritten)]
+        assert logs[0].count("mean loss") == 8 and logs[1] == logs[0]
+    saved = [torch.load(folder / "output" / "ckpt.pth") for folder in (original, rewritten)]
+    assert all(torch.equal(saved[0][k], saved[1][k]) for k in saved[0])

@@ -280,3 +280,20 @@ def _placements(facts: ScriptFacts, s: cst.BaseStatement) -> list[tuple[cst.CSTN
 
 #: names of the objects a script keeps its settings on: ``args.device`` is a choice made
 #: elsewhere, ``x.device`` (an input's, a parameter's) follows a tensor
+
+
+def names_rank(facts: ScriptFacts, p: "FabricPlan", node: cst.CSTNode) -> Optional[str]:
+    """The code in ``node`` that names the process's rank (a name that holds it, ``self.rank``,
+    a read such as ``dist.get_rank()`` that becomes ``fabric.global_rank``), or None: a print or
+    a file of its own per process."""
+    if p.ddp is None:
+        return None
+    func = facts.function(node)
+    ranks = p.ddp.rank_names.get(id(func) if func is not None else None, set())
+    cls = facts.enclosing_class(func) if func is not None else None
+    attrs = p.ddp.rank_names.get(id(cls), set()) if cls is not None else set()
+    inside = {id(n) for n in m.findall(node, m.Call() | m.Subscript() | m.Attribute())}
+    named = sorted({n.value for n in m.findall(node, m.Name()) if n.value in ranks}
+                   | {code(a) for a in m.findall(node, m.Attribute()) if code(a) in attrs}
+                   | {code(n) for n, attr in p.ddp.reads if id(n) in inside and attr in ("global_rank", "local_rank")})
+    return named[0] if named else None

@@ -149,9 +149,12 @@ class Devices:
         if func is None:
             return False
         fn = f.functions.get(func.name.value)
+        cls = f.enclosing_class(func)
         if fn is not None and fn.node is func:
             calls = list(fn.calls)
-        elif f.enclosing_class(func) is not None:
+        elif cls is not None and func.name.value == "__call__":
+            calls = self._calls_of_objects(cls)  # ``loss_scaler(loss, optimizer)``
+        elif cls is not None:
             calls = [c for c in f.attribute_calls if m.matches(
                 c.func, m.Attribute(value=m.Name("self"), attr=m.Name(func.name.value)))]
         else:
@@ -162,6 +165,22 @@ class Devices:
             if key is None or not (self._set_up(key, LOADER) or (p.ddp is not None and p.ddp.sharded(f, key))):
                 return False
         return bool(calls)
+
+    def _calls_of_objects(self, cls: cst.ClassDef) -> list[cst.Call]:
+        """``obj(...)`` where ``obj`` holds an object of ``cls`` (``obj = C()``, or a parameter
+        it was passed to)."""
+        f = self.f
+        fn = f.functions.get(cls.name.value)
+        if fn is None or fn.node is not cls:
+            return []
+        made = []
+        for call in fn.calls:
+            target = f.parent(call)
+            if isinstance(target, cst.Assign) and len(target.targets) == 1 \
+                    and isinstance(target.targets[0].target, cst.Name):
+                made.append(f.key_of(target.targets[0].target))
+        return [c for c in f.find(m.Call(func=m.Name())) if any(
+            f.same_object(f.key_of(c.func), key) for key in made)]
 
     def _devices(self) -> None:
         f, p = self.f, self.p

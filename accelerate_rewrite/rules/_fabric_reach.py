@@ -43,7 +43,10 @@ class Reach:
         p.refs[id(p.home)] = NAME
         if isinstance(p.home, cst.Module):
             self._block_early_functions()
-            return  # a global: every function that runs after its creation sees it
+            # a global: every function of this file that runs after its creation sees it;
+            # another file of the project receives it
+            self._new_params(setups=False)
+            return
         changed = True
         while changed:
             changed = False
@@ -115,13 +118,15 @@ class Reach:
             return code(node.targets[0].target)
         return None
 
-    def _new_params(self) -> None:
+    def _new_params(self, setups: bool = True) -> None:
         """Functions and classes of the script that need `fabric` where it can't be reached (a
         backward in a Trainer's method, a read of the process's place in ``setup()``), and are
         called only where it can: a function receives it as a new first parameter, a class as
-        a new first parameter of ``__init__``, kept in ``self.fabric`` for its methods."""
+        a new first parameter of ``__init__``, kept in ``self.fabric`` for its methods. With
+        Fabric a global (``setups=False``), this is for the project's other files, whose
+        optimizers are set up where the driver receives them."""
         f, p = self.f, self.p
-        needs = [s.call for s in f.backward_sites] + [o.stmt for o in f.optimizers] \
+        needs = [s.call for s in f.backward_sites] + [o.stmt for o in f.optimizers if setups] \
             + ([n for n, _ in p.ddp.reads] if p.ddp else [])
         changed = True
         while changed:

@@ -2,10 +2,8 @@ from __future__ import annotations
 
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 import libcst as cst
-import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import code
-from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, expr, plan, short
+from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, expr, names_rank, plan, short
 from accelerate_rewrite.rules.fabric_checkpoint import rank_guard
 
 
@@ -58,17 +56,11 @@ class FabricPrint(FabricRule):
                     ctx.skip(call, f"`{short(call)}` prints on every process: " + (
                         "it runs before Fabric exists" if ref is not None else "`fabric` can't be reached here"))
                 continue
-            if p.ddp is not None:
-                func = f.function(call)
-                ranks = p.ddp.rank_names.get(id(func) if func is not None else None, set())
-                cls = f.enclosing_class(func) if func is not None else None
-                attrs = p.ddp.rank_names.get(id(cls), set()) if cls is not None else set()
-                named = sorted({n.value for n in m.findall(call, m.Name()) if n.value in ranks}
-                               | {code(a) for a in m.findall(call, m.Attribute()) if code(a) in attrs})
-                if named:
-                    ctx.skip(call, f"`{short(call)}` prints on every process, as before: it names the "
-                                   f"rank (`{named[0]}`)")
-                    continue
+            named = names_rank(f, p, call)
+            if named is not None:
+                ctx.skip(call, f"`{short(call)}` prints on every process, as before: it names the "
+                               f"rank (`{named}`)")
+                continue
             ctx.edits.replace(call.func, expr(f"{ref}.print"))
             converted.append(call)
         if many:  # a progress bar in every process: rank 0's alone

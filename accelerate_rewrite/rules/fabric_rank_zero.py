@@ -7,7 +7,7 @@ import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import ScriptFacts
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.rules._fabric import FABRIC_CORE, FabricRule, code, expr, plan, short, stmt
+from accelerate_rewrite.rules._fabric import FABRIC_CORE, FabricRule, code, expr, names_rank, plan, short, stmt
 from accelerate_rewrite.rules.fabric_checkpoint import RANK_ZERO, TORCH_SAVE, classify_save, file_path, rank_guard
 
 #: calls that write files or folders: on several processes each would write (the same file)
@@ -28,8 +28,20 @@ _COLLECTIVE_CALLS = ("torch.load", "torch.serialization.load", "torch.distribute
 _LOADS = ("torch.load", "torch.serialization.load")
 
 
+def _makes_folder_safely(f: ScriptFacts, call: cst.Call) -> bool:
+    """``os.makedirs(path, exist_ok=True)`` / ``path.mkdir(..., exist_ok=True)``: every process
+    may run it, and must when it writes into the folder itself (a log file per rank): under a
+    rank check the others could write there before it exists."""
+    is_mkdir = f.qualnames(call) & {"os.makedirs"} or (
+        isinstance(call.func, cst.Attribute) and call.func.attr.value == "mkdir")
+    return bool(is_mkdir) and any(a.keyword is not None and a.keyword.value == "exist_ok"
+                                  and m.matches(a.value, m.Name("True")) for a in call.args)
+
+
 def _is_writer(f: ScriptFacts, call: cst.Call, options) -> bool:
     names = f.qualnames(call)
+    if _makes_folder_safely(f, call):
+        return False
     if names & set(WRITERS):
         return True
     if names & set(TORCH_SAVE):
@@ -53,7 +65,9 @@ class FabricRankZero(FabricRule):
 
     What it does: in the code that runs after Fabric is created,
     - a statement that writes a file or folder (`torch.save` of something other than a state
-      dict, `save_image`, `plt.savefig`, `open(..., "w")`, `os.makedirs`, `json.dump`,
+      dict, `save_image`, `plt.savefig`, `open(..., "w")`, `os.makedirs` (but not
+      `os.makedirs(..., exist_ok=True)`, which every process may run, and must where it then
+      writes a file of its own there), `json.dump`,
       TensorBoard's `writer.add_scalar`, ...) or to the terminal (`sys.stdout.write`, a
       progress bar's) goes under `if fabric.is_global_zero:`
       (consecutive ones under one `if`); so does the call of a function of the script that
@@ -114,9 +128,9 @@ class FabricRankZero(FabricRule):
                     ctx.skip(call, f"`{short(call)}` runs on every process: `fabric` can't be reached "
                                    "here (guard it with a rank check by hand)")
                 continue
-            if rank_guard(f, call) is not None:
-                continue
-            target = self._statement(f, call)
+            if rank_guard(f, call) is not None or names_rank(f, p, call) is not None:
+                continue  # already guarded, or a file of each process's own (``log_rank{rank}.txt``)
+            target = self._statement(f, call, o)
             if target is None:
                 if o.many_devices:
                     ctx.skip(call, f"`{short(call)}` runs on every process: its statement binds a name "
@@ -186,9 +200,11 @@ class FabricRankZero(FabricRule):
         return stmt
 
     @staticmethod
-    def _statement(f: ScriptFacts, call: cst.Call) -> Optional[cst.BaseStatement]:
+    def _statement(f: ScriptFacts, call: cst.Call, options) -> Optional[cst.BaseStatement]:
         """The statement to guard: the outermost ``with`` whose items open the file, or the
-        simple statement; None when it binds names (they would be unbound on other ranks)."""
+        simple statement; None when it binds names (they would be unbound on other ranks) or
+        when the ``with`` does more than write (``with open(log, "a") as fh: main(args, fh)``:
+        on rank 0 alone, the others would not train)."""
         stmt = f.statement(call)
         for parent in f.ancestors(call):
             if isinstance(parent, cst.With) and any(call is item.item or call in m.findall(item, m.Call())
@@ -207,6 +223,14 @@ class FabricRankZero(FabricRule):
             binds = m.findall(stmt.body, m.Assign() | m.AugAssign() | m.AnnAssign() | m.For() | m.FunctionDef())
             if binds or any(f.qualnames(c) & set(_COLLECTIVE_CALLS) for c in m.findall(stmt.body, m.Call())):
                 return None
+            handles = {code(item.asname.name) for item in stmt.items if item.asname is not None}
+            for s in stmt.body.body:
+                calls = [s.body[0].value] if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 \
+                    and isinstance(s.body[0], cst.Expr) and isinstance(s.body[0].value, cst.Call) else []
+                if not calls or not all(
+                        _is_writer(f, c, options) or f.qualnames(c) & {"builtins.print"}
+                        or isinstance(c.func, cst.Attribute) and code(c.func.value) in handles for c in calls):
+                    return None
             return stmt
         return None
 
