@@ -7,8 +7,11 @@ starts the second process). Each rank prints its own losses: they must be the or
 rank by rank, digit for digit (32-true), and so must what rank 0 prints at the end (an
 all-reduced figure) and the files it writes.
 
-The default set runs none of these (CI time): tests/test_projects.py runs the tutorial's mp.spawn
-script split over three files the same way, rank by rank. The ``slow`` set runs ddp_spawn and the
+The default set runs ``fixtures/imagenet_ddp`` (the ImageNet example's family: ``main_worker``
+spawned with --multiprocessing-distributed or called directly, here in each process torchrun
+starts with --dist-url env://; both the original and the rewrite are started by torchrun, as
+the script reads torchrun's WORLD_SIZE itself); tests/test_projects.py runs the tutorial's
+mp.spawn script split over three files the same way, rank by rank. The ``slow`` set runs ddp_spawn and the
 torchrun fixtures (``fixtures/ddp_torchrun``, ``fixtures/hand_ddp`` whose set-up helper receives ``fabric``,
 ``fixtures/ddp_trainer`` and its resume from a snapshot), and the torchrun fixture's rewrite
 without ``--devices`` (``devices`` from torchrun's ``LOCAL_WORLD_SIZE``) under torchrun itself.
@@ -41,11 +44,15 @@ LOSS = re.compile(r"(?:(?:rank |GPU)(\d+)\]? )?epoch (\d+) step (\d+) loss ([0-9
 SUMMARY = {"ddp_spawn": r"mean last loss over 2 processes: [0-9.]+",
            "ddp_torchrun": r"train accuracy [0-9.]+ over 2 processes",
            "hand_ddp": r"saved ddp_model.pt",
-           "ddp_trainer": r"Epoch 2 \| Training snapshot saved at snapshot.pt"}
+           "ddp_trainer": r"Epoch 2 \| Training snapshot saved at snapshot.pt",
+           "imagenet_ddp": r"\[rank \d\] \* Acc@1 [0-9.]+ over 48 images"}
 WRITES = {"ddp_spawn": "ddp_toy.pt", "ddp_torchrun": "torchrun_net.pt", "hand_ddp": "ddp_model.pt",
-          "ddp_trainer": "snapshot.pt"}
+          "ddp_trainer": "snapshot.pt", "imagenet_ddp": "checkpoint.pth.tar"}
 #: command-line arguments: the Trainer fixture's epochs and how often it saves
-ARGS = {"ddp_trainer": ["4", "2"]}
+ARGS = {"ddp_trainer": ["4", "2"], "imagenet_ddp": ["--dist-url", "env://"]}
+#: rewrites started by torchrun too: the ImageNet example reads torchrun's WORLD_SIZE itself
+#: (--dist-url env://) before it launches its worker
+TORCHRUN_BOTH = {"imagenet_ddp"}
 
 
 def _free_port() -> str:
@@ -83,7 +90,8 @@ def _both(name: str, tmp_path: Path, options: Options = TWO, runs: int = 1):
     out = []
     for _ in range(runs):
         original = _run(start + ARGS.get(name, []), tmp_path / "original")
-        rewritten = _run([sys.executable, "input.py", *ARGS.get(name, [])], tmp_path / "rewritten")
+        rewritten = _run((_torchrun("input.py") if name in TORCHRUN_BOTH else [sys.executable, "input.py"])
+                         + ARGS.get(name, []), tmp_path / "rewritten")
         assert original.returncode == 0, original.stderr[-2000:]
         assert rewritten.returncode == 0, rewritten.stderr[-2000:]
         out.append((original, rewritten))
@@ -97,7 +105,10 @@ def _both(name: str, tmp_path: Path, options: Options = TWO, runs: int = 1):
                                   pytest.param("ddp_torchrun", marks=pytest.mark.slow),
                                   # torchrun with a set-up helper that returns the rank; it
                                   # prints on rank 0 only
-                                  pytest.param("hand_ddp", marks=pytest.mark.slow)])
+                                  pytest.param("hand_ddp", marks=pytest.mark.slow),
+                                  # the ImageNet example: main_worker spawned or called, here
+                                  # called in each process torchrun starts (--dist-url env://)
+                                  "imagenet_ddp"])
 def test_every_rank_trains_as_before(name, tmp_path):
     [(original, rewritten)] = _both(name, tmp_path)
     expected = _losses(original.stdout)

@@ -157,7 +157,8 @@ def _runnable() -> list[str]:
     out = []
     for name in fixture_names():
         if name in EVALUATED or name in ("pure_half", "hf_finetune", "accumulates_already", "ddp_spawn",
-                                         "ddp_torchrun", "ddp_trainer", "hand_ddp"):  # test_hand_ddp.py
+                                         "ddp_torchrun", "ddp_trainer", "hand_ddp",
+                                         "imagenet_ddp"):  # test_hand_ddp.py
             continue
         result = rewrite((FIXTURES / name / "input.py").read_text(encoding="utf-8"), TWO)
         if any(n.rule == "AR101" for n in result.changes):

@@ -77,6 +77,12 @@ class Spawn:
     nprocs: Optional[cst.BaseExpression]
     #: the worker's parameter that receives the same expression as ``nprocs`` (its world size)
     world_param: Optional[cst.Param] = None
+    #: ``worker(args.gpu, *args)`` called directly in the other branch of the ``if`` that
+    #: spawns it (the ImageNet example's ``else: main_worker(args.gpu, ngpus_per_node, args)``):
+    #: Fabric launches it there too
+    direct: list[cst.SimpleStatementLine] = field(default_factory=list)
+    #: where Fabric is created: the spawn's statement, or that ``if`` when there are direct calls
+    where: Optional[cst.BaseStatement] = None
 
 
 @dataclass
@@ -234,7 +240,8 @@ class _Finder:
             else:
                 return not self.problem(call, f"`mp.spawn(..., {code(arg).strip(', ')})`: only `args=(...)`, "
                                               "`nprocs=` and `join=True` are converted")
-        if len(args) + 1 > len(params) or f.functions[name].calls or \
+        direct = self._direct_calls(stmt, name, args)
+        if len(args) + 1 > len(params) or direct is None or \
                 any(use is not call.args[0].value for use in f.functions[name].other_uses):
             return not self.problem(call, f"`{name}` is used elsewhere too, or takes fewer arguments than "
                                           "spawn gives it")
@@ -243,9 +250,37 @@ class _Finder:
             for index, a in enumerate(args):
                 if code(a) == code(nprocs):
                     world_param = params[index + 1]
-        d.spawn = Spawn(stmt, call, worker, params[0], args, nprocs, world_param)
+        where = f.parent(f.block(stmt)) if direct else stmt
+        while direct and isinstance(f.parent(where), cst.If) and where is f.parent(where).orelse:
+            where = f.parent(where)  # ``elif``: the whole ``if`` statement
+        d.spawn = Spawn(stmt, call, worker, params[0], args, nprocs, world_param, direct, where)
         d.rank_names.setdefault(id(worker), set()).add(params[0].name.value)
         return True
+
+    def _direct_calls(self, spawned: cst.BaseStatement, name: str,
+                      args: list[cst.BaseExpression]) -> Optional[list[cst.SimpleStatementLine]]:
+        """The worker's direct calls, each ``worker(x, *args)`` (spawn's arguments, as written)
+        alone on its line in another branch of the ``if`` whose branch spawns it; None when it
+        is called any other way."""
+        f = self.f
+        calls = f.functions[name].calls
+        if not calls:
+            return []
+        branch = f.block(spawned)
+        owner = f.parent(branch)
+        if not isinstance(owner, cst.If) or owner.body is not branch:
+            return None
+        out = []
+        for call in calls:
+            stmt = f.statement(call)
+            other = f.parent(f.block(stmt))
+            if not (_alone(stmt, call) and isinstance(other, cst.Else) and other is owner.orelse
+                    and f.block(stmt) is other.body and len(call.args) == len(args) + 1
+                    and all(a.keyword is None and not a.star for a in call.args)
+                    and [code(a.value) for a in call.args[1:]] == [code(a) for a in args]):
+                return None
+            out.append(stmt)
+        return out
 
     # -- statements that go --
     def _removable(self, call: cst.Call) -> bool:

@@ -20,7 +20,10 @@ def code(node: cst.CSTNode) -> str:
 
 
 def short(node: cst.CSTNode, limit: int = 48) -> str:
-    """One line of code for a message: whitespace folded, long code cut."""
+    """One line of code for a message: whitespace folded, long code cut; a statement's own
+    leading comments and blank lines are not its code."""
+    if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and node.leading_lines:
+        node = node.with_changes(leading_lines=[])
     text = " ".join(code(node).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

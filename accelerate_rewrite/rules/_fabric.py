@@ -288,6 +288,11 @@ def names_rank(facts: ScriptFacts, p: "FabricPlan", node: cst.CSTNode) -> Option
     a file of its own per process."""
     if p.ddp is None:
         return None
+    # ``args.rank``, ``local_rank``: the script's own names for its place
+    worded = {code(n) for n in m.findall(node, m.Name() | m.Attribute())
+              if (n.value if isinstance(n, cst.Name) else n.attr.value).lower().endswith("rank")
+              and not (isinstance(facts.parent(n), cst.Attribute) and facts.parent(n).attr is n)
+              and not (isinstance(facts.parent(n), cst.Call) and facts.parent(n).func is n)}
     func = facts.function(node)
     ranks = p.ddp.rank_names.get(id(func) if func is not None else None, set())
     cls = facts.enclosing_class(func) if func is not None else None
@@ -295,5 +300,6 @@ def names_rank(facts: ScriptFacts, p: "FabricPlan", node: cst.CSTNode) -> Option
     inside = {id(n) for n in m.findall(node, m.Call() | m.Subscript() | m.Attribute())}
     named = sorted({n.value for n in m.findall(node, m.Name()) if n.value in ranks}
                    | {code(a) for a in m.findall(node, m.Attribute()) if code(a) in attrs}
-                   | {code(n) for n, attr in p.ddp.reads if id(n) in inside and attr in ("global_rank", "local_rank")})
+                   | {code(n) for n, attr in p.ddp.reads if id(n) in inside and attr in ("global_rank", "local_rank")}
+                   | worded)
     return named[0] if named else None

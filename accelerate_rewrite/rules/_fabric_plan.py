@@ -138,6 +138,9 @@ class _Planner(Home, Loaders, Reach, Devices):
                     if self.o.many_devices and func is not None and func is not p.home \
                             and self.f.qualname(node) in PLACE_CALLS:
                         continue  # ``dist.get_world_size()`` in a helper: it works, Fabric starts the group
+                    if p.ddp.spawn is not None and func is not None and func is self.f.function(p.ddp.spawn.stmt) \
+                            and self.f.qualname(node) not in PLACE_CALLS:
+                        continue  # the launching process reads its launcher's environment, as before
                     where = f"in {func.name.value}()" if func is not None else "there"
                     self.refuse(node, f"hand-made distributed training: `{short(node)}` {where} can't "
                                       f"become `fabric.{attr}`: `fabric` can't be reached there, or only "

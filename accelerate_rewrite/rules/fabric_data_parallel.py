@@ -43,12 +43,21 @@ class FabricDataParallel(FabricRule):
                 # ``if torch.cuda.device_count() > 1: print(...); model = nn.DataParallel(model)``
                 ctx.edits.remove(guard)
             elif m.matches(s, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget()], value=m.Call())])) \
-                    and s.body[0].value is call \
+                    and _moved(s.body[0].value) is call \
                     and code(s.body[0].targets[0].target) == code(inner):
+                # ``model = nn.DataParallel(model)``, ``model = nn.DataParallel(model).cuda()``
                 ctx.edits.remove(s)
             else:
                 ctx.edits.replace(call, lambda updated: updated.args[0].value)
             ctx.change(call, "removed nn.DataParallel: Fabric's strategy replaces it (use --devices N)")
+
+
+def _moved(value: cst.BaseExpression) -> cst.BaseExpression:
+    """``x.cuda()``, ``x.to(device)`` -> ``x`` (Fabric places the model)."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
+            and value.func.attr.value in ("cuda", "to"):
+        value = value.func.value
+    return value
 
 
 def _is_print(statement: cst.BaseStatement) -> bool:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from accelerate_rewrite.codemod.ddp_places import PLACE_CALLS
 from accelerate_rewrite.codemod.facts import code
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.rules._fabric import NAME, FabricRule, core_except, expr, insert_at_top, plan, short, stmt
@@ -98,8 +99,12 @@ class FabricHandDDP(FabricRule):
         for node, attr in d.reads:
             ref = p.ref_at(f, node)
             if ref is None or not p.after_creation(f, node):  # the plan keeps only those that work
-                ctx.skip(node, f"`{short(node)}` kept: `fabric` can't be reached here (it works: Fabric starts "
-                               "the process group with several devices)")
+                if f.qualname(node) in PLACE_CALLS:
+                    ctx.skip(node, f"`{short(node)}` kept: `fabric` can't be reached here (it works: Fabric "
+                                   "starts the process group with several devices)")
+                else:
+                    ctx.skip(node, f"`{short(node)}` kept: it reads the launcher's environment before Fabric "
+                                   "exists, in the process that launches the others, as before")
                 continue
             test = _is_distributed_test(f, node)
             if test is not None:  # ``int(os.environ.get("RANK", -1)) != -1``: "is this a ddp run?"

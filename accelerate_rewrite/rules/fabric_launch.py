@@ -67,11 +67,17 @@ class FabricLaunch(FabricRule):
             sp = ddp.spawn
             launch_args = ", ".join([sp.worker.name.value, *(code(a) for a in sp.args)])
             lines[0] = lines[0].with_changes(leading_lines=[])
-            ctx.edits.insert_before(sp.stmt, *lines)
+            ctx.edits.insert_before(sp.where, *lines)
             ctx.edits.replace(sp.call, expr(f"{NAME}.launch({launch_args})"))
             ctx.edits.add_import("lightning.fabric", "Fabric")
             ctx.change(sp.stmt, f"`{short(sp.call)}` became `{NAME} = Fabric({args})` and "
                                 f"`{NAME}.launch({launch_args})`: Fabric starts the processes", kind=_kind(kwargs))
+            for direct in sp.direct:
+                call = direct.body[0].value
+                ctx.edits.replace(call, expr(f"{NAME}.launch({launch_args})"))
+                ctx.change(direct, f"`{short(call)}` became `{NAME}.launch({launch_args})`: the processes are "
+                                   f"Fabric's (devices) on this branch too, and `{sp.worker.name.value}` receives "
+                                   f"`{NAME}` where it was given `{code(call.args[0].value)}`")
             return
         # a strategy of several processes (ddp, fsdp, deepspeed) needs launch() even on one device
         launch = not ctx.options.single_device or (ctx.options.strategy or "auto") != "auto"
