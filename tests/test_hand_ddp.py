@@ -10,7 +10,9 @@ all-reduced figure) and the files it writes.
 The default set runs ``fixtures/imagenet_ddp`` (the ImageNet example's family: ``main_worker``
 spawned with --multiprocessing-distributed or called directly, here in each process torchrun
 starts with --dist-url env://; both the original and the rewrite are started by torchrun, as
-the script reads torchrun's WORLD_SIZE itself); tests/test_projects.py runs the tutorial's
+the script reads torchrun's WORLD_SIZE itself) and ``fixtures/local_rank_finetune`` (a BERT-era
+fine-tuning script: ``--local_rank`` defaulting to LOCAL_RANK, -1 for one process; the rewrite
+is started with plain python); tests/test_projects.py runs the tutorial's
 mp.spawn script split over three files the same way, rank by rank. The ``slow`` set runs ddp_spawn and the
 torchrun fixtures (``fixtures/ddp_torchrun``, ``fixtures/hand_ddp`` whose set-up helper receives ``fabric``,
 ``fixtures/ddp_trainer`` and its resume from a snapshot), and the torchrun fixture's rewrite
@@ -45,9 +47,11 @@ SUMMARY = {"ddp_spawn": r"mean last loss over 2 processes: [0-9.]+",
            "ddp_torchrun": r"train accuracy [0-9.]+ over 2 processes",
            "hand_ddp": r"saved ddp_model.pt",
            "ddp_trainer": r"Epoch 2 \| Training snapshot saved at snapshot.pt",
-           "imagenet_ddp": r"\[rank \d\] \* Acc@1 [0-9.]+ over 48 images"}
+           "imagenet_ddp": r"\[rank \d\] \* Acc@1 [0-9.]+ over 48 images",
+           "local_rank_finetune": r"eval acc [0-9.]+ after \d+ steps"}
 WRITES = {"ddp_spawn": "ddp_toy.pt", "ddp_torchrun": "torchrun_net.pt", "hand_ddp": "ddp_model.pt",
-          "ddp_trainer": "snapshot.pt", "imagenet_ddp": "checkpoint.pth.tar"}
+          "ddp_trainer": "snapshot.pt", "imagenet_ddp": "checkpoint.pth.tar",
+          "local_rank_finetune": "output/pytorch_model.bin"}
 #: command-line arguments: the Trainer fixture's epochs and how often it saves
 ARGS = {"ddp_trainer": ["4", "2"], "imagenet_ddp": ["--dist-url", "env://"]}
 #: rewrites started by torchrun too: the ImageNet example reads torchrun's WORLD_SIZE itself
@@ -108,7 +112,10 @@ def _both(name: str, tmp_path: Path, options: Options = TWO, runs: int = 1):
                                   pytest.param("hand_ddp", marks=pytest.mark.slow),
                                   # the ImageNet example: main_worker spawned or called, here
                                   # called in each process torchrun starts (--dist-url env://)
-                                  "imagenet_ddp"])
+                                  "imagenet_ddp",
+                                  # a BERT-era fine-tuning script: --local_rank (from LOCAL_RANK),
+                                  # -1 for one process, the barrier around the model's making
+                                  "local_rank_finetune"])
 def test_every_rank_trains_as_before(name, tmp_path):
     [(original, rewritten)] = _both(name, tmp_path)
     expected = _losses(original.stdout)

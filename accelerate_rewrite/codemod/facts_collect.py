@@ -32,6 +32,8 @@ from accelerate_rewrite.codemod.facts_kinds import (
 
 from accelerate_rewrite.codemod.facts_optimizers import OptimizerSearch
 from accelerate_rewrite.codemod.syntax import (
+    ITER_WRAPPERS,
+    unwrap_iter,
     callee_text,
     code,
     is_device_expr,
@@ -188,6 +190,8 @@ class _Collector(OptimizerSearch, cst.CSTVisitor):
             core = unwrap_moves(value)
             if inner is not None:
                 self._lifted.add(id(inner))  # bound here, not in the method
+        if m.matches(core, m.Call(func=ITER_WRAPPERS)) and isinstance(unwrap_iter(core), cst.Name):
+            core = unwrap_iter(core)  # ``epoch_iterator = tqdm(train_dataloader)``: its batches are the loader's
         if isinstance(core, cst.Name) or m.matches(core, m.Attribute(value=m.Name("self"))):
             f._aliases.append((key, core))
             return

@@ -27,6 +27,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import MODEL, OPTIMIZER, Binding, Key, ScriptFacts, code
+from accelerate_rewrite.codemod.syntax import COUNTERS, unwrap_iter
 
 TRAIN, EVAL, UNKNOWN = "train", "eval", "unknown"
 
@@ -36,14 +37,13 @@ NO_GRAD = (
 )
 EVAL_WORDS = ("test", "val", "eval", "dev")
 
-_ITER_WRAPPERS = m.Name("enumerate") | m.Name("tqdm") | m.Attribute(attr=m.Name("tqdm"))
-
-
-def unwrap_iter(source: cst.BaseExpression) -> cst.BaseExpression:
-    """``enumerate(tqdm(loader))`` -> ``loader``."""
-    while m.matches(source, m.Call(func=_ITER_WRAPPERS)) and source.args:
-        source = source.args[0].value
-    return source
+def is_counter(f: ScriptFacts, source: cst.BaseExpression) -> bool:
+    """``range(epochs)``, ``enumerate(range(n))``, ``trange(n)`` (or a name bound to it once),
+    ``itertools.count()``: it counts; its items are no data."""
+    source = unwrap_iter(source)
+    if isinstance(source, cst.Name):
+        source = f.assigned_value(source) or source
+    return m.matches(source, m.Call(func=COUNTERS))
 
 
 def for_loops(f: ScriptFacts) -> list[cst.For]:

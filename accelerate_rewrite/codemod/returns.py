@@ -160,17 +160,19 @@ def assume_received_loaders(f: "F.ScriptFacts") -> None:
     build one (builtins, torchtext, numpy, a Dataset)."""
     import libcst.matchers as m
 
-    from accelerate_rewrite.codemod.loops import unwrap_iter  # loops reads facts, made after this
+    from accelerate_rewrite.codemod.loops import is_counter, unwrap_iter  # loops reads facts, made after this
 
     loaders = {b.key for b in f.bindings if b.kind == F.LOADER}
     find, _ = f._joined()
     roots = {find(k) for k in loaders}
     sources: list[cst.BaseExpression] = []
     for site in f.backward_sites:
-        for loop in (a for a in f.ancestors(site.call) if isinstance(a, cst.For)):
-            source = unwrap_iter(loop.iter)
-            if isinstance(source, (cst.Name, cst.Attribute)) and f.key_of(source) is not None:
-                sources.append(source)
+        # the innermost loop that doesn't count (``for epoch in trange(n)`` holds no batches)
+        loop = next((a for a in f.ancestors(site.call) if isinstance(a, cst.For) and not is_counter(f, a.iter)),
+                    None)
+        source = unwrap_iter(loop.iter) if loop is not None else None
+        if isinstance(source, (cst.Name, cst.Attribute)) and f.key_of(source) is not None:
+            sources.append(source)
     by_root: dict = {}
     for target in f.find(m.AssignTarget()):
         assign = f.parent(target)

@@ -111,3 +111,16 @@ def is_literal_device(facts: "ScriptFacts", expr: cst.BaseExpression) -> bool:
 
 def callee_text(call: cst.Call) -> str:
     return code(call.func)
+
+
+#: calls that wrap an iterable and yield its items (with an index, a progress bar)
+ITER_WRAPPERS = m.Name("enumerate") | m.Name("tqdm") | m.Attribute(attr=m.Name("tqdm"))
+#: calls that count (epochs, steps): never a source of data
+COUNTERS = m.Name("range") | m.Name("trange") | m.Attribute(attr=m.Name("trange")) | m.Attribute(attr=m.Name("count"))
+
+
+def unwrap_iter(source: cst.BaseExpression) -> cst.BaseExpression:
+    """``enumerate(tqdm(loader))`` -> ``loader``."""
+    while m.matches(source, m.Call(func=ITER_WRAPPERS)) and source.args:
+        source = source.args[0].value
+    return source

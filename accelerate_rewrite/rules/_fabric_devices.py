@@ -24,7 +24,7 @@ from accelerate_rewrite.codemod.facts import (
     positional_params,
     root_of,
 )
-from accelerate_rewrite.codemod.loops import drawing_loops, for_loops, unwrap_iter
+from accelerate_rewrite.codemod.loops import drawing_loops, for_loops, is_counter, unwrap_iter
 from accelerate_rewrite.rules._half import low_casts, strip_half
 from accelerate_rewrite.options import MIXED_PRECISIONS
 from accelerate_rewrite.rules._fabric import MoveDecision, short
@@ -100,7 +100,7 @@ class Devices:
         seen: set[int] = set()
         for site in f.backward_sites:
             loop = next((a for a in f.ancestors(site.call) if isinstance(a, cst.For)
-                         and not _is_counter(a.iter)), None)
+                         and not is_counter(f, a.iter)), None)
             key = id(loop) if loop is not None else id(site.stmt)
             if key in seen:
                 continue
@@ -314,12 +314,6 @@ class Devices:
         if isinstance(parent, cst.FormattedStringExpression):
             return f"{ref}.device"
         return None
-
-
-def _is_counter(source: cst.BaseExpression) -> bool:
-    """``range(epochs)``, ``enumerate(range(n))``, ``itertools.count()``: not data."""
-    source = unwrap_iter(source)
-    return m.matches(source, m.Call(func=m.Name("range") | m.Attribute(attr=m.Name("count"))))
 
 
 class _StripMoves(cst.CSTTransformer):

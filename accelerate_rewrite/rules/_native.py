@@ -407,6 +407,10 @@ class _Planner(Scaler):
             if isinstance(arg, cst.Name) and f.key_of(arg) is not None \
                     and f.key_for_name(node, arg.value) == f.key_of(arg):
                 return f"torch.device({arg.value}).type"
+            # ``t.to(args.device)``: an attribute of a name seen here too (``args``, a parameter)
+            if m.matches(arg, m.Attribute(value=m.Name(), attr=m.Name("device"))) \
+                    and f.key_of(arg.value) is not None and f.key_for_name(node, arg.value.value) == f.key_of(arg.value):
+                return f"torch.device({code(arg)}).type"
         flag = self._cuda_flag(node)
         if flag is not None:
             return f'"cuda" if {flag} else "cpu"'  # ``if cuda: model.cuda()``: CUDA only when there is one

@@ -114,6 +114,14 @@ class FabricHandDDP(FabricRule):
                 ctx.change(node, f"`{short(comparison)}` (is this a distributed run?) became `{new}`: "
                                  f"under Fabric `{ref}.{attr}` is never -1")
                 continue
+            if attr != "world_size" and _defaults_to_minus_one(node):
+                # ``int(os.environ.get("LOCAL_RANK", -1))``: -1 says "not distributed" wherever the
+                # script tests it (``args.local_rank == -1``, ``not in [-1, 0]``)
+                new = f"({ref}.{attr} if {ref}.world_size > 1 else -1)"
+                ctx.edits.replace(node, expr(new))
+                ctx.change(node, f"`{short(node)}` became `{new}`: -1 still says one process, as the "
+                                 "script tests it")
+                continue
             ctx.edits.replace(node, expr(f"{ref}.{attr}"))
             ctx.change(node, f"`{short(node)}` became `{ref}.{attr}`")
         for call in d.barriers:
@@ -167,6 +175,15 @@ class FabricHandDDP(FabricRule):
         if new:
             first = insert_at_top(ctx.edits, worker, new)
             ctx.change(first, "read back from Fabric: " + ", ".join(f"`{short(s)}`" for s in new))
+
+
+def _defaults_to_minus_one(node: cst.CSTNode) -> bool:
+    """``int(os.environ.get("LOCAL_RANK", -1))``, ``os.getenv("RANK", "-1")``: a read whose
+    default, -1, means the script runs without a launcher."""
+    for call in m.findall(node, m.Call(func=m.Attribute(attr=m.Name("get")) | m.Attribute(attr=m.Name("getenv")))):
+        if len(call.args) == 2 and code(call.args[1].value).replace(" ", "").strip("'\"") == "-1":
+            return True
+    return False
 
 
 def _is_distributed_test(f, node: cst.CSTNode):

@@ -100,7 +100,9 @@ class FabricLaunch(FabricRule):
     def _hand_ddp(ctx: RuleContext, p, kwargs: dict) -> None:
         """Hand-made DDP: Fabric's devices are the script's world size unless --devices is given."""
         ddp, o = p.ddp, ctx.options
-        if o.strategy is None and ddp.strategy is not None:
+        # DDP's options only matter with several processes; on one device (--devices 1) a DDP
+        # strategy would also swap the script's RandomSampler for a DistributedSampler
+        if o.strategy is None and ddp.strategy is not None and o.devices != 1:
             if ddp.strategy.startswith("DDPStrategy("):
                 kwargs["strategy"] = _Code(ddp.strategy)
                 ctx.edits.add_import("lightning.fabric.strategies", "DDPStrategy")
@@ -114,8 +116,14 @@ class FabricLaunch(FabricRule):
             else:
                 kwargs["devices"] = _Code(code(ddp.spawn.nprocs))
         else:
-            kwargs["devices"] = _Code('int(os.environ.get("LOCAL_WORLD_SIZE", 1))')
+            devices = 'int(os.environ.get("LOCAL_WORLD_SIZE", 1))'
+            kwargs["devices"] = _Code(devices)
             ctx.edits.add_import("os")
+            strategy = kwargs.get("strategy")
+            if o.strategy is None and strategy is not None:
+                # one process without torchrun: no DDP (its sampler would not be the script's)
+                text = str(strategy) if isinstance(strategy, _Code) else f'"{strategy}"'
+                kwargs["strategy"] = _Code(f'{text} if {devices} > 1 else "auto"')
         # keep Fabric's keyword order: devices after accelerator and strategy
         order = ("accelerator", "strategy", "devices", "num_nodes", "precision")
         items = sorted(kwargs.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99)
