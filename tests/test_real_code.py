@@ -263,3 +263,58 @@ def test_the_gpt_repository_trains_as_before(tmp_path):
         outputs.append(done.stdout)
     assert outputs[0].count("iter ") == 8
     assert outputs[1] == outputs[0]
+
+
+def _local_rank_classic() -> str:
+    """The fixture as most BERT-era scripts write it: ``--local_rank`` defaults to -1, and
+    torch.distributed.launch fills it in."""
+    source = (FIXTURES / "local_rank_finetune" / "input.py").read_text(encoding="utf-8")
+    classic = source.replace('default=int(os.environ.get("LOCAL_RANK", -1)),', "default=-1,")
+    assert classic != source
+    return classic
+
+
+def test_the_local_rank_argument_is_read_back_from_fabric():
+    """Under Fabric's own launcher nothing fills ``--local_rank`` in: it is read back right after
+    the Fabric lines (-1 for one process), so the save under ``args.local_rank == -1 or rank 0``
+    stays rank 0's and the progress bars stay off on the other ranks."""
+    result = rewrite(_local_rank_classic(), Options.create(devices=2), path="train.py")
+    assert ("    fabric.launch()\n    args.local_rank = fabric.local_rank if fabric.world_size > 1 else -1\n"
+            in result.output)
+    assert any("is read back from Fabric" in n.message for n in result.changes if n.rule == "AR111")
+    again = rewrite(result.output, Options.create(devices=2), path="train.py")
+    assert not again.changed
+
+
+@pytest.mark.runs
+def test_the_classic_local_rank_script_trains_on_two_processes_as_under_torchrun(tmp_path):
+    """The classic script's rewrite started with plain python on 2 CPU devices gives each rank
+    the losses the fixture (which reads LOCAL_RANK) gives under torchrun, and rank 0 alone
+    evaluates and saves."""
+    pytest.importorskip("lightning")
+    import re
+    import socket
+
+    result = rewrite(_local_rank_classic(), Options.create(devices=2, accelerator="cpu"), path="train.py")
+    for folder, text in (("original", (FIXTURES / "local_rank_finetune" / "input.py").read_text(encoding="utf-8")),
+                         ("rewritten", result.output)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "train.py").write_text(text, encoding="utf-8")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    for name in ("LT_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        env.pop(name, None)
+    runs = [subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                            port, "train.py"], cwd=tmp_path / "original", env=env, capture_output=True, text=True,
+                           timeout=300),
+            subprocess.run([sys.executable, "train.py"], cwd=tmp_path / "rewritten", env=env, capture_output=True,
+                           text=True, timeout=300)]
+    for run_ in runs:
+        assert run_.returncode == 0, run_.stderr[-3000:]
+    line = re.compile(r"rank (\d) epoch (\d+) step (\d+) loss (\d+\.\d{6})")
+    before, after = (sorted(line.findall(r.stdout)) for r in runs)
+    assert {rank for rank, *_ in before} == {"0", "1"} and after == before
+    assert runs[1].stdout.count("eval acc") == runs[0].stdout.count("eval acc") == 1
+    assert (tmp_path / "rewritten" / "output" / "pytorch_model.bin").is_file()

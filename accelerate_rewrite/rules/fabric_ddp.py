@@ -152,8 +152,43 @@ class FabricHandDDP(FabricRule):
                             "(the script's own module)")
         if d.spawn is not None:
             self._worker(ctx, p)
+        else:
+            self._local_rank_argument(ctx, p)
         for module, obj in _IMPORTS:
             ctx.edits.remove_import_if_unused(module, obj)
+
+    @staticmethod
+    def _local_rank_argument(ctx: RuleContext, p) -> None:
+        """``parser.add_argument("--local_rank", type=int, default=-1)``, which
+        torch.distributed.launch fills in: under Fabric's own launcher nothing does, so the
+        script's tests of it (``args.local_rank == -1``: one process) would hold in every process.
+        Right after the Fabric lines, ``args.local_rank = fabric.local_rank if fabric.world_size
+        > 1 else -1``: what the launcher would have given, and -1 for one process."""
+        f = ctx.facts
+        for call in f.attribute_calls:
+            if call.func.attr.value != "add_argument" or not call.args \
+                    or not m.matches(call.args[0].value, m.SimpleString()) \
+                    or call.args[0].value.evaluated_value not in ("--local_rank", "--local-rank"):
+                continue
+            default = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "default"), None)
+            if default is None or code(default).replace(" ", "") != "-1":
+                return  # read from the environment (converted with the reads), or no -1 to keep
+            parsed = [a for a in f.find(m.Assign(value=m.Call(func=m.Attribute(attr=m.Name("parse_args")))))
+                      if len(a.targets) == 1 and isinstance(a.targets[0].target, cst.Name)]
+            if len(parsed) != 1:
+                return
+            name = parsed[0].targets[0].target
+            key = f.key_of(name)
+            reads = [r for r in f.find(m.Attribute(value=m.Name(name.value), attr=m.Name("local_rank")))
+                     if f.key_of(r.value) == key or f.same_object(f.key_of(r.value), key)]
+            if not reads or f.key_for_name(p.anchor, name.value) != key or not p.after_creation(f, p.anchor) \
+                    or f.line(parsed[0]) > f.line(p.anchor):
+                return
+            new = stmt(f"{name.value}.local_rank = {NAME}.local_rank if {NAME}.world_size > 1 else -1\n")
+            ctx.edits.insert_before(p.anchor, new)
+            ctx.change(p.anchor, f"`{name.value}.local_rank` (-1 by default; torch.distributed.launch filled it in) "
+                                 f"is read back from Fabric: `{short(new)}`, so that -1 still means one process")
+            return
 
     @staticmethod
     def _worker(ctx: RuleContext, p) -> None:
