@@ -285,7 +285,8 @@ class ScriptFacts(Flow):
 
     def assignments(self, name: cst.Name) -> list[tuple[cst.CSTNode, Optional[cst.BaseExpression]]]:
         """Every binding of ``name`` in its scope: (the node bound, the value of ``name = <value>``
-        where the binding is that plain assignment, else None: a loop variable, an import, ...)."""
+        where the binding is that plain assignment, or its element of ``a, b = x, y``, else None:
+        a loop variable, an import, ...)."""
         scope = self.scope(name)
         out = []
         for assignment in (scope[name.value] if scope is not None else ()):
@@ -293,7 +294,17 @@ class ScriptFacts(Flow):
             parent = self.parent(target) if isinstance(target, cst.CSTNode) else None
             assign = self.parent(parent) if isinstance(parent, cst.AssignTarget) else None
             plain = isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.targets[0].target is target
-            out.append((target, assign.value if plain else None))
+            value = assign.value if plain else None
+            element = parent if isinstance(parent, cst.Element) else None
+            tup = self.parent(element) if element is not None else None
+            holder = self.parent(tup) if isinstance(tup, cst.Tuple) else None
+            assign = self.parent(holder) if isinstance(holder, cst.AssignTarget) else None
+            if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(assign.value, cst.Tuple) \
+                    and len(assign.value.elements) == len(tup.elements) \
+                    and not any(isinstance(e, cst.StarredElement) for e in (*tup.elements, *assign.value.elements)):
+                index = next(i for i, e in enumerate(tup.elements) if e is element)
+                value = assign.value.elements[index].value  # ``a, b = x, y``
+            out.append((target, value))
         return out
 
     def assigned_value(self, name: cst.Name) -> Optional[cst.BaseExpression]:

@@ -33,13 +33,14 @@ from accelerate_rewrite.codemod.facts_kinds import (
 from accelerate_rewrite.codemod.facts_optimizers import OptimizerSearch
 from accelerate_rewrite.codemod.syntax import (
     ITER_WRAPPERS,
-    unwrap_iter,
     callee_text,
     code,
+    init_of,
     is_device_expr,
     param_for,
     positional_params,
     root_of,
+    unwrap_iter,
     unwrap_moves,
 )
 
@@ -262,15 +263,7 @@ class _Collector(OptimizerSearch, cst.CSTVisitor):
             over = None
         else:  # ``model = GPT(...)``: an object of a class of the script (in each branch that builds it:
             # nanoGPT's `model = GPT(gptconf)` from scratch, on resume, from GPT-2 weights)
-            classes = set()
-            for built in self._values(receiver, before=value):
-                core = unwrap_moves(built)
-                fn = f.functions.get(core.func.value) if isinstance(core, cst.Call) \
-                    and isinstance(core.func, cst.Name) else None
-                if fn is None and isinstance(core, cst.Call) and isinstance(core.func, cst.Attribute) \
-                        and isinstance(core.func.value, cst.Name):  # ``GPT.from_pretrained(...)``
-                    fn = f.functions.get(core.func.value.value)
-                classes.add(fn.node if fn is not None and isinstance(fn.node, cst.ClassDef) else None)
+            classes = self._classes_of(receiver, value)
             cls = classes.pop() if len(classes) == 1 else None
             over = [receiver]
         if cls is None:
@@ -298,6 +291,57 @@ class _Collector(OptimizerSearch, cst.CSTVisitor):
                  and isinstance(c.func.value, cst.Name) and c.func.value.value == receiver.value
                  and (over is not None or (f.function(c) is not None and f.enclosing_class(f.function(c)) is cls))]
         return (returned, inner, over) if calls == [value] else None
+
+    def _classes_of(self, expr: cst.BaseExpression, before: cst.CSTNode, seen: frozenset = frozenset()) -> set:
+        """The classes of the script whose objects ``expr`` may hold (None for anything else),
+        followed through the name's assignments above ``before`` (``model = GPT(...)`` in each
+        branch), ``a, b = self.model, self.config``, ``self.model = model`` in its class, and a
+        parameter of ``__init__`` to the arguments where the class is made (minGPT's
+        ``Trainer(config, model, dataset)``)."""
+        f = self.f
+        core = unwrap_moves(expr)
+        if isinstance(core, cst.Call):
+            fn = f.functions.get(core.func.value) if isinstance(core.func, cst.Name) else None
+            if fn is None and isinstance(core.func, cst.Attribute) and isinstance(core.func.value, cst.Name):
+                fn = f.functions.get(core.func.value.value)  # ``GPT.from_pretrained(...)``
+            return {fn.node if fn is not None and isinstance(fn.node, cst.ClassDef) else None}
+        text = code(core)
+        func = f.function(core)
+        if (id(func), text) in seen or len(seen) > 8:
+            return set()
+        seen = seen | {(id(func), text)}
+        if isinstance(core, cst.Name):
+            bound = f.assignments(core)
+            values = [v for t, v in bound if v is not None and not (isinstance(t, cst.CSTNode)
+                                                                    and f.line(t) >= f.line(before))]
+            if values and len(values) == len([t for t, _ in bound if not (isinstance(t, cst.CSTNode)
+                                                                          and f.line(t) >= f.line(before))]):
+                return set().union(*(self._classes_of(v, v, seen) for v in values))
+            cls = f.enclosing_class(func) if func is not None else None
+            param = next((p for p in positional_params(func) if p.name.value == core.value), None) \
+                if func is not None and not values else None
+            made = f.functions.get(cls.name.value) if cls is not None and func is init_of(cls) else None
+            if param is not None and made is not None and made.node is cls and made.calls:
+                index = positional_params(func).index(param) - 1  # without self
+                out: set = set()
+                for call in made.calls:
+                    arg = next((a.value for a in call.args if a.keyword is not None
+                                and a.keyword.value == core.value), None)
+                    if arg is None and index < len(call.args) and call.args[index].keyword is None:
+                        arg = call.args[index].value
+                    out |= self._classes_of(arg, arg, seen) if arg is not None else {None}
+                return out
+            return {None}
+        if m.matches(core, m.Attribute(value=m.Name("self"))):
+            cls = f.enclosing_class(func) if func is not None else None
+            if cls is None:
+                return {None}
+            out = set()
+            for assign in m.findall(cls, m.Assign(targets=[m.AssignTarget(m.Attribute(
+                    value=m.Name("self"), attr=m.Name(core.attr.value)))])):
+                out |= self._classes_of(assign.value, assign.value, seen)
+            return out or {None}
+        return {None}
 
     def _values(self, name: cst.Name, before: cst.CSTNode) -> list[cst.BaseExpression]:
         """The values of every plain assignment of ``name`` in its scope above ``before`` (those

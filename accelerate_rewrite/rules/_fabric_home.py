@@ -90,10 +90,12 @@ class Home:
         home = self._where_the_group_starts(ddp, home, extra)
         cls = f.enclosing_class(home) if isinstance(home, cst.FunctionDef) else None
         made = f.functions.get(cls.name.value) if cls is not None else None
-        if cls is not None and home is init_of(cls) and made is not None and made.node is cls \
-                and len(made.calls) == 1 and not made.other_uses and not f.repeats(made.calls[0]):
-            # ``class Trainer: def __init__(self, cfg): self.model = Net() ...``, made once:
-            # Fabric is created where the object is made, and passed in (_new_params)
+        if cls is not None and (home is init_of(cls) or self._run_once(home)) and made is not None \
+                and made.node is cls and len(made.calls) == 1 and not self._other_uses(made) \
+                and not f.repeats(made.calls[0]):
+            # ``class Trainer: def __init__(self, cfg): self.model = Net() ...``, made once (or
+            # its ``run()``, called once, that builds the optimizer and trains): Fabric is
+            # created where the object is made, and passed in (_new_params)
             extra.append(f.statement(made.calls[0]))
             home = _innermost_scope(f, made.calls[0])
             cls = None
@@ -243,6 +245,26 @@ class Home:
         p.home = worker
         p.anchor = next(s for s in worker.body.body)
         return True
+
+    def _other_uses(self, made) -> list:
+        """Uses of a class other than making it, but reading its static and class methods
+        (``Trainer.get_default_config()``: no object is made)."""
+        f = self.f
+        static = {s.name.value for s in made.node.body.body if isinstance(s, cst.FunctionDef) and any(
+            m.matches(d.decorator, m.Name("staticmethod") | m.Name("classmethod")) for d in s.decorators)}
+        return [u for u in made.other_uses
+                if not (isinstance(f.parent(u), cst.Attribute) and f.parent(u).attr.value in static)]
+
+    def _run_once(self, method: cst.FunctionDef) -> bool:
+        """A method called once, on an object of its class (``trainer.run()``), not in a loop:
+        minGPT's Trainer builds the optimizer and the loader in ``run()`` and trains there."""
+        f = self.f
+        calls = [call for call, target in f._method_calls_of_objects() if target is method]
+        others = [c for c in f.attribute_calls if c.func.attr.value == method.name.value and c not in calls
+                  and not m.matches(c.func.value, m.Name("self"))]
+        return len(calls) == 1 and not others and not f.repeats(calls[0]) and not any(
+            m.matches(c.func, m.Attribute(value=m.Name("self"), attr=m.Name(method.name.value)))
+            for c in f.attribute_calls)
 
     def _called_only_from(self, func: Optional[cst.FunctionDef], worker: cst.FunctionDef) -> bool:
         """A module-level function called once, from ``worker`` (``load_train_objs()`` in the

@@ -86,7 +86,8 @@ class Reach:
                 return True
             fn = f.functions[name]
             ok = True
-            for use in [*fn.calls, *fn.other_uses]:
+            others = self._other_uses(fn) if isinstance(fn.node, cst.ClassDef) else fn.other_uses
+            for use in [*fn.calls, *others]:
                 outer = [a for a in f.ancestors(use) if isinstance(a, (cst.FunctionDef, cst.ClassDef))]
                 if not outer:
                     ok = ok and f.line(use) >= f.line(p.anchor)

@@ -82,8 +82,10 @@ class Scaler:
                                            "plain names: can't place one GradScaler for both")
                 return False
             cls = f.enclosing_class(f.function(self.steps[0]))
+            # ``self.optimizer = None`` in __init__ only declares it (minGPT's Trainer)
             assigns = [a for a in m.findall(cls, m.Assign()) if len(a.targets) == 1
-                       and code(a.targets[0].target) in attrs] if cls is not None else []
+                       and code(a.targets[0].target) in attrs
+                       and not m.matches(a.value, m.Name("None"))] if cls is not None else []
             if cls is None or not assigns:
                 self.refuse(self.steps[0], "could not find where the optimizer attribute is set")
                 return False

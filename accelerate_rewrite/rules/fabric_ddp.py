@@ -34,15 +34,22 @@ class FabricHandDDP(FabricRule):
       else to do, and the lines that call them;
     - `model = DDP(model, device_ids=[rank])` goes (`ddp_model = DDP(model)` becomes
       `ddp_model = model`): `fabric.setup` wraps the model in DDP itself;
-      `find_unused_parameters=True` becomes `strategy="ddp_find_unused_parameters_true"`;
+      `find_unused_parameters=True` becomes `strategy="ddp_find_unused_parameters_true"`, other
+      literal options `strategy=DDPStrategy(...)` (only with several processes: on one device
+      a DDP strategy would swap the script's RandomSampler);
     - `mp.spawn(worker, args=(a, b), nprocs=n)` becomes `fabric = Fabric(devices=n, ...)` and
       `fabric.launch(worker, a, b)`; the worker's first parameter (the process index) becomes
-      `fabric`, and the index is read back from it (`rank = fabric.local_rank`);
+      `fabric`, and the index is read back from it (`rank = fabric.local_rank`); the ImageNet
+      example's `else: main_worker(args.gpu, ngpus_per_node, args)` beside the spawn becomes the
+      same `fabric.launch(...)` (Fabric is created before that `if`);
     - torchrun scripts create Fabric where the process group started, with
       `devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1))` (the processes torchrun starts on
       this node; 1 under plain `python`);
     - `int(os.environ["RANK"])` / `dist.get_rank()` -> `fabric.global_rank`, `LOCAL_RANK` ->
-      `fabric.local_rank`, `WORLD_SIZE` / `dist.get_world_size()` -> `fabric.world_size`; a
+      `fabric.local_rank`, `WORLD_SIZE` / `dist.get_world_size()` -> `fabric.world_size`
+      (`int(os.environ.get("LOCAL_RANK", -1))` -> `(fabric.local_rank if fabric.world_size > 1
+      else -1)`, and a `--local_rank` argument with default -1 is read back from Fabric after its
+      lines: -1 still means one process wherever the script tests it); a
       function of the script that reads them (`rank, device = setup()`) and is called only
       where `fabric` exists receives it as a new first parameter;
       `dist.barrier()` -> `fabric.barrier()`, `dist.all_reduce(t)` ->
