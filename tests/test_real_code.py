@@ -318,3 +318,62 @@ def test_the_classic_local_rank_script_trains_on_two_processes_as_under_torchrun
     assert {rank for rank, *_ in before} == {"0", "1"} and after == before
     assert runs[1].stdout.count("eval acc") == runs[0].stdout.count("eval acc") == 1
     assert (tmp_path / "rewritten" / "output" / "pytorch_model.bin").is_file()
+
+
+TRAINER_TRAIN = """
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Trainer:
+    def __init__(self, dataset):
+        self.dataset = dataset
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = nn.Linear(4, 2)
+        self.model.to(self.device)
+
+    def train(self):
+        loader = DataLoader(self.dataset, batch_size=4, shuffle=True)
+        optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        for x, y in loader:
+            x, y = x.to(self.device), y.to(self.device)
+            loss = nn.functional.cross_entropy(self.model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    def load_model(self):
+        self.model = torch.load("model.pt", weights_only=False)
+        self.model.to(self.device)
+
+    def evaluate(self):
+        loader = DataLoader(self.dataset, batch_size=8)
+        with torch.no_grad():
+            for x, y in loader:
+                print(self.model(x.to(self.device)).argmax(-1).eq(y.to(self.device)).float().mean().item())
+
+
+def main():
+    trainer = Trainer(TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))))
+    trainer.train()
+    trainer.load_model()
+    trainer.evaluate()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_an_optimizer_built_in_the_trainer_method_that_trains():
+    """JointBERT's and minGPT's Trainer: the optimizer is built in ``train()``, called once on
+    the one Trainer; Fabric is created where the Trainer is made and kept in ``self.fabric``,
+    the set-up goes right after the optimizer. A model built again later (``load_model()``) was
+    never set up: its move goes to ``fabric.device`` instead of away."""
+    out = convert(TRAINER_TRAIN, devices=2).output
+    assert "        self.model, optimizer = self.fabric.setup(self.model, optimizer)\n" in out
+    assert "    trainer = Trainer(fabric, TensorDataset(" in out
+    assert ('        self.model = self.fabric.load("model.pt", weights_only=False)\n'
+            "        self.model.to(self.fabric.device)\n") in out
+    assert "        self.model.to(self.device)\n" not in out  # __init__'s: the model Fabric sets up

@@ -23,6 +23,7 @@ from accelerate_rewrite.codemod.facts import (
     param_for,
     positional_params,
     root_of,
+    unwrap_moves,
 )
 from accelerate_rewrite.codemod.loops import drawing_loops, for_loops, is_counter, unwrap_iter
 from accelerate_rewrite.rules._half import low_casts, strip_half
@@ -206,7 +207,7 @@ class Devices:
             if not is_device_name and not literal and not foreign:
                 continue  # ``.to(torch.float16)``, ``.to(other_tensor)``: not a move to a device
             ref = p.ref_at(f, move.call)
-            is_model = self._set_up(self._moved_key(move), MODEL)
+            is_model = self._set_up(self._moved_key(move), MODEL) and not self._built_again(move)
             placed_by_fabric = is_model or id(move.call) in batches
             if foreign and not (move.removable and placed_by_fabric):
                 p.move_skips.append((move.call, f"`.to({short(device_node)})` left as is: Fabric "
@@ -225,6 +226,27 @@ class Devices:
                 p.move_skips.append((move.call, "`fabric` can't be reached here; the move is kept"))
         self._trivial_statements()
         self._device_names(handled)
+
+    def _built_again(self, move: DeviceMove) -> bool:
+        """The move is of an object's model built again, in a method other than ``__init__`` and
+        the set-up's, by an assignment above it there (JointBERT's ``load_model()``: ``self.model =
+        Model.from_pretrained(...)``; ``self.model.to(self.device)``): Fabric never set that
+        object up, so it is moved to ``fabric.device``, not left where it is made."""
+        f, p = self.f, self.p
+        key = self._moved_key(move)
+        func = f.function(move.call)
+        cls = f.enclosing_class(func) if func is not None else None
+        if key is None or cls is None or func is init_of(cls) \
+                or not m.matches(move.receiver, m.Attribute(value=m.Name("self"))):
+            return False  # an object's own model, built again in a method other than __init__
+        if any(f.function(g.after) is func for g in p.setups):
+            return False
+        text = code(move.receiver)
+        for assign in m.findall(func, m.Assign()):
+            if len(assign.targets) == 1 and code(assign.targets[0].target) == text \
+                    and isinstance(unwrap_moves(assign.value), cst.Call) and f.line(assign) < f.line(move.call):
+                return True
+        return False
 
     def _moved_key(self, move: DeviceMove) -> Optional[Key]:
         """The object a move moves: ``model`` in ``model.to(d)`` and in ``model = Net().to(d)``."""
