@@ -377,3 +377,24 @@ def test_an_optimizer_built_in_the_trainer_method_that_trains():
     assert ('        self.model = self.fabric.load("model.pt", weights_only=False)\n'
             "        self.model.to(self.fabric.device)\n") in out
     assert "        self.model.to(self.device)\n" not in out  # __init__'s: the model Fabric sets up
+
+
+def test_a_tensor_brought_back_to_the_host_keeps_its_move():
+    """``label_ids.to("cpu").numpy()`` after an evaluation step (BERT-era scripts) brings data
+    back to the host: on a GPU, ``.numpy()`` of a CUDA tensor fails, so it is never removed."""
+    out = convert(HEAD + """
+def main():
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = Net().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(16, 8), torch.randint(0, 2, (16,))), batch_size=4)
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        labels = y.to("cpu").numpy()
+        print(labels.sum())
+""", devices=2).output
+    assert '        labels = y.to("cpu").numpy()\n' in out
+    assert "x, y = x.to(device), y.to(device)" not in out
