@@ -11,7 +11,11 @@ of it, is run again; any other failure, or the same one three times, stands.
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
+import sys
+from pathlib import Path
 
 from accelerate_rewrite.verify.runner import GLOO_EXIT_ABORT
 
@@ -25,3 +29,24 @@ def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
         if done.returncode == 0 or GLOO_EXIT_ABORT not in done.stderr + done.stdout:
             break
     return done
+
+
+def free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def torchrun(script: str, nproc: int = 2) -> list[str]:
+    """The command that starts ``script`` on ``nproc`` processes with torchrun, on a free port."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+            free_port(), script]
+
+
+def run_ranks(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``run`` in a clean environment for several processes: one thread each, no place inherited
+    from a launcher (RANK, LOCAL_RANK, ...), a free MASTER_PORT."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "MASTER_PORT": free_port()}
+    for name in ("LT_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        env.pop(name, None)
+    return run(cmd, cwd=cwd, env=env, timeout=300)

@@ -21,9 +21,7 @@ without ``--devices`` (``devices`` from torchrun's ``LOCAL_WORLD_SIZE``) under t
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -59,22 +57,12 @@ ARGS = {"ddp_trainer": ["4", "2"], "imagenet_ddp": ["--dist-url", "env://"]}
 TORCHRUN_BOTH = {"imagenet_ddp"}
 
 
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "MASTER_PORT": _free_port()}
-    for name in ("LT_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
-        env.pop(name, None)
-    return processes.run(cmd, cwd=cwd, env=env, timeout=300)
+    return processes.run_ranks(cmd, cwd)
 
 
 def _torchrun(script: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-            _free_port(), script]
+    return processes.torchrun(script)
 
 
 def _losses(text: str) -> list[tuple[str, ...]]:

@@ -431,8 +431,6 @@ def test_a_loss_scaler_class_trains_every_rank_as_before(work):
     rank 0's alone: the whole training runs inside that ``with``). The original under torchrun
     on 2 gloo processes, the rewrite with Fabric on 2 CPU devices: each rank's losses, gradient
     norms and log lines equal, digit for digit, and rank 0's checkpoint holds the same weights."""
-    import socket
-
     import torch
 
     base = Path(work) / "scaler_class"
@@ -449,15 +447,8 @@ def test_a_loss_scaler_class_trains_every_rank_as_before(work):
     path.write_text(result.output, encoding="utf-8")
     for member in result.members:
         Path(member.path).write_text(member.output, encoding="utf-8")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    for name in ("LT_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
-        env.pop(name, None)
-    runs = [processes.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", port, "train.py"], cwd=original, env=env, timeout=300),
-            processes.run([sys.executable, "train.py"], cwd=rewritten, env=env, timeout=300)]
+    runs = [processes.run_ranks(processes.torchrun("train.py"), original),
+            processes.run_ranks([sys.executable, "train.py"], rewritten)]
     for run in runs:
         assert run.returncode == 0, run.stderr[-3000:]
     line = re.compile(r"rank (\d) epoch (\d+) step (\d+) loss (\d+\.\d{6}) norm (\d+\.\d{6})")

@@ -293,24 +293,16 @@ def test_the_classic_local_rank_script_trains_on_two_processes_as_under_torchrun
     evaluates and saves."""
     pytest.importorskip("lightning")
     import re
-    import socket
+
+    from tests import processes
 
     result = rewrite(_local_rank_classic(), Options.create(devices=2, accelerator="cpu"), path="train.py")
     for folder, text in (("original", (FIXTURES / "local_rank_finetune" / "input.py").read_text(encoding="utf-8")),
                          ("rewritten", result.output)):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "train.py").write_text(text, encoding="utf-8")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    for name in ("LT_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
-        env.pop(name, None)
-    runs = [subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                            port, "train.py"], cwd=tmp_path / "original", env=env, capture_output=True, text=True,
-                           timeout=300),
-            subprocess.run([sys.executable, "train.py"], cwd=tmp_path / "rewritten", env=env, capture_output=True,
-                           text=True, timeout=300)]
+    runs = [processes.run_ranks(processes.torchrun("train.py"), tmp_path / "original"),
+            processes.run_ranks([sys.executable, "train.py"], tmp_path / "rewritten")]
     for run_ in runs:
         assert run_.returncode == 0, run_.stderr[-3000:]
     line = re.compile(r"rank (\d) epoch (\d+) step (\d+) loss (\d+\.\d{6})")
