@@ -99,6 +99,28 @@ def test_modules_not_followed_say_why(tmp_path):
     assert not any(Path(m.path).name == "engine.py" for m in result.members)
 
 
+@pytest.mark.parametrize("line", [
+    'sys.path.append("..")\n',
+    'sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))\n',
+    "sys.path.append(str(Path(__file__).resolve().parent.parent))\n",
+])
+def test_a_module_the_script_puts_on_sys_path_is_followed(tmp_path, line):
+    """The script in ``scripts/`` puts the project's root on ``sys.path`` before it imports
+    engine.py from there: the module is found and changes with it (its path relative to the
+    script in the report)."""
+    root = _engine_driver(tmp_path)
+    (root / "scripts").mkdir()
+    text = (root / "train.py").read_text()
+    path = root / "scripts" / "train.py"
+    path.write_text("import os\nimport sys\nfrom pathlib import Path\n\n" + line + "\n" + text)
+    (root / "train.py").unlink()
+    result = rewrite(path.read_text(), Options.create(), path=str(path), scope=Scope(follow=True))
+    assert not result.dropped, result.dropped
+    changed = sorted(Path(m.path).name for m in result.members if m.changed)
+    assert "engine.py" in changed, changed
+    assert "fabric.backward(loss)" in next(m.output for m in result.members if Path(m.path).name == "engine.py")
+
+
 def test_a_name_bound_in_two_files_is_not_followed(tmp_path):
     root = _engine_driver(tmp_path)
     path = root / "train.py"

@@ -40,7 +40,14 @@ import libcst as cst
 
 from accelerate_rewrite.codemod.flow import maybe_unbound
 # Scope and candidates are read with ast only: the runner reaches them without loading libcst
-from accelerate_rewrite.codemod.siblings import MAX_MODULES, Scope, _file, candidates, imported_modules  # noqa: F401
+from accelerate_rewrite.codemod.siblings import (  # noqa: F401
+    MAX_MODULES,
+    Scope,
+    _file,
+    candidates,
+    imported_modules,
+    sys_path_folders,
+)
 
 if TYPE_CHECKING:
     from accelerate_rewrite.codemod.facts import ScriptFacts
@@ -99,7 +106,11 @@ def statement_starts(module: cst.Module) -> list[int]:
     return out
 
 
-def _from_sibling(stmt: cst.CSTNode, folder: Path) -> Optional[tuple[str, Path, cst.ImportFrom]]:
+def _in_folders(folders: list[Path], dotted: str) -> Optional[Path]:
+    return next((p for p in (_file(f, dotted) for f in folders) if p is not None), None)
+
+
+def _from_sibling(stmt: cst.CSTNode, folders: list[Path]) -> Optional[tuple[str, Path, cst.ImportFrom]]:
     if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
             and isinstance(stmt.body[0], cst.ImportFrom)):
         return None
@@ -107,13 +118,14 @@ def _from_sibling(stmt: cst.CSTNode, folder: Path) -> Optional[tuple[str, Path, 
     if imp.relative or imp.module is None:
         return None
     dotted = cst.Module(body=[]).code_for_node(imp.module)
-    file = _file(folder, dotted)
+    file = _in_folders(folders, dotted)
     return (dotted, file, imp) if file is not None else None
 
 
-def _import_sibling(stmt: cst.CSTNode, folder: Path) -> Optional[tuple[str, Path, str]]:
+def _import_sibling(stmt: cst.CSTNode, folders: list[Path]) -> Optional[tuple[str, Path, str]]:
     """``import engine`` or ``import engine as E`` (``import data.loaders as L``) of a module in
-    the script's folder: (dotted name, file, the name it is read through)."""
+    the script's folder (or one it puts on ``sys.path``): (dotted name, file, the name it is
+    read through)."""
     if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
             and isinstance(stmt.body[0], cst.Import) and len(stmt.body[0].names) == 1):
         return None
@@ -127,7 +139,7 @@ def _import_sibling(stmt: cst.CSTNode, folder: Path) -> Optional[tuple[str, Path
         return None  # ``import data.loaders``: read as ``data.loaders.make``, not followed
     else:
         through = dotted
-    file = _file(folder, dotted)
+    file = _in_folders(folders, dotted)
     return (dotted, file, through) if file is not None else None
 
 
@@ -258,6 +270,10 @@ def build(path: str, head: str, module: cst.Module, source: str,
     when it can't be read or parsed. ``words``: a module that mentions none of them (as the
     runner's fast path reads files) is not worth a note when it is not followed."""
     folder = Path(path).parent
+    try:  # and the folders the script puts on sys.path (``sys.path.append("..")``)
+        folders = [folder, *sys_path_folders(folder, ast.parse(source))]
+    except (SyntaxError, ValueError):
+        folders = [folder]
     script = Part(path=path, source=source, head=head, tail=source[len(head):], module=module)
     parts = [script]
     unfollowed: list[tuple[int, str]] = []
@@ -279,7 +295,7 @@ def build(path: str, head: str, module: cst.Module, source: str,
         part = parts[part_index]
         out: list[tuple[int, int]] = []
         for index, stmt in enumerate(part.module.body):
-            found = _from_sibling(stmt, folder) or _import_sibling(stmt, folder)
+            found = _from_sibling(stmt, folders) or _import_sibling(stmt, folders)
             if found is None or os.path.realpath(found[1]) == real_script:
                 out.append((part_index, index))
                 continue

@@ -111,6 +111,7 @@ def imported_modules(folder: Optional[Path], module: ast.Module) -> list[tuple[s
     ``folder`` are named (never an installed package, never a relative import)."""
     if folder is None:
         return []
+    folders = [folder, *sys_path_folders(folder, module)]
     out: dict[str, Path] = {}
     for node in module.body:
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -120,10 +121,60 @@ def imported_modules(folder: Optional[Path], module: ast.Module) -> list[tuple[s
         else:
             continue
         for dotted in names:
-            path = _file(folder, dotted)
+            path = next((p for p in (_file(f, dotted) for f in folders) if p is not None), None)
             if path is not None and dotted not in out:
                 out[dotted] = path
     return list(out.items())
+
+
+def sys_path_folders(folder: Path, module: ast.Module) -> list[Path]:
+    """Folders the script puts on ``sys.path`` at its top level before it imports from them:
+    ``sys.path.append("..")``, ``sys.path.insert(0, os.path.join(os.path.dirname(__file__),
+    ".."))``, ``sys.path.append(str(Path(__file__).resolve().parent.parent))``; a relative path is
+    taken from the script's folder, where its user runs it. What can't be read that way is
+    left out (the import then stays one the analysis can't see into, as before)."""
+    out = []
+    for node in module.body:
+        call = node.value if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) else None
+        if call is None or not isinstance(call.func, ast.Attribute) or call.func.attr not in ("append", "insert") \
+                or ast.unparse(call.func.value) != "sys.path" or not call.args:
+            continue
+        where = _path_of(folder, call.args[-1])
+        if where is not None and where.is_dir() and where not in out and where != folder:
+            out.append(where)
+    return out
+
+
+def _path_of(folder: Path, node: ast.expr) -> Optional[Path]:
+    """The folder an expression of ``__file__``, ``os.path`` and ``pathlib`` names, or None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return (folder / node.value).resolve()
+    if isinstance(node, ast.Name) and node.id == "__file__":
+        return folder.resolve() / "__file__"  # the script itself: its parent is the folder
+    if isinstance(node, ast.Call):
+        name = ast.unparse(node.func)
+        if name in ("os.path.abspath", "os.path.realpath", "os.path.normpath", "str", "Path", "pathlib.Path") \
+                and len(node.args) == 1:
+            return _path_of(folder, node.args[0])
+        if name == "os.path.dirname" and len(node.args) == 1:
+            inner = _path_of(folder, node.args[0])
+            return inner.parent if inner is not None else None
+        if name == "os.path.join" and node.args:
+            base = _path_of(folder, node.args[0])
+            parts = [a.value for a in node.args[1:] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            return (base.joinpath(*parts)).resolve() if base is not None and len(parts) == len(node.args) - 1 \
+                else None
+        if isinstance(node.func, ast.Attribute) and node.func.attr in ("resolve", "absolute") and not node.args:
+            return _path_of(folder, node.func.value)
+    if isinstance(node, ast.Attribute) and node.attr == "parent":
+        inner = _path_of(folder, node.value)
+        return inner.parent if inner is not None else None
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "parents" \
+            and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, int):
+        inner = _path_of(folder, node.value.value)
+        return inner.parents[node.slice.value] if inner is not None and node.slice.value < len(inner.parents) \
+            else None
+    return None
 
 
 def imported_files(path: Path, source: str) -> list[Path]:
