@@ -121,6 +121,35 @@ def test_a_module_the_script_puts_on_sys_path_is_followed(tmp_path, line):
     assert "fabric.backward(loss)" in next(m.output for m in result.members if Path(m.path).name == "engine.py")
 
 
+def test_a_lightning_module_of_another_script_in_a_sibling_does_not_block(tmp_path):
+    """models.py holds the plain model this script trains and a LightningModule that another
+    script of the repository trains: nothing this script runs uses Lightning, so it converts; a
+    sibling whose Lightning code the script does use still leaves it alone."""
+    (tmp_path / "models.py").write_text(
+        "import lightning as L\nimport torch\nimport torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.fc = nn.Linear(4, 1)\n\n    def forward(self, x):\n"
+        "        return self.fc(x)\n\n\nclass LitNet(L.LightningModule):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.net = Net()\n\n    def configure_optimizers(self):\n"
+        "        return torch.optim.SGD(self.parameters(), lr=0.1)\n")
+    script = (
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\nfrom models import Net\n\n\n"
+        "def main():\n    model = Net()\n    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4)\n"
+        "    for x, y in loader:\n        loss = torch.nn.functional.mse_loss(model(x), y)\n"
+        "        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n\n\nmain()\n")
+    path = tmp_path / "train.py"
+    path.write_text(script)
+    result = rewrite(script, Options.create(), path=str(path), scope=Scope(follow=True))
+    assert "fabric.backward(loss)" in result.output, [n.message for n in result.skips]
+    assert [Path(m.path).name for m in result.members] == ["models.py"]  # read, and left as it is
+    uses = script.replace("from models import Net", "from models import LitNet, Net").replace(
+        "    model = Net()", "    model = LitNet().net")
+    path.write_text(uses)
+    again = rewrite(uses, Options.create(), path=str(path), scope=Scope(follow=True))
+    assert not again.changed
+    assert any("already uses the Lightning Trainer" in n.message for r in (again, *again.members) for n in r.skips)
+
+
 def test_a_name_bound_in_two_files_is_not_followed(tmp_path):
     root = _engine_driver(tmp_path)
     path = root / "train.py"

@@ -78,10 +78,12 @@ from accelerate_rewrite.codemod.syntax import (  # noqa: F401 (the rules import 
 
 
 class ScriptFacts(Flow):
-    def __init__(self, module: cst.Module, folder: Optional[Path] = None, *, fresh: bool = False) -> None:
+    def __init__(self, module: cst.Module, folder: Optional[Path] = None, *, fresh: bool = False,
+                 body_parts: Optional[list[int]] = None) -> None:
         """``fresh``: ``module`` was just parsed and nothing else holds it, so it is analysed as
         it is (LibCST's ``unsafe_skip_copy``); otherwise the analysis works on a copy, in which
-        no node is shared (copying a tree costs more than parsing it)."""
+        no node is shared (copying a tree costs more than parsing it). ``body_parts``: for a
+        project, the file each top-level statement comes from (below)."""
         #: the script's folder, where its own modules are (codemod/siblings.py); None for a
         #: source with no file
         self.folder = folder
@@ -115,7 +117,7 @@ class ScriptFacts(Flow):
         self.returned_loaders: set[Key] = set()
         #: for a project (codemod/project.py): the file (0: the script) each top-level statement
         #: of the analysed module comes from; None for a script alone
-        self.body_parts: Optional[list[int]] = None
+        self.body_parts: Optional[list[int]] = body_parts
         #: loaders taken for loaders where the script receives them from a call the analysis
         #: can't see into (codemod/returns.py): set up there, and the note says it was assumed
         self.assumed_loaders: set[Key] = set()
@@ -128,6 +130,7 @@ class ScriptFacts(Flow):
         find_returned_loaders(self)
         assume_received_loaders(self)
         self._flow()
+        self.frameworks = [(label, node) for label, node in self.frameworks if not self._unused_elsewhere(node)]
         self._ready = True  # the facts are complete: conclusions drawn from them may be kept
 
     def memo(self, key: object, compute):
@@ -236,6 +239,45 @@ class ScriptFacts(Flow):
                 return True
             if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
                 return False
+        return False
+
+    def _unused_elsewhere(self, node: cst.CSTNode) -> bool:
+        """``node`` is in another file of the project, in a class or function there that the
+        program never uses (a LightningModule that another script trains), or in an import that
+        only such code reads: nothing this script runs."""
+        part = self.part_of(node)
+        if part == 0:
+            return False
+        index = self.memo("top-level-index", lambda: {id(s): i for i, s in enumerate(self.module.body)})
+        tops = [s for s, p in zip(self.module.body, self.body_parts or ()) if p == part]
+
+        def top_of(n: cst.CSTNode) -> cst.CSTNode:
+            top = n
+            for parent in self.ancestors(n):
+                if isinstance(parent, cst.Module):
+                    break
+                top = parent
+            return top
+
+        def unused(stmt: cst.CSTNode) -> bool:
+            if not isinstance(stmt, (cst.ClassDef, cst.FunctionDef)):
+                return False
+            fn = self.functions.get(stmt.name.value)
+            return fn is not None and fn.node is stmt and not fn.calls and not fn.other_uses
+
+        top = top_of(node)
+        if id(top) not in index:
+            return False
+        if unused(top):
+            return True
+        if m.matches(top, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])):
+            imp = top.body[0]
+            if isinstance(imp.names, cst.ImportStar):
+                return False
+            bound = {(a.asname.name.value if a.asname is not None and isinstance(a.asname.name, cst.Name)
+                      else code(a.name).split(".")[0]) for a in imp.names}
+            read = {n.value for s in tops if s is not top and not unused(s) for n in m.findall(s, m.Name())}
+            return not bound & read
         return False
 
     def part_of(self, node: cst.CSTNode) -> int:

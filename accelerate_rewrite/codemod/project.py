@@ -492,7 +492,6 @@ def analyse(key: tuple, project: Project, folder: Optional[Path]) -> tuple[Scrip
     if key not in _PROJECTS:
         if len(_PROJECTS) >= 4:
             _PROJECTS.pop(next(iter(_PROJECTS)))
-        facts = ScriptFacts(project.combined, folder)
-        facts.body_parts = [part for part, _ in project.origin]
+        facts = ScriptFacts(project.combined, folder, body_parts=[part for part, _ in project.origin])
         _PROJECTS[key] = (facts, project)
     return _PROJECTS[key]
