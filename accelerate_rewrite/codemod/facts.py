@@ -248,16 +248,6 @@ class ScriptFacts(Flow):
         part = self.part_of(node)
         if part == 0:
             return False
-        index = self.memo("top-level-index", lambda: {id(s): i for i, s in enumerate(self.module.body)})
-        tops = [s for s, p in zip(self.module.body, self.body_parts or ()) if p == part]
-
-        def top_of(n: cst.CSTNode) -> cst.CSTNode:
-            top = n
-            for parent in self.ancestors(n):
-                if isinstance(parent, cst.Module):
-                    break
-                top = parent
-            return top
 
         def unused(stmt: cst.CSTNode) -> bool:
             if not isinstance(stmt, (cst.ClassDef, cst.FunctionDef)):
@@ -265,9 +255,7 @@ class ScriptFacts(Flow):
             fn = self.functions.get(stmt.name.value)
             return fn is not None and fn.node is stmt and not fn.calls and not fn.other_uses
 
-        top = top_of(node)
-        if id(top) not in index:
-            return False
+        top = self._top_statement(node)
         if unused(top):
             return True
         if m.matches(top, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])):
@@ -276,19 +264,28 @@ class ScriptFacts(Flow):
                 return False
             bound = {(a.asname.name.value if a.asname is not None and isinstance(a.asname.name, cst.Name)
                       else code(a.name).split(".")[0]) for a in imp.names}
-            read = {n.value for s in tops if s is not top and not unused(s) for n in m.findall(s, m.Name())}
+            # the names the file's statements read, but in its imports and unused definitions
+            read = self.memo(("names-read-in-part", part), lambda: {
+                n.value for s, p in zip(self.module.body, self.body_parts or ()) if p == part and not unused(s)
+                and not m.matches(s, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()]))
+                for n in m.findall(s, m.Name())})
             return not bound & read
         return False
 
-    def part_of(self, node: cst.CSTNode) -> int:
-        """The file of the project ``node`` comes from (0: the script, or a script alone)."""
-        if self.body_parts is None:
-            return 0
+    def _top_statement(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The statement of the module's body that holds ``node``."""
         top = node
         for parent in self.ancestors(node):
             if isinstance(parent, cst.Module):
                 break
             top = parent
+        return top
+
+    def part_of(self, node: cst.CSTNode) -> int:
+        """The file of the project ``node`` comes from (0: the script, or a script alone)."""
+        if self.body_parts is None:
+            return 0
+        top = self._top_statement(node)
         index = self.memo("top-level-index", lambda: {id(s): i for i, s in enumerate(self.module.body)})
         i = index.get(id(top))
         return self.body_parts[i] if i is not None and i < len(self.body_parts) else 0
