@@ -22,7 +22,6 @@ without ``--devices`` (``devices`` from torchrun's ``LOCAL_WORLD_SIZE``) under t
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -57,12 +56,8 @@ ARGS = {"ddp_trainer": ["4", "2"], "imagenet_ddp": ["--dist-url", "env://"]}
 TORCHRUN_BOTH = {"imagenet_ddp"}
 
 
-def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return processes.run_ranks(cmd, cwd)
-
-
-def _torchrun(script: str) -> list[str]:
-    return processes.torchrun(script)
+_run = processes.run_ranks
+_torchrun = processes.torchrun
 
 
 def _losses(text: str) -> list[tuple[str, ...]]:

@@ -400,9 +400,18 @@ class _Collector(OptimizerSearch, cst.CSTVisitor):
             for arg in node.args:
                 if arg.keyword is not None and arg.keyword.value == "device":
                     device_arg = arg
-            if device_arg is not None:
+            if device_arg is not None and not self._to_host(node, device_arg):
                 rest = [a for a in node.args if a is not device_arg]
                 f.device_moves.append(DeviceMove(node, func.value, device_arg, _only_sync_args(rest)))
+
+    def _to_host(self, call: cst.Call, device_arg: cst.Arg) -> bool:
+        """``t.to("cpu")`` read at once as host data (``.numpy()``, ``.tolist()``, ``.item()``):
+        a copy back to the host, wherever the script trains, not a move to its device."""
+        if code(device_arg.value).replace(" ", "") not in (
+                '"cpu"', "'cpu'", 'torch.device("cpu")', "torch.device('cpu')"):
+            return False
+        parent = self.f.parent(call)
+        return isinstance(parent, cst.Attribute) and parent.attr.value in ("numpy", "tolist", "item")
 
 
 def _only_sync_args(args: Iterable[cst.Arg]) -> bool:

@@ -192,8 +192,6 @@ class Devices:
         handled: set[int] = set()  # ids of device Name/Attribute nodes taken care of
         for move in f.device_moves:
             device_node = move.device_arg.value if move.device_arg is not None else None
-            if self._to_host(move, device_node):
-                continue  # ``label_ids.to("cpu").numpy()``: back to the host, wherever it ran
             is_device_name = device_node is not None and (
                 DEVICE in f.kinds_of(device_node)
             )
@@ -228,16 +226,6 @@ class Devices:
                 p.move_skips.append((move.call, "`fabric` can't be reached here; the move is kept"))
         self._trivial_statements()
         self._device_names(handled)
-
-    def _to_host(self, move: DeviceMove, device_node) -> bool:
-        """``t.to("cpu")`` read at once as host data (``.numpy()``, ``.tolist()``, ``.item()``):
-        not a move to the training device, and never Fabric's to make."""
-        f = self.f
-        if device_node is None or code(device_node).replace(" ", "") not in (
-                '"cpu"', "'cpu'", 'torch.device("cpu")', "torch.device('cpu')"):
-            return False
-        parent = f.parent(move.call)
-        return isinstance(parent, cst.Attribute) and parent.attr.value in ("numpy", "tolist", "item")
 
     def _built_again(self, move: DeviceMove) -> bool:
         """The move is of an object's model built again, in a method other than ``__init__`` and
