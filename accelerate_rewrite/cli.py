@@ -253,9 +253,11 @@ def _options(values: dict):
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="json: one record per file on stdout (path, changed, rules, "
                                       "places left alone, errors), nothing else.")
-@click.option("--follow-imports", is_flag=True,
-              help="Let a script's rewrite change the project's own modules it imports (engine.py, "
-                   "utils.py next to it) even when they are not among the PATHs given.")
+@click.option("--follow-imports/--no-follow-imports", default=None,
+              help="Whether a script's rewrite may change the project's own modules it imports "
+                   "(engine.py, utils.py next to it) that are not among the PATHs given "
+                   "[default: those that no other file under the script's folder imports; never "
+                   "with -o or --pre-commit].")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, metavar="N",
               help="Processes to rewrite files with (the output keeps the order of the files) "
                    "[default: the number of cores].")
@@ -286,7 +288,7 @@ def rewrite_command(
     jobs: Optional[int],
     no_cache: bool,
     cache_dir: Optional[str],
-    follow_imports: bool = False,
+    follow_imports: Optional[bool] = None,
 ) -> None:
     """Rewrite PATH... (files or folders) into Lightning Fabric scripts (or, with --backend
     torch, plain PyTorch with native mixed precision).

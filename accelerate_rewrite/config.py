@@ -10,7 +10,9 @@ table, found by walking up from the file's folder (as ruff does). Keys (dashes o
                          ("amp-api-migration"), "fixes" or "ALL"
     exclude              globs of paths (relative to the config's folder) never rewritten
     follow-imports       true: the project's own modules a script imports may change with it
-                         even when not among the paths given (as --follow-imports)
+                         even when not among the paths given (as --follow-imports); false:
+                         only the paths given change (as --no-follow-imports); unset: those
+                         that no other file under the script's folder imports
     [[tool.accelerate-rewrite.overrides]]
     paths = ["legacy/*.py"]   and any key above but exclude: for the files the globs match
 
@@ -243,8 +245,9 @@ class Choice:
     options: Options
     rules: tuple
     excluded: bool = False
-    #: the project's modules the file imports may change with it (``follow-imports``)
-    follow_imports: bool = False
+    #: the project's modules the file imports may change with it (``follow-imports``): True,
+    #: False, or None (not configured: those that no other file imports, runner.projects)
+    follow_imports: Optional[bool] = None
 
 
 def raw_values(file: Path, cli: dict[str, Any], *, defaults: Optional[dict] = None,
@@ -283,4 +286,4 @@ def choose(file: Path, cli: dict[str, Any], *, defaults: Optional[dict] = None,
     if explicit:
         opts = dataclasses.replace(opts, explicit=explicit)
     return Choice(opts, rules, excluded=config.excluded(file),
-                  follow_imports=bool(values.get("follow_imports", False)))
+                  follow_imports=values.get("follow_imports"))

@@ -58,9 +58,10 @@ class Settings:
     #: changed it, as black and ruff say what they fixed
     hook: bool = False
     force_exclude: bool = False  # .gitignore applies to files named on the command line too
-    #: the project's own modules a script imports may change with it even when not given
-    #: (``--follow-imports``; otherwise only those among the paths given do)
-    follow_imports: bool = False
+    #: the project's own modules a script imports may change with it even when not given:
+    #: True (``--follow-imports``), False (``--no-follow-imports``: only the paths given), None
+    #: (the configuration's ``follow-imports``, else those no other file imports: ``projects``)
+    follow_imports: Optional[bool] = None
     #: the folder of the rewrite cache (accelerate_rewrite/cache.py); None: no cache
     cache_dir: Optional[Path] = None
 
@@ -301,7 +302,7 @@ class Prepared:
 
 #: a file that contains none of these (case aside) is only checked for syntax, with Python's own
 #: parser, not analysed: every rule needs a training step, an optimizer, AMP or a half cast
-TRAINING_WORDS = ("backward", "optim", "amp", "autocast", "gradscaler", "half", "float16")
+TRAINING_WORDS = ("backward", "optim", "amp", "autocast", "gradscaler", "half", "float16", "init_process_group")
 
 
 def needs_analysis(text: str, options: Options, rules: Sequence = ()) -> bool:
@@ -562,8 +563,9 @@ def _summary_table(tally: Tally, report: Reporter) -> None:
 def projects(targets: Sequence[Target], settings: Settings) -> tuple[dict[Path, "Scope"], set[Path]]:
     """Which targets are scripts whose project's modules (codemod/project.py) are among the
     targets: each script's Scope (the targets may change with it, or any module with
-    ``--follow-imports``; a module that two scripts import changes with neither), and the
-    targets that a script given imports (rewritten with it, not on their own)."""
+    ``--follow-imports``, or by default any that no other file under the script's folder
+    imports; a module that two scripts given import changes with neither), and the targets that
+    a script given imports (rewritten with it, not on their own)."""
     from accelerate_rewrite.codemod.siblings import Scope, candidates
 
     python = [t for t in targets if t.error is None and t.path.suffix == ".py"]
@@ -596,11 +598,20 @@ def projects(targets: Sequence[Target], settings: Settings) -> tuple[dict[Path, 
     for path, files in drivers.items():
         shared = tuple((f, " and ".join(str(p) for p in importers[f] if p != path))
                        for f in files if len(importers[f]) > 1)
-        try:
-            follow = settings.follow_imports or settings.choice_for(path).follow_imports
-        except Exception:  # noqa: BLE001 - a bad configuration: prepare() reports it
-            follow = settings.follow_imports
-        scopes[path] = Scope(writable=writable, follow=follow, shared=shared)
+        follow = settings.follow_imports
+        if follow is None:
+            try:
+                follow = settings.choice_for(path).follow_imports
+            except Exception:  # noqa: BLE001 - a bad configuration: prepare() reports it
+                follow = None
+        # not told either way: a module may change with the script when no other file under its
+        # folder imports it; never for -o (one file written) or the hook (the files staged)
+        auto = follow is None and settings.mode is not Mode.OUTPUT and not settings.hook
+        scopes[path] = Scope(writable=writable, follow=bool(follow), shared=shared, auto=auto,
+                             root=os.path.commonpath([os.path.realpath(path.parent),
+                                                      *(os.path.dirname(f) for f in files)]),
+                             known=frozenset({os.path.realpath(path), *files}),
+                             script=os.path.realpath(path))
     return scopes, claimed
 
 

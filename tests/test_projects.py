@@ -273,17 +273,49 @@ def test_the_command_line_shows_checks_and_writes_every_file(tmp_path):
     assert _cli(".", "--check", cwd=root).exit_code == 0
 
 
-def test_the_script_named_alone_needs_follow_imports(tmp_path):
+def test_the_script_named_alone_changes_the_modules_only_it_imports(tmp_path):
+    """By default the project's modules that no other file under the script's folder imports
+    change with it (as mypy follows imports); --no-follow-imports keeps to the paths given."""
     root = _engine_driver(tmp_path)
-    alone = _cli("train.py", "--write", cwd=root)
-    assert alone.exit_code == 0
-    assert "engine.py, which is not among the paths given" in alone.output
+    kept = _cli("train.py", "--write", "--no-follow-imports", cwd=root)
+    assert kept.exit_code == 0
+    assert "engine.py, which is not among the paths given" in kept.output
     assert (root / "train.py").read_text() == (PROJECTS / "engine_driver" / "train.py").read_text()
-    followed = _cli("train.py", "--write", "--follow-imports", cwd=root)
+    followed = _cli("train.py", "--write", cwd=root)
     assert followed.exit_code == 0, followed.output
     assert (root / "engine.py").read_text() == \
         (PROJECTS / "engine_driver" / "expected" / "default" / "engine.py").read_text()
     assert "engine.py: rewritten (with train.py)" in followed.output
+
+
+def test_a_module_another_file_imports_changes_only_when_told(tmp_path):
+    """engine.py imported by another script (in a subfolder, inside a function, through a
+    module that imports it) would break it: not changed by default, and the reason names it;
+    --follow-imports changes it anyway."""
+    for other in ("tools/evaluate.py", "report.py"):
+        root = _engine_driver(tmp_path / other.replace("/", "_"))
+        (root / "tools").mkdir()
+        if other == "tools/evaluate.py":
+            (root / "helpers.py").write_text("import engine\n")
+        (root / other).write_text("def main():\n    from engine import train\n" if other == "report.py"
+                                  else "import helpers\n")
+        before = (root / "train.py").read_text()
+        alone = _cli("train.py", "--write", cwd=root)
+        assert alone.exit_code == 0, alone.output
+        assert (root / "train.py").read_text() == before
+        said = " ".join(alone.output.split())
+        assert "it would change engine.py, which" in said and "(pass --follow-imports to change it anyway)" in said
+        assert ("helpers.py, tools/evaluate.py import as well" if other == "tools/evaluate.py"
+                else "report.py imports as well") in said, said
+        followed = _cli("train.py", "--check", "--follow-imports", cwd=root)
+        assert "Would rewrite: engine.py" in followed.output
+
+
+def test_output_and_the_hook_keep_to_the_paths_given(tmp_path):
+    root = _engine_driver(tmp_path)
+    result = _cli("train.py", "-o", "new.py", cwd=root)
+    assert "engine.py, which is not among the paths given" in " ".join(result.output.split())
+    assert (root / "new.py").read_text() == (root / "train.py").read_text() or not (root / "new.py").exists()
 
 
 def test_follow_imports_from_the_configuration(tmp_path):

@@ -462,7 +462,7 @@ class _Finder:
         def is_loader(node: cst.BaseExpression) -> bool:
             return f.same_object(f.key_of(node), loader.key)
 
-        loops = [loop for loop in f.find(m.For()) if is_loader(_unwrap(loop.iter))]
+        loops = [loop for loop in f.find(m.For()) if is_loader(_unwrap(f, loop.iter))]
         calls = [c for c in f.attribute_calls if c.func.attr.value == "set_epoch" and (
             (isinstance(sampler, cst.Name) and code(c.func.value) == code(sampler))
             or m.matches(c.func.value, m.Attribute(attr=m.Name("sampler"))) and is_loader(c.func.value.value))]
@@ -501,10 +501,10 @@ def _alone(stmt: cst.BaseStatement, call: cst.Call) -> bool:
             and isinstance(stmt.body[0], cst.Expr) and stmt.body[0].value is call)
 
 
-def _unwrap(source: cst.BaseExpression) -> cst.BaseExpression:
-    from accelerate_rewrite.codemod.loops import unwrap_iter
+def _unwrap(f: ScriptFacts, source: cst.BaseExpression) -> cst.BaseExpression:
+    from accelerate_rewrite.codemod.loops import data_source
 
-    return unwrap_iter(source)
+    return data_source(f, source)
 
 
 def _reduce_op(f: ScriptFacts, op: cst.BaseExpression) -> Optional[str]:

@@ -27,7 +27,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import MODEL, OPTIMIZER, Binding, Key, ScriptFacts, code
-from accelerate_rewrite.codemod.syntax import COUNTERS, unwrap_iter
+from accelerate_rewrite.codemod.syntax import COUNTERS, passes_through, unwrap_iter
 
 TRAIN, EVAL, UNKNOWN = "train", "eval", "unknown"
 
@@ -37,10 +37,17 @@ NO_GRAD = (
 )
 EVAL_WORDS = ("test", "val", "eval", "dev")
 
+def data_source(f: ScriptFacts, source: cst.BaseExpression) -> cst.BaseExpression:
+    """What a loop draws its items from, through ``enumerate``, ``tqdm`` and the script's own
+    generators that yield their first argument's items (``metric_logger.log_every(loader, 10)``,
+    ``syntax.passes_through``): ``loader``."""
+    return unwrap_iter(source, f.memo("passes-through", lambda: passes_through(f.module)))
+
+
 def is_counter(f: ScriptFacts, source: cst.BaseExpression) -> bool:
     """``range(epochs)``, ``enumerate(range(n))``, ``trange(n)`` (or a name bound to it once),
     ``itertools.count()``: it counts; its items are no data."""
-    source = unwrap_iter(source)
+    source = data_source(f, source)
     if isinstance(source, cst.Name):
         source = f.assigned_value(source) or source
     return m.matches(source, m.Call(func=COUNTERS))
@@ -103,7 +110,7 @@ def has_eval_evidence(f: ScriptFacts, loop: cst.For) -> bool:
 
 
 def loops_over(f: ScriptFacts, key: Key) -> list[cst.For]:
-    return [loop for loop in for_loops(f) if f.same_object(f.key_of(unwrap_iter(loop.iter)), key)]
+    return [loop for loop in for_loops(f) if f.same_object(f.key_of(data_source(f, loop.iter)), key)]
 
 
 _ITERATOR = m.Call(func=m.Name("iter") | m.Name("cycle") | m.Attribute(value=m.Name("itertools"), attr=m.Name("cycle")))
@@ -130,7 +137,7 @@ def drawing_loops(f: ScriptFacts, key: Key) -> list[cst.CSTNode]:
     def compute() -> list[cst.CSTNode]:
         found: list[cst.CSTNode] = []
         for call in f.find(_ITERATOR):
-            if not call.args or not f.same_object(f.key_of(unwrap_iter(call.args[0].value)), key):
+            if not call.args or not f.same_object(f.key_of(data_source(f, call.args[0].value)), key):
                 continue
             found.append(_stepping_loop(f, call))
             assign = f.parent(call)

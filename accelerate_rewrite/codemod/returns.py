@@ -160,7 +160,7 @@ def assume_received_loaders(f: "F.ScriptFacts") -> None:
     build one (builtins, torchtext, numpy, a Dataset)."""
     import libcst.matchers as m
 
-    from accelerate_rewrite.codemod.loops import is_counter, unwrap_iter  # loops reads facts, made after this
+    from accelerate_rewrite.codemod.loops import data_source, is_counter  # loops reads facts, made after this
 
     loaders = {b.key for b in f.bindings if b.kind == F.LOADER}
     find, _ = f._joined()
@@ -170,7 +170,7 @@ def assume_received_loaders(f: "F.ScriptFacts") -> None:
         # the innermost loop that doesn't count (``for epoch in trange(n)`` holds no batches)
         loop = next((a for a in f.ancestors(site.call) if isinstance(a, cst.For) and not is_counter(f, a.iter)),
                     None)
-        source = unwrap_iter(loop.iter) if loop is not None else None
+        source = data_source(f, loop.iter) if loop is not None else None
         if isinstance(source, (cst.Name, cst.Attribute)) and f.key_of(source) is not None:
             sources.append(source)
     by_root: dict = {}

@@ -192,18 +192,96 @@ def imported_files(path: Path, source: str) -> list[Path]:
 MAX_MODULES = 16
 
 
+#: at most this many Python files are read to tell which others import a module (``importers``)
+MAX_SCANNED = 2000
+#: folders never read for importers: caches, environments, build output
+_NOT_SCANNED = frozenset({"__pycache__", "site-packages", "node_modules", "venv", "env", "build", "dist"})
+
+
+@lru_cache(maxsize=4096)
+def _imports_of(path: str, mtime_ns: int, size: int, root: str) -> frozenset[str]:
+    """The resolved files of the project's modules that the file at ``path`` imports anywhere in
+    it (in functions too, relatively too, ``from pkg import module``, the packages on the way),
+    from its folder or from ``root`` (``python -m tools.evaluate`` run there)."""
+    tree = _parsed(path, mtime_ns, size)
+    if tree is None:
+        return frozenset()
+    folder = Path(path).parent
+    folders = [folder, *sys_path_folders(folder, tree), Path(root)]
+    out: set[str] = set()
+
+    def add(bases: list[Path], dotted: str) -> None:
+        parts = dotted.split(".")
+        for i in range(1, len(parts) + 1):
+            for base in bases:
+                found = _file(base, ".".join(parts[:i]))
+                if found is not None:
+                    out.add(os.path.realpath(found))
+                    break
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(folders, alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            bases = folders if node.level == 0 else [folder.parents[node.level - 2]] \
+                if 2 <= node.level <= len(folder.parents) + 1 else [folder] if node.level == 1 else []
+            for alias in node.names:
+                dotted = ".".join(p for p in (node.module, alias.name) if p and p != "*")
+                if dotted:
+                    add(bases, dotted)
+    return frozenset(out)
+
+
+def importers(root: Path, path: str, known: frozenset[str], script: str = "") -> Optional[list[Path]]:
+    """The Python files under ``root`` (its folders too, but hidden ones and environments) that
+    import ``path`` (resolved), directly or through other files that do, besides ``known``
+    (resolved: the script and the modules analysed with it); None when there are more than
+    ``MAX_SCANNED`` files to read. What imports the ``script`` itself (resolved) is not counted:
+    the script changes by design (``import main as detection`` in a launcher)."""
+    graph: dict[str, frozenset[str]] = {}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _NOT_SCANNED)
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            if len(graph) >= MAX_SCANNED:
+                return None
+            file = os.path.join(folder, name)
+            try:
+                stat = os.stat(file)
+            except OSError:
+                continue
+            graph[os.path.realpath(file)] = _imports_of(file, stat.st_mtime_ns, stat.st_size, str(root))
+    users: set[str] = {script} if script else set()
+    todo = [path]
+    while todo:
+        wanted = todo.pop()
+        for file, imported in graph.items():
+            if wanted in imported and file not in users and file != path:
+                users.add(file)
+                todo.append(file)
+    return sorted(Path(f) for f in users - known - {script})
+
+
 @dataclass(frozen=True)
 class Scope:
     """Which of the project's own files a rewrite may change besides the script itself:
-    ``writable`` (resolved paths), or any with ``follow`` (``--follow-imports``); ``shared``:
-    files that other scripts given import too (resolved path -> their names), never changed;
-    ``alone``: why none may change."""
+    ``writable`` (resolved paths), or any with ``follow`` (``--follow-imports``), or, with
+    ``auto`` (the default), any that no other file under the script's folder ``root`` imports
+    (``importers``; ``known``: the script and its modules, resolved); ``shared``: files that
+    other scripts given import too (resolved path -> their names), never changed; ``alone``: why
+    none may change."""
 
     writable: frozenset[str] = frozenset()
     follow: bool = False
     shared: tuple[tuple[str, str], ...] = ()
     #: why no other file may change, whatever the options (a script on stdin, a notebook)
     alone: Optional[str] = None
+    auto: bool = False
+    root: str = ""
+    known: frozenset[str] = frozenset()
+    script: str = ""
 
     def refusal(self, path: str) -> Optional[str]:
         """Why ``path`` may not change, or None."""
@@ -216,8 +294,21 @@ class Scope:
                         "script, it would break the other")
         if self.follow or real in self.writable:
             return None
-        return (f"it would change {path}, which is not among the paths given (name it too, or "
-                "pass --follow-imports)")
+        if not self.auto:
+            return (f"it would change {path}, which is not among the paths given (name it too, or "
+                    "pass --follow-imports)")
+        others = importers(Path(self.root), real, self.known | self.writable, self.script)
+        if others == []:
+            return None
+        if others is None:
+            return (f"it would change {path}, which is not among the paths given, and its folder "
+                    f"holds more than {MAX_SCANNED} Python files to tell which others import it "
+                    "(name it too, or pass --follow-imports)")
+        shown = ", ".join(os.path.relpath(o, self.root) for o in others[:3]) + \
+            (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        return (f"it would change {path}, which {shown} import{'s' if len(others) == 1 else ''} as "
+                "well: changed for this script, it could break "
+                f"{'it' if len(others) == 1 else 'them'} (pass --follow-imports to change it anyway)")
 
 
 def candidates(path: Path, source: str, text_of: Callable[[Path], Optional[str]]) -> list[Path]:

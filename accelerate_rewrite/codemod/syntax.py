@@ -119,8 +119,49 @@ ITER_WRAPPERS = m.Name("enumerate") | m.Name("tqdm") | m.Attribute(attr=m.Name("
 COUNTERS = m.Name("range") | m.Name("trange") | m.Attribute(attr=m.Name("trange")) | m.Attribute(attr=m.Name("count"))
 
 
-def unwrap_iter(source: cst.BaseExpression) -> cst.BaseExpression:
-    """``enumerate(tqdm(loader))`` -> ``loader``."""
-    while m.matches(source, m.Call(func=ITER_WRAPPERS)) and source.args:
+def unwrap_iter(source: cst.BaseExpression, through: frozenset[str] = frozenset()) -> cst.BaseExpression:
+    """``enumerate(tqdm(loader))`` -> ``loader``; with ``through`` (``passes_through``), the
+    script's own generators that yield their first argument's items too
+    (``metric_logger.log_every(loader, 10)`` -> ``loader``)."""
+    while isinstance(source, cst.Call) and source.args and source.args[0].keyword is None \
+            and not source.args[0].star and (m.matches(source, m.Call(func=ITER_WRAPPERS)) or (
+                (source.func.value if isinstance(source.func, cst.Name) else source.func.attr.value
+                 if isinstance(source.func, cst.Attribute) else None) in through)):
         source = source.args[0].value
     return source
+
+
+def passes_through(module: cst.Module) -> frozenset[str]:
+    """The names of the module's functions and methods (of its top-level classes) that are
+    generators yielding each item of their first argument unchanged, and nothing else: a
+    logger's ``def log_every(self, iterable, print_freq): ... for obj in iterable: ... yield obj``.
+    A name that another function or method of the module also has is left out."""
+    found: dict[str, bool] = {}
+
+    def consider(func: cst.FunctionDef, method: bool) -> None:
+        params = list(func.params.params)[1 if method else 0:]
+        ok = False
+        if params and not func.asynchronous and not func.decorators:
+            first = params[0].name.value
+            yields = m.findall(func.body, m.Yield())
+            if len(yields) == 1 and m.matches(yields[0], m.Yield(value=m.Name())):
+                name = yields[0].value.value
+                # ``yield obj`` a statement of the loop's own body: every item, none skipped
+                loops = [loop for loop in m.findall(func.body, m.For(target=m.Name(name), iter=m.Name(first)))
+                         if any(isinstance(st, cst.SimpleStatementLine) and any(
+                             isinstance(x, cst.Expr) and x.value is yields[0] for x in st.body)
+                             for st in loop.body.body)
+                         and not m.findall(loop.body, m.Continue() | m.Break())]
+                written = [n for n in m.findall(func.body, m.AssignTarget(target=m.Name(name) | m.Name(first)))]
+                ok = len(loops) == 1 and not written and not any(
+                    r.value is not None for r in m.findall(func.body, m.Return()))
+        found[func.name.value] = found.get(func.name.value, True) and ok
+
+    for stmt in module.body:
+        if isinstance(stmt, cst.FunctionDef):
+            consider(stmt, False)
+        elif isinstance(stmt, cst.ClassDef):
+            for inner in stmt.body.body:
+                if isinstance(inner, cst.FunctionDef):
+                    consider(inner, True)
+    return frozenset(name for name, ok in found.items() if ok)

@@ -25,7 +25,7 @@ from accelerate_rewrite.codemod.facts import (
     root_of,
     unwrap_moves,
 )
-from accelerate_rewrite.codemod.loops import drawing_loops, for_loops, is_counter, unwrap_iter
+from accelerate_rewrite.codemod.loops import data_source, drawing_loops, for_loops, is_counter
 from accelerate_rewrite.rules._half import low_casts, strip_half
 from accelerate_rewrite.options import MIXED_PRECISIONS
 from accelerate_rewrite.rules._fabric import MoveDecision, short
@@ -57,7 +57,7 @@ class Devices:
                     moves_in.setdefault(id(a), []).append(move)
 
         for loop in for_loops(f):
-            source = unwrap_iter(loop.iter)
+            source = data_source(f, loop.iter)
             if not self._set_up(f.key_of(source), LOADER):
                 continue
             names = {n.value for n in m.findall(loop.target, m.Name())}
@@ -117,7 +117,7 @@ class Devices:
                                                       "whatever it makes itself (the same data, if it is "
                                                       "seeded alike)"))
                 continue
-            source = unwrap_iter(loop.iter)
+            source = data_source(f, loop.iter)
             if self._set_up(f.key_of(source), LOADER):
                 continue
             if p.ddp is not None and p.ddp.sharded(f, f.key_of(source)) is not None:
@@ -162,7 +162,7 @@ class Devices:
             return False
         for call in calls:
             loop = next((a for a in f.ancestors(call) if isinstance(a, cst.For)), None)
-            key = f.key_of(unwrap_iter(loop.iter)) if loop is not None else None
+            key = f.key_of(data_source(f, loop.iter)) if loop is not None else None
             if key is None or not (self._set_up(key, LOADER) or (p.ddp is not None and p.ddp.sharded(f, key))):
                 return False
         return bool(calls)

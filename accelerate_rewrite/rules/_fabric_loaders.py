@@ -9,7 +9,7 @@ import libcst as cst
 
 from accelerate_rewrite.codemod.facts import Binding, ScriptFacts
 from accelerate_rewrite.codemod.loops import (
-    EVAL, TRAIN, eval_sums, evaluations_of_training_loader, loader_role, training_sums, unwrap_iter,
+    EVAL, TRAIN, eval_sums, evaluations_of_training_loader, loader_role, training_sums, data_source,
 )
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._fabric import FabricPlan, LoaderGroup
@@ -101,5 +101,5 @@ class Loaders:
             p.loader_groups.append(LoaderGroup(loaders, last, p.ref_at(f, loaders[-1].stmt), evaluation))
         set_up = {b.key for group in p.loader_groups for b in group.loaders}
         p.reductions = [r for r in reductions
-                        if f.key_of(unwrap_iter(r[0].iter)) in set_up or any(
-                            f.same_object(f.key_of(unwrap_iter(r[0].iter)), key) for key in set_up)]
+                        if f.key_of(data_source(f, r[0].iter)) in set_up or any(
+                            f.same_object(f.key_of(data_source(f, r[0].iter)), key) for key in set_up)]

@@ -21,7 +21,7 @@ from accelerate_rewrite.codemod.facts_kinds import stepped_by
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._apex import apex_use
-from accelerate_rewrite.codemod.loops import unwrap_iter
+from accelerate_rewrite.codemod.loops import data_source
 from accelerate_rewrite.rules._fabric import expr, plan, short, stmt, visible_name
 
 FLAG = "is_accumulating"
@@ -225,7 +225,7 @@ class _Loop:
         if any(t is None or body.index(t) > body.index(step_stmt) for t in tops):
             return self.skip(step, f"a backward after `{short(step)}` in the loop: not accumulated")
         first, last = min(body.index(t) for t in tops), max(body.index(t) for t in tops)
-        loader = unwrap_iter(loop.iter)
+        loader = data_source(f, loop.iter)
         if not (isinstance(loader, (cst.Name, cst.Attribute)) and f.is_kind(loader, LOADER)):
             return self.skip(loop, f"the loop {head} is not over a DataLoader the rewrite can measure: "
                                    "where an epoch ends (its last, partial group) is unknown; not accumulated")
