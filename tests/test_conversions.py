@@ -1580,3 +1580,119 @@ def test_a_helper_over_an_argument_that_is_not_a_name_is_not_taken_for_the_optim
     call, so the helper's result is not bound; the script is left alone, with the reason."""
     result = convert(_HELPER_OVER_ITS_ARGUMENT.replace("make_optimizer(model, 0.1)", "make_optimizer(model.body, 0.1)"))
     assert_left_alone(result, "AR101", "no optimizer found")
+
+
+_ALIASED = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8)
+model = nn.Linear(4, 1).to(device)
+model_without_ddp = model
+optimizer = torch.optim.SGD(model_without_ddp.parameters(), lr=0.1)
+for epoch in range(2):
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        loss = F.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        print(f"loss {loss.item():.6f}")
+torch.save(model_without_ddp.state_dict(), "m.pt")
+"""
+
+
+def test_the_set_up_rebinds_the_name_the_forward_runs_through():
+    """The optimizer takes ``model_without_ddp.parameters()``, an alias of ``model``, and the
+    forward runs through ``model``: ``model`` is set up (the forward under Fabric's precision
+    and strategy), ``model_without_ddp`` keeps the module itself for its state_dict. Setting up
+    the alias left the forward outside Fabric, silently."""
+    result = convert(_ALIASED, precision="bf16-mixed")
+    assert "model, optimizer = fabric.setup(model, optimizer)" in result.output
+    assert "model_without_ddp.state_dict()" in result.output
+
+
+def test_the_aliased_set_up_trains_as_before(tmp_path):
+    pytest.importorskip("lightning")
+    import subprocess
+    import sys
+
+    source = textwrap.dedent(_ALIASED).lstrip("\n")
+    result = convert(_ALIASED, accelerator="cpu")
+    out = []
+    for name, text in (("original.py", source), ("rewritten.py", result.output)):
+        (tmp_path / name).write_text(text)
+        done = subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        out.append([line for line in done.stdout.splitlines() if line.startswith("loss")])
+    assert out[0] and out[0] == out[1]
+
+
+def test_a_loader_with_its_own_batch_sampler_is_refused_for_several_devices():
+    """Measured (lightning 2.6, 2 CPU processes): Fabric's distributed sampler replaces a
+    BatchSampler's own and the loader then yields single samples, unshuffled. Refused for several
+    devices, with the reason; one device converts (nothing is replaced)."""
+    source = """
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
+
+    dataset = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    loader = DataLoader(dataset, batch_sampler=BatchSampler(RandomSampler(dataset), 8, drop_last=True))
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        loss = F.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    """
+    refused = convert(source, devices=2)
+    assert not refused.changed
+    assert any("draws its batches from its own `batch_sampler=`" in s and "--devices 1 converts it" in s
+               for s in skips(refused, "AR101")), skips(refused)
+    one = convert(source)
+    assert "loader = fabric.setup_dataloaders(loader)" in one.output
+
+
+def test_a_loop_over_the_scripts_own_pass_through_generator_draws_from_the_loader():
+    """DETR's ``for samples, targets in metric_logger.log_every(data_loader, 10, header):``: a
+    generator of the script that yields each item of its first argument is the loader's batches;
+    one that filters them is not."""
+    template = """
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    class MetricLogger:
+        def log_every(self, iterable, print_freq, header=None):
+            i = 0
+            for obj in iterable:
+                {yield_line}
+                i += 1
+            print(header, i)
+
+
+    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    metric_logger = MetricLogger()
+    for x, y in metric_logger.log_every(loader, 10, "train"):
+        loss = F.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    """
+    through = convert(template.replace("{yield_line}", "yield obj"), devices=2)
+    assert "loader = fabric.setup_dataloaders(loader)" in through.output
+    filtered = convert(template.replace("{yield_line}", "if i % 2:\n                    yield obj"), devices=2)
+    assert not filtered.changed
+    assert any("batches come from `metric_logger.log_every(loader, 10, \"train\")`" in s
+               for s in skips(filtered, "AR101")), skips(filtered)

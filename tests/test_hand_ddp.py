@@ -7,7 +7,8 @@ starts the second process). Each rank prints its own losses: they must be the or
 rank by rank, digit for digit (32-true), and so must what rank 0 prints at the end (an
 all-reduced figure) and the files it writes.
 
-The default set runs ``fixtures/imagenet_ddp`` (the ImageNet example's family: ``main_worker``
+The default set runs ``fixtures/init_distributed_mode`` (DETR's and DeiT's family: a helper
+that reads RANK, WORLD_SIZE and LOCAL_RANK and joins the group, ``model_without_ddp``), ``fixtures/imagenet_ddp`` (the ImageNet example's family: ``main_worker``
 spawned with --multiprocessing-distributed or called directly, here in each process torchrun
 starts with --dist-url env://; both the original and the rewrite are started by torchrun, as
 the script reads torchrun's WORLD_SIZE itself) and ``fixtures/local_rank_finetune`` (a BERT-era
@@ -45,10 +46,11 @@ SUMMARY = {"ddp_spawn": r"mean last loss over 2 processes: [0-9.]+",
            "hand_ddp": r"saved ddp_model.pt",
            "ddp_trainer": r"Epoch 2 \| Training snapshot saved at snapshot.pt",
            "imagenet_ddp": r"\[rank \d\] \* Acc@1 [0-9.]+ over 48 images",
-           "local_rank_finetune": r"eval acc [0-9.]+ after \d+ steps"}
+           "local_rank_finetune": r"eval acc [0-9.]+ after \d+ steps",
+           "init_distributed_mode": r"training done: 2 epochs on 2 processes"}
 WRITES = {"ddp_spawn": "ddp_toy.pt", "ddp_torchrun": "torchrun_net.pt", "hand_ddp": "ddp_model.pt",
           "ddp_trainer": "snapshot.pt", "imagenet_ddp": "checkpoint.pth.tar",
-          "local_rank_finetune": "output/pytorch_model.bin"}
+          "local_rank_finetune": "output/pytorch_model.bin", "init_distributed_mode": "checkpoint.pth"}
 #: command-line arguments: the Trainer fixture's epochs and how often it saves
 ARGS = {"ddp_trainer": ["4", "2"], "imagenet_ddp": ["--dist-url", "env://"]}
 #: rewrites started by torchrun too: the ImageNet example reads torchrun's WORLD_SIZE itself
@@ -98,7 +100,11 @@ def _both(name: str, tmp_path: Path, options: Options = TWO, runs: int = 1):
                                   "imagenet_ddp",
                                   # a BERT-era fine-tuning script: --local_rank (from LOCAL_RANK),
                                   # -1 for one process, the barrier around the model's making
-                                  "local_rank_finetune"])
+                                  "local_rank_finetune",
+                                  # the init_distributed_mode(args) family (DETR, DeiT): RANK and
+                                  # WORLD_SIZE read in a helper that joins the group, DDP only when
+                                  # distributed, model_without_ddp = model.module
+                                  "init_distributed_mode"])
 def test_every_rank_trains_as_before(name, tmp_path):
     [(original, rewritten)] = _both(name, tmp_path)
     expected = _losses(original.stdout)

@@ -158,7 +158,7 @@ def _runnable() -> list[str]:
     for name in fixture_names():
         if name in EVALUATED or name in ("pure_half", "hf_finetune", "accumulates_already", "ddp_spawn",
                                          "ddp_torchrun", "ddp_trainer", "hand_ddp",
-                                         "imagenet_ddp", "local_rank_finetune"):  # test_hand_ddp.py
+                                         "imagenet_ddp", "local_rank_finetune", "init_distributed_mode"):  # test_hand_ddp.py
             continue
         result = rewrite((FIXTURES / name / "input.py").read_text(encoding="utf-8"), TWO)
         if any(n.rule == "AR101" for n in result.changes):

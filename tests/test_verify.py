@@ -61,7 +61,7 @@ NOT_RUN = {"accumulates_already", "hf_finetune", "ddp_spawn", "ddp_torchrun", "d
 #: test keeps it current)
 RUNNABLE = ["accelerator_api", "already_autocast", "apex_o1", "apex_o2_two_losses", "autoencoder_sums",
             "checkpointing", "cuda_amp", "cyclegan_chain", "data_parallel", "finetune_encoder", "gan", "gan_bce",
-            "imagenet_ddp", "imagenet_style", "lbfgs", "local_rank_finetune", "mnist_style", "module_loop",
+            "imagenet_ddp", "imagenet_style", "init_distributed_mode", "lbfgs", "local_rank_finetune", "mnist_style", "module_loop",
             "param_groups", "rnn_classifier", "scheduled_optim", "text_classification", "torchmetrics_metrics",
             "train_function", "trainer_class", "trainer_given_loaders", "trainer_run", "transformer_lm", "vae",
             "word_lm"]
@@ -172,7 +172,7 @@ BF16_COVERED_ELSEWHERE = {"gan_bce", "apex_o2_two_losses", "finetune_encoder", "
 
 #: in the default run (CI): the refusals, and one fixture of each style; the others are in the
 #: ``slow`` set (pytest -m slow), as are the native 16-mixed runs of NATIVE_SLOW below
-BF16_SLOW = {"imagenet_ddp", "local_rank_finetune", "trainer_run", "module_loop", "train_function", "trainer_class", "torchmetrics_metrics", "imagenet_style",
+BF16_SLOW = {"imagenet_ddp", "init_distributed_mode", "local_rank_finetune", "trainer_run", "module_loop", "train_function", "trainer_class", "torchmetrics_metrics", "imagenet_style",
              "rnn_classifier", "apex_o1", "vae", "checkpointing", "autoencoder_sums", "word_lm", "param_groups",
              "scheduled_optim", "trainer_given_loaders"}
 
@@ -211,7 +211,7 @@ NATIVE = [name for name in RUNNABLE if name not in REFUSE_NATIVE and not name.st
 NATIVE_CASES = [(name, "16-mixed") for name in NATIVE] + [
     (name, "bf16-mixed") for name in TWO_PROCESSES]
 #: models and loops that other fixtures in the default run already cover at 16-mixed
-NATIVE_SLOW = {"imagenet_ddp", "local_rank_finetune", "trainer_run", "accelerator_api", "checkpointing", "data_parallel", "finetune_encoder",
+NATIVE_SLOW = {"imagenet_ddp", "init_distributed_mode", "local_rank_finetune", "trainer_run", "accelerator_api", "checkpointing", "data_parallel", "finetune_encoder",
                "imagenet_style", "rnn_classifier", "torchmetrics_metrics", "trainer_class", "autoencoder_sums",
                "param_groups", "scheduled_optim", "cyclegan_chain", "trainer_given_loaders"}
 

@@ -132,11 +132,15 @@ class HandDDP:
             return "ddp_find_unused_parameters_true"
         return "DDPStrategy(" + ", ".join(f"{k}={v}" for k, v in options.items()) + ")"
     reads: list[tuple[cst.CSTNode, str]] = field(default_factory=list)  # node -> fabric attribute
+    #: ``"RANK" in os.environ``: (the test, whether it asks for several processes)
+    env_tests: list[tuple[cst.BaseExpression, bool]] = field(default_factory=list)
     barriers: list[cst.Call] = field(default_factory=list)
     reductions: list[tuple[cst.SimpleStatementLine, cst.BaseExpression, str]] = field(default_factory=list)
     kept: list[cst.Call] = field(default_factory=list)  # other torch.distributed calls
     loaders: list[ShardedLoader] = field(default_factory=list)
     module_uses: list[cst.Attribute] = field(default_factory=list)  # ``ddp_model.module``
+    #: ``model.module`` right after a removed ``model = DDP(model)``: the module itself, ``model``
+    unwrapped_uses: list[cst.Attribute] = field(default_factory=list)
     #: names that hold the process's rank, by the function they are in (None: module level)
     rank_names: dict[Optional[int], set[str]] = field(default_factory=dict)
     #: the world size read from the environment (torchrun style): Fabric's devices follow it
@@ -489,10 +493,29 @@ class _Finder:
 
     def _module_uses(self) -> None:
         f, d = self.f, self.d
-        wrapped = {code(w.stmt.body[0].targets[0].target) for w in d.wraps}
+        wrapped = {code(w.stmt.body[0].targets[0].target): w for w in d.wraps}
         for node in f.find(m.Attribute(attr=m.Name("module"))):
-            if code(node.value) in wrapped:
+            wrap = wrapped.get(code(node.value))
+            if wrap is None:
+                continue
+            if wrap.rebinds and self._before_rebinding(wrap, node):
+                d.unwrapped_uses.append(node)  # ``model_without_ddp = model.module`` under the wrap
+            else:
                 d.module_uses.append(node)
+
+    def _before_rebinding(self, wrap: Wrap, node: cst.Attribute) -> bool:
+        """``node`` (``model.module``) is read in the block of the removed ``model = DDP(model)``,
+        after it, before ``model`` is bound again: there ``model`` is the script's own module."""
+        f = self.f
+        stmt = f.statement(node)
+        block = f.block(wrap.stmt)
+        if f.block(stmt) is not block:
+            return False
+        body = list(block.body)
+        start, end = body.index(wrap.stmt), body.index(stmt)
+        name = code(wrap.inner)
+        return start < end and not any(
+            m.findall(s, m.AssignTarget(target=m.Name(name))) for s in body[start + 1:end + 1])
 
 
 def _alone(stmt: cst.BaseStatement, call: cst.Call) -> bool:

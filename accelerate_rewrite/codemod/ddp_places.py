@@ -69,6 +69,7 @@ def places(f: ScriptFacts, d: "HandDDP", problem: Callable) -> None:
         d.reads.append((call, PLACE_ENV[var]))
         if var == "WORLD_SIZE":
             d.env_world = True
+    _env_tests(f, d, removed)
     for node, attr in d.reads:
         if attr in ("global_rank", "local_rank"):
             assign = f.parent(node)
@@ -81,6 +82,32 @@ def places(f: ScriptFacts, d: "HandDDP", problem: Callable) -> None:
                     and f.enclosing_class(func) is not None:  # ``self.gpu_id``: in every method
                 d.rank_names.setdefault(id(f.enclosing_class(func)), set()).add(code(target))
     _passed_ranks(f, d)
+
+def _env_tests(f: ScriptFacts, d: "HandDDP", removed: set[int]) -> None:
+    """``"RANK" in os.environ`` (``and "WORLD_SIZE" in os.environ``): the script's test of whether
+    a launcher started it, which under Fabric is whether it runs several processes; ``not in``
+    the other way round. (the test, whether it tests for several processes)."""
+    def test(node: cst.CSTNode) -> Optional[bool]:
+        if not (isinstance(node, cst.Comparison) and len(node.comparisons) == 1
+                and isinstance(node.left, cst.SimpleString) and node.left.evaluated_value in PLACE_ENV
+                and f.qualname(node.comparisons[0].comparator) == "os.environ"):
+            return None
+        op = node.comparisons[0].operator
+        return True if isinstance(op, cst.In) else False if isinstance(op, cst.NotIn) else None
+
+    seen: set[int] = set()
+    for node in f.find(m.Comparison()):
+        several = test(node)
+        if several is None or id(f.statement(node)) in removed or id(node) in seen:
+            continue
+        whole: cst.CSTNode = node
+        parent = f.parent(whole)
+        while isinstance(parent, cst.BooleanOperation) and isinstance(parent.operator, cst.And) and several \
+                and test(parent.left if parent.right is whole else parent.right) is True:
+            seen.update({id(parent.left), id(parent.right)})
+            whole, parent = parent, f.parent(parent)
+        d.env_tests.append((whole, several))
+
 
 def _passed_ranks(f: ScriptFacts, d: "HandDDP") -> None:
     """The rank passed on: ``Trainer(model, data, optimizer, rank)`` makes ``gpu_id`` the

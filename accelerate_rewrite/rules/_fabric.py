@@ -289,10 +289,18 @@ def names_rank(facts: ScriptFacts, p: "FabricPlan", node: cst.CSTNode) -> Option
     if p.ddp is None:
         return None
     # ``args.rank``, ``local_rank``: the script's own names for its place
-    worded = {code(n) for n in m.findall(node, m.Name() | m.Attribute())
+    def asked(n: cst.CSTNode) -> Optional[cst.CSTNode]:
+        """``n`` itself, or the call ``n()`` that asks for the rank (``get_rank()``,
+        ``utils.get_rank()``); None when ``n`` is called with arguments."""
+        parent = facts.parent(n)
+        if isinstance(parent, cst.Call) and parent.func is n:
+            return None if parent.args else parent
+        return n
+
+    worded = {code(asked(n)) for n in m.findall(node, m.Name() | m.Attribute())
               if (n.value if isinstance(n, cst.Name) else n.attr.value).lower().endswith("rank")
               and not (isinstance(facts.parent(n), cst.Attribute) and facts.parent(n).attr is n)
-              and not (isinstance(facts.parent(n), cst.Call) and facts.parent(n).func is n)}
+              and asked(n) is not None}
     func = facts.function(node)
     ranks = p.ddp.rank_names.get(id(func) if func is not None else None, set())
     cls = facts.enclosing_class(func) if func is not None else None

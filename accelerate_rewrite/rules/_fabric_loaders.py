@@ -9,10 +9,16 @@ import libcst as cst
 
 from accelerate_rewrite.codemod.facts import Binding, ScriptFacts
 from accelerate_rewrite.codemod.loops import (
-    EVAL, TRAIN, eval_sums, evaluations_of_training_loader, loader_role, training_sums, data_source,
+    EVAL, TRAIN, data_source, eval_sums, evaluations_of_training_loader, loader_role, training_sums,
 )
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._fabric import FabricPlan, LoaderGroup
+
+
+def _batch_sampler(loader: Binding) -> bool:
+    """``DataLoader(dataset, batch_sampler=...)``."""
+    return loader.call is not None and any(
+        a.keyword is not None and a.keyword.value == "batch_sampler" for a in loader.call.args)
 
 
 class Loaders:
@@ -71,10 +77,23 @@ class Loaders:
                 continue
             role = loader_role(f, loader)
             evaluation = role == EVAL
+            if not evaluation and self.o.many_devices and _batch_sampler(loader):
+                # measured (lightning 2.6, 2 processes): Fabric's distributed sampler replaces the
+                # BatchSampler's own, and the loader then yields single samples, in order
+                self.p.refusal = (loader.stmt, f"`{loader.path}` draws its batches from its own `batch_sampler=`: "
+                                               "Fabric's distributed sampler would take its place and lose the "
+                                               "batch size (each process would get single samples, unshuffled); "
+                                               "refused for several devices (--devices 1 converts it)")
+                return
             if role == TRAIN and self.o.many_devices:
                 self._evaluated_while_sharded(loader, ref, reductions)
                 self._training_sums(loader, ref, reductions)
-            if evaluation and self.o.shard_eval and self.o.many_devices:
+            if evaluation and self.o.shard_eval and self.o.many_devices and _batch_sampler(loader):
+                p.loader_skips.append((loader.stmt, f"--shard-eval: `{loader.path}` is not sharded: it draws its "
+                                                    "batches from its own `batch_sampler=`, which Fabric's "
+                                                    "distributed sampler would break; every process evaluates "
+                                                    "all of it"))
+            elif evaluation and self.o.shard_eval and self.o.many_devices:
                 sums = eval_sums(f, loader)
                 if sums.problem is None:
                     evaluation = False  # sharded: its sums are reduced after its loops

@@ -150,6 +150,8 @@ class _Planner(Home, Loaders, Reach, Devices):
         if p.refusal:
             return
         self._loaders()
+        if p.refusal:
+            return
         self._devices()
 
 
@@ -240,6 +242,7 @@ class _Planner(Home, Loaders, Reach, Devices):
             guard = self._only_under_if(opts, built)
             if guard is not None:
                 after, ref = opts[-1].stmt, p.ref_at(f, guard)
+            model_key = self._trained_name(model_key, after)
             p.setups.append(SetupGroup(model_key[1], list(unique.values()), ref, model_key, after,
                                        self._forward_methods(model_key, after), otherwise=guard))
         for group in p.setups:
@@ -366,6 +369,24 @@ class _Planner(Home, Loaders, Reach, Devices):
                         or any(loop in f.ancestors(ref) for loop in loops):
                     return True
         return False
+
+    def _trained_name(self, model_key: Key, after: cst.BaseStatement) -> Key:
+        """Which name the set-up rebinds, of those that hold the model where it goes
+        (``model_without_ddp = model``, the optimizer over ``model_without_ddp.parameters()``):
+        the one the script reads afterwards other than for an attribute (``model(x)``,
+        ``train(model, ...)``), so the forward runs through Fabric; one read only for attributes
+        (``model_without_ddp.state_dict()``) keeps the script's own module, as it did. When that
+        is not one name, the optimizer's."""
+        f = self.f
+        func, end = f.function(after), f.end_line(after)
+        used = []
+        for key in f.memo("keys-by-object", lambda: _keys_by_object(f)).get(f.object_of(model_key), ()):
+            if key[0] is not model_key[0] or key[1].startswith("self.") != model_key[1].startswith("self."):
+                continue
+            later = [ref for ref in f.references(key) if f.function(ref) is not func or f.line(ref) > end]
+            if any(not (isinstance(f.parent(ref), cst.Attribute) and f.parent(ref).value is ref) for ref in later):
+                used.append(key)
+        return used[0] if len(used) == 1 else model_key
 
     def _trains_before_setup(self, group: SetupGroup) -> Optional[cst.CSTNode]:
         """A backward, or a call of a function of the script that runs one, inside the statement

@@ -131,6 +131,16 @@ class FabricHandDDP(FabricRule):
                 continue
             ctx.edits.replace(node, expr(f"{ref}.{attr}"))
             ctx.change(node, f"`{short(node)}` became `{ref}.{attr}`")
+        for test, several in d.env_tests:
+            ref = p.ref_at(f, test)
+            if ref is None or not p.after_creation(f, test):
+                ctx.skip(test, f"`{short(test)}` kept: it reads the launcher's environment where `fabric` "
+                               "can't be reached")
+                continue
+            new = f"{ref}.world_size {'>' if several else '=='} 1"
+            ctx.edits.replace(test, expr(new))
+            ctx.change(test, f"`{short(test)}` (did a launcher start this process?) became `{new}`: Fabric "
+                             "starts the processes")
         for call in d.barriers:
             ref = p.ref_at(f, call)
             if ref is None or not p.after_creation(f, call):
@@ -154,6 +164,10 @@ class FabricHandDDP(FabricRule):
         for loader in d.loaders:
             if loader.set_up:
                 ctx.change(loader.loader.stmt, loader.why)
+        for use in d.unwrapped_uses:
+            ctx.edits.replace(use, lambda u: u.value)
+            ctx.change(use, f"`{short(use)}` became `{code(use.value)}`: with the DistributedDataParallel wrap "
+                            f"gone, `{code(use.value)}` is the script's own module there")
         for use in d.module_uses:
             ctx.change(use, f"`{short(use)}` keeps working: Fabric's set-up model has `.module` too "
                             "(the script's own module)")
