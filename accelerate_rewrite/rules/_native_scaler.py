@@ -157,6 +157,12 @@ class Scaler:
             clip = f.statement(site.call)
             body = list(f.block(clip).body)
             later = [c for c in self.steps if f.statement(c) in body[body.index(clip) + 1:]]
+            guard = f.parent(f.block(clip))
+            if not later and isinstance(guard, cst.If) and f.block(clip) is guard.body:
+                # ``if max_norm > 0: clip_grad_norm_(...)`` and the step after that ``if``
+                # (DETR's train_one_epoch): unscaled inside it, where it clips
+                outer = list(f.block(guard).body)
+                later = [c for c in self.steps if f.statement(c) in outer[outer.index(guard) + 1:]]
             if not later:
                 self.refuse(site.call, f"`{short(site.call)}` has no optimizer step after it in "
                                        "the same block: can't tell which optimizer to unscale")

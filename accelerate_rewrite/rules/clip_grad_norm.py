@@ -59,8 +59,9 @@ class ClipGradNorm(Rule):
         native = None if o.fabric else native_plan(f, o)
         native_scalers = {id(c): ref for c, ref in native.steps} if native and native.refusal is None else {}
         in_backward = {id(a) for s in f.backward_sites for a in f.ancestors(s.call)}
-        clips = {id(f.statement(c.call)) for c in f.calls_to(*CLIP_NORM, *CLIP_VALUE)}
-        clips |= {id(f.statement(c)) for c in f.attribute_calls if c.func.attr.value == "clip_gradients"}
+        # a clip's statement and those around it (``if max_norm > 0: clip_grad_norm_(...)``)
+        clips = {id(a) for c in f.calls_to(*CLIP_NORM, *CLIP_VALUE) for a in f.ancestors(c.call)}
+        clips |= {id(a) for c in f.attribute_calls if c.func.attr.value == "clip_gradients" for a in f.ancestors(c)}
         sites = [(c, c.func.value, native_scalers.get(id(c))) for c in f.method_calls(OPTIMIZER, "step")]
         sites += [(c, c.args[0].value, code(c.func.value)) for c in f.method_calls(SCALER, "step") if c.args]
         if not sites:
