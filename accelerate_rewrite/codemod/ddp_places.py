@@ -59,6 +59,8 @@ def places(f: ScriptFacts, d: "HandDDP", problem: Callable) -> None:
         if id(f.statement(node)) in removed:
             continue
         outer = f.parent(node)
+        if isinstance(outer, cst.AssignTarget):
+            continue  # ``os.environ["RANK"] = str(args.rank)``: written for a launcher, not read
         arg = outer if isinstance(outer, cst.Arg) else None
         call = f.parent(arg) if arg is not None else None
         if not (isinstance(call, cst.Call) and m.matches(call.func, m.Name("int")) and len(call.args) == 1):
