@@ -289,24 +289,33 @@ def test_the_script_named_alone_changes_the_modules_only_it_imports(tmp_path):
 
 
 def test_a_module_another_file_imports_changes_only_when_told(tmp_path):
-    """engine.py imported by another script (in a subfolder, inside a function, through a
-    module that imports it) would break it: not changed by default, and the reason names it;
-    --follow-imports changes it anyway."""
-    for other in ("tools/evaluate.py", "report.py"):
-        root = _engine_driver(tmp_path / other.replace("/", "_"))
-        (root / "tools").mkdir()
-        if other == "tools/evaluate.py":
-            (root / "helpers.py").write_text("import engine\n")
-        (root / other).write_text("def main():\n    from engine import train\n" if other == "report.py"
-                                  else "import helpers\n")
+    """engine.py's train_one_epoch read by another file (from a subfolder through a module that
+    imports it, inside a function, through the module read whole) would break it: not changed
+    by default, and the reason names the file; --follow-imports changes it anyway. A file that
+    reads only a name the rewrite leaves as it was does not hold it back."""
+    cases = {
+        "helpers": ({"helpers.py": "from engine import train_one_epoch\n", "tools/evaluate.py": "import helpers\n"},
+                    "helpers.py imports as well"),
+        "function": ({"report.py": "def main():\n    from engine import train_one_epoch\n"}, "report.py imports as well"),
+        "whole": ({"report.py": "import engine as E\nprint(E)\n"}, "report.py imports as well"),
+        "unchanged": ({"report.py": "import engine\nprint(engine.PRINT_FREQ)\n"}, None),
+    }
+    for case, (files, said_of) in cases.items():
+        root = _engine_driver(tmp_path / case)
+        (root / "engine.py").write_text((root / "engine.py").read_text() + "\n\nPRINT_FREQ = 2\n")
+        for name, text in files.items():
+            (root / name).parent.mkdir(exist_ok=True)
+            (root / name).write_text(text)
         before = (root / "train.py").read_text()
         alone = _cli("train.py", "--write", cwd=root)
         assert alone.exit_code == 0, alone.output
-        assert (root / "train.py").read_text() == before
         said = " ".join(alone.output.split())
+        if said_of is None:
+            assert "engine.py: rewritten (with train.py)" in said, said
+            continue
+        assert (root / "train.py").read_text() == before
         assert "it would change engine.py, which" in said and "(pass --follow-imports to change it anyway)" in said
-        assert ("helpers.py, tools/evaluate.py import as well" if other == "tools/evaluate.py"
-                else "report.py imports as well") in said, said
+        assert said_of in said, (case, said)
         followed = _cli("train.py", "--check", "--follow-imports", cwd=root)
         assert "Would rewrite: engine.py" in followed.output
 
@@ -543,3 +552,13 @@ def test_a_loss_scaler_class_trains_every_rank_as_before(work):
         assert logs[0].count("mean loss") == 8 and logs[1] == logs[0]
     saved = [torch.load(folder / "output" / "ckpt.pth") for folder in (original, rewritten)]
     assert all(torch.equal(saved[0][k], saved[1][k]) for k in saved[0])
+
+
+def test_changed_names_are_the_definitions_that_differ():
+    from accelerate_rewrite.codemod.siblings import changed_names
+
+    before = "import a\n\n\ndef f():\n    pass\n\n\nclass C:\n    pass\n\n\nX = 1\n"
+    assert changed_names(before, before.replace("def f():", "def f(fabric):") + "from b import c\n") == {"f"}
+    assert changed_names(before, before.replace("X = 1", "X = 2")) == {"X"}
+    assert changed_names(before, before + "print(X)\n") is None  # runs differently on import
+    assert changed_names(before, "def (") is None

@@ -383,8 +383,9 @@ def _rewrite(
             outputs.append(code)
             if code == unit.source:
                 continue
-            if unit.refusal is not None:
-                problems.append(unit.refusal)
+            why = unit.refusal(unit.source, code) if unit.refusal is not None else None
+            if why is not None:
+                problems.append(why)
                 continue
             found = check(unit.undefined, head_code, unit.first_read, unit.unbound)
             if not found and unit.tail:

@@ -45,6 +45,7 @@ from accelerate_rewrite.codemod.siblings import (  # noqa: F401
     Scope,
     _file,
     candidates,
+    changed_names,
     imported_modules,
     sys_path_folders,
 )
@@ -428,7 +429,8 @@ class Unit:
     #: a line of the analysed module -> (index of the unit that holds it, line in that file)
     where: Callable[[int], tuple[int, int]]
     index: int = 0
-    refusal: Optional[str] = None  # why this file may not change
+    #: why this file may not change as it would (given its text before and after), or None
+    refusal: Optional[Callable[[str, str], Optional[str]]] = None
     aliases: dict[str, str] = field(default_factory=dict)  # Part.aliases
     first_read: Callable[[str], Optional[int]] = lambda name: None
 
@@ -455,7 +457,8 @@ def units_of(facts: "ScriptFacts", project: Project, scope: Scope) -> list[Unit]
             view=part.module.with_changes(body=body),
             undefined={} if _all_names_resolve(part.head) else undefined_names(part.module),
             unbound=(part.head, maybe_unbound(part.head)), where=where, index=p,
-            refusal=scope.refusal(part.path) if p else None, aliases=part.aliases)
+            refusal=(lambda before, after, path=part.path: scope.refusal(path, changed_names(before, after)))
+            if p else None, aliases=part.aliases)
         unit.first_read = lambda name, u=unit: (lambda line: u.local(line) if line is not None else None)(
             facts.first_read(name))
         units.append(unit)

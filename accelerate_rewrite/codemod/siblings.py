@@ -233,12 +233,63 @@ def _imports_of(path: str, mtime_ns: int, size: int, root: str) -> frozenset[str
     return frozenset(out)
 
 
-def importers(root: Path, path: str, known: frozenset[str], script: str = "") -> Optional[list[Path]]:
+@lru_cache(maxsize=4096)
+def _names_used(path: str, mtime_ns: int, size: int, root: str, target: str) -> Optional[frozenset[str]]:
+    """The top-level names of the module ``target`` (resolved) that the file at ``path`` reads:
+    ``from utils import a, b`` -> a, b; ``import utils`` (or ``as u``, or ``from pkg import
+    utils``) -> the attributes read of it; None for all of them (``from utils import *``, the
+    module read otherwise than for an attribute, ``import pkg.utils`` read through ``pkg``)."""
+    tree = _parsed(path, mtime_ns, size)
+    if tree is None:
+        return None
+    folder = Path(path).parent
+    folders = [folder, *sys_path_folders(folder, tree), Path(root)]
+
+    def resolves(bases: list[Path], dotted: str) -> bool:
+        return any((found := _file(base, dotted)) is not None and os.path.realpath(found) == target
+                   for base in bases)
+
+    names: set[str] = set()
+    aliases: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if resolves(folders, alias.name):
+                    if alias.asname is None and "." in alias.name:
+                        return None
+                    aliases.add(alias.asname or alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            bases = folders if node.level == 0 else [folder.parents[node.level - 2]] \
+                if 2 <= node.level <= len(folder.parents) + 1 else [folder] if node.level == 1 else []
+            whole = bool(node.module) and resolves(bases, node.module)
+            for alias in node.names:
+                if whole:
+                    if alias.name == "*":
+                        return None
+                    names.add(alias.name)
+                elif resolves(bases, ".".join(p for p in (node.module, alias.name) if p)):
+                    aliases.add(alias.asname or alias.name)
+    if aliases:
+        read = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                and isinstance(n.value, ast.Name) and n.value.id in aliases}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Name) and n.id in aliases and id(n) not in read \
+                    and not isinstance(n.ctx, ast.Store):
+                return None
+            if isinstance(n, ast.Attribute) and id(n.value) in read:
+                names.add(n.attr)
+    return frozenset(names)
+
+
+def importers(root: Path, path: str, known: frozenset[str], script: str = "",
+              changed: Optional[frozenset[str]] = None) -> Optional[list[Path]]:
     """The Python files under ``root`` (its folders too, but hidden ones and environments) that
     import ``path`` (resolved), directly or through other files that do, besides ``known``
     (resolved: the script and the modules analysed with it); None when there are more than
     ``MAX_SCANNED`` files to read. What imports the ``script`` itself (resolved) is not counted:
-    the script changes by design (``import main as detection`` in a launcher)."""
+    the script changes by design (``import main as detection`` in a launcher). With ``changed``
+    (the top-level names whose definitions the rewrite changes), only the files that read one of
+    them (``_names_used``) count: the others run as before."""
     graph: dict[str, frozenset[str]] = {}
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _NOT_SCANNED)
@@ -253,6 +304,15 @@ def importers(root: Path, path: str, known: frozenset[str], script: str = "") ->
             except OSError:
                 continue
             graph[os.path.realpath(file)] = _imports_of(file, stat.st_mtime_ns, stat.st_size, str(root))
+    if changed is not None:
+        out = []
+        for file, imported in graph.items():
+            if path in imported and file not in known and file not in (path, script):
+                stat = os.stat(file)
+                used = _names_used(file, stat.st_mtime_ns, stat.st_size, str(root), path)
+                if used is None or used & changed:
+                    out.append(Path(file))
+        return sorted(out)
     users: set[str] = {script} if script else set()
     todo = [path]
     while todo:
@@ -262,6 +322,35 @@ def importers(root: Path, path: str, known: frozenset[str], script: str = "") ->
                 users.add(file)
                 todo.append(file)
     return sorted(Path(f) for f in users - known - {script})
+
+
+def changed_names(before: str, after: str) -> Optional[frozenset[str]]:
+    """The top-level names of a module whose definitions differ between ``before`` and
+    ``after`` (functions, classes, assigned names; an import added or gone changes none); None
+    when another top-level statement changes, or a text does not parse."""
+    def defined(text: str) -> Optional[tuple[dict[str, str], list[str]]]:
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            return None
+        named: dict[str, str] = {}
+        other: list[str] = []
+        for node in tree.body:
+            dump = ast.dump(node)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                named[node.name] = named.get(node.name, "") + dump
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and all(
+                    isinstance(t, ast.Name) for t in (node.targets if isinstance(node, ast.Assign) else [node.target])):
+                for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    named[t.id] = named.get(t.id, "") + dump
+            elif not isinstance(node, (ast.Import, ast.ImportFrom)):
+                other.append(dump)
+        return named, other
+
+    old, new = defined(before), defined(after)
+    if old is None or new is None or old[1] != new[1]:
+        return None
+    return frozenset(n for n in old[0].keys() | new[0].keys() if old[0].get(n) != new[0].get(n))
 
 
 @dataclass(frozen=True)
@@ -283,8 +372,9 @@ class Scope:
     known: frozenset[str] = frozenset()
     script: str = ""
 
-    def refusal(self, path: str) -> Optional[str]:
-        """Why ``path`` may not change, or None."""
+    def refusal(self, path: str, changed: Optional[frozenset[str]] = None) -> Optional[str]:
+        """Why ``path`` may not change, or None. ``changed``: the top-level names whose
+        definitions would change there (``changed_names``), when known."""
         if self.alone is not None:
             return f"it would change {path}, and {self.alone}"
         real = os.path.realpath(path)
@@ -297,7 +387,7 @@ class Scope:
         if not self.auto:
             return (f"it would change {path}, which is not among the paths given (name it too, or "
                     "pass --follow-imports)")
-        others = importers(Path(self.root), real, self.known | self.writable, self.script)
+        others = importers(Path(self.root), real, self.known | self.writable, self.script, changed)
         if others == []:
             return None
         if others is None:
