@@ -322,9 +322,13 @@ def test_a_module_another_file_imports_changes_only_when_told(tmp_path):
 
 def test_output_and_the_hook_keep_to_the_paths_given(tmp_path):
     root = _engine_driver(tmp_path)
+    engine = (root / "engine.py").read_text()
     result = _cli("train.py", "-o", "new.py", cwd=root)
     assert "engine.py, which is not among the paths given" in " ".join(result.output.split())
     assert (root / "new.py").read_text() == (root / "train.py").read_text() or not (root / "new.py").exists()
+    hooked = _cli("train.py", "--pre-commit", "--select", "ALL", "--backend", "fabric", "-v", cwd=root)
+    assert "engine.py, which is not among the paths given" in " ".join(hooked.output.split()), hooked.output
+    assert (root / "engine.py").read_text() == engine
 
 
 def test_follow_imports_from_the_configuration(tmp_path):
