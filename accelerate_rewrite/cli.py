@@ -256,8 +256,8 @@ def _options(values: dict):
 @click.option("--follow-imports/--no-follow-imports", default=None,
               help="Whether a script's rewrite may change the project's own modules it imports "
                    "(engine.py, utils.py next to it) that are not among the PATHs given "
-                   "[default: those that no other file under the script's folder imports; never "
-                   "with -o or --pre-commit].")
+                   "[default: those whose changed names no other file under the script's folder "
+                   "reads; never with -o or --pre-commit].")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, metavar="N",
               help="Processes to rewrite files with (the output keeps the order of the files) "
                    "[default: the number of cores].")

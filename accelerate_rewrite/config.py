@@ -12,7 +12,7 @@ table, found by walking up from the file's folder (as ruff does). Keys (dashes o
     follow-imports       true: the project's own modules a script imports may change with it
                          even when not among the paths given (as --follow-imports); false:
                          only the paths given change (as --no-follow-imports); unset: those
-                         that no other file under the script's folder imports
+                         whose changed names no other file under the script's folder reads
     [[tool.accelerate-rewrite.overrides]]
     paths = ["legacy/*.py"]   and any key above but exclude: for the files the globs match
 

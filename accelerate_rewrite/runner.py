@@ -563,8 +563,8 @@ def _summary_table(tally: Tally, report: Reporter) -> None:
 def projects(targets: Sequence[Target], settings: Settings) -> tuple[dict[Path, "Scope"], set[Path]]:
     """Which targets are scripts whose project's modules (codemod/project.py) are among the
     targets: each script's Scope (the targets may change with it, or any module with
-    ``--follow-imports``, or by default any that no other file under the script's folder
-    imports; a module that two scripts given import changes with neither), and the targets that
+    ``--follow-imports``, or by default any whose changed names no other file under the
+    script's folder reads; a module that two scripts given import changes with neither), and the targets that
     a script given imports (rewritten with it, not on their own)."""
     from accelerate_rewrite.codemod.siblings import Scope, candidates
 
@@ -605,7 +605,7 @@ def projects(targets: Sequence[Target], settings: Settings) -> tuple[dict[Path, 
             except Exception:  # noqa: BLE001 - a bad configuration: prepare() reports it
                 follow = None
         # not told either way: a module may change with the script when no other file under its
-        # folder imports it; never for -o (one file written) or the hook (the files staged)
+        # folder reads what changes; never for -o (one file written) or the hook (files staged)
         auto = follow is None and settings.mode is not Mode.OUTPUT and not settings.hook
         scopes[path] = Scope(writable=writable, follow=bool(follow), shared=shared, auto=auto,
                              root=os.path.commonpath([os.path.realpath(path.parent),

@@ -357,8 +357,8 @@ def changed_names(before: str, after: str) -> Optional[frozenset[str]]:
 class Scope:
     """Which of the project's own files a rewrite may change besides the script itself:
     ``writable`` (resolved paths), or any with ``follow`` (``--follow-imports``), or, with
-    ``auto`` (the default), any that no other file under the script's folder ``root`` imports
-    (``importers``; ``known``: the script and its modules, resolved); ``shared``: files that
+    ``auto`` (the default), any whose changed names no other file under the script's folder
+    ``root`` reads (``importers``; ``known``: the script and its modules, resolved); ``shared``: files that
     other scripts given import too (resolved path -> their names), never changed; ``alone``: why
     none may change."""
 
