@@ -12,9 +12,11 @@ of it, is run again; any other failure, or the same one three times, stands.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from accelerate_rewrite.verify.runner import GLOO_EXIT_ABORT
@@ -23,12 +25,33 @@ ATTEMPTS = 3
 
 
 def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
-    """``subprocess.run(cmd, capture_output=True, text=True, **kwargs)``, again on gloo's exit abort."""
-    for _ in range(ATTEMPTS):
+    """``subprocess.run(cmd, capture_output=True, text=True, **kwargs)``, again on gloo's exit abort,
+    each time from the folder ``cwd`` as it was before the first: the aborted run has written its
+    files already (a log opened for appending, a snapshot a second run would resume from)."""
+    cwd = kwargs.get("cwd")
+    saved = None
+    for attempt in range(ATTEMPTS):
+        if attempt and saved is not None:
+            _restore(Path(cwd), saved)
+        elif cwd is not None:
+            saved = Path(tempfile.mkdtemp(prefix="before-run-"))
+            shutil.copytree(cwd, saved / "tree")
         done = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
         if done.returncode == 0 or GLOO_EXIT_ABORT not in done.stderr + done.stdout:
             break
+    if saved is not None:
+        shutil.rmtree(saved, ignore_errors=True)
     return done
+
+
+def _restore(folder: Path, saved: Path) -> None:
+    """``folder`` as it was saved: what a run wrote there goes."""
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    shutil.copytree(saved / "tree", folder, dirs_exist_ok=True)
 
 
 def free_port() -> str:

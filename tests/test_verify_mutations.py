@@ -62,6 +62,11 @@ BAD = {
     # issue 17: a mixed precision that did not run in the training step
     "bad_autocast_disabled": ("good_amp16", 'torch.autocast("cpu", dtype=torch.float16)',
                               'torch.autocast("cpu", dtype=torch.float16, enabled=False)'),
+    # issue 27.2: zero_grad() moved between the backward and the step: no gradient is applied
+    "bad_zero_grad_moved": ("good_amp16", "            scaler.scale(loss).backward()\n            scaler.step(optimizer)\n"
+                            "            scaler.update()\n            optimizer.zero_grad()\n",
+                            "            scaler.scale(loss).backward()\n            optimizer.zero_grad()\n"
+                            "            scaler.step(optimizer)\n            scaler.update()\n"),
     # --freeze body: a rewrite that forgot to freeze, and one that froze the head too
     "bad_freeze_forgotten": ("good_fabric", "    model = MLP()\n", "    model = MLP()\n"),
     "bad_freeze_too_much": ("good_fabric", "    model = MLP()\n", "    model = MLP()\n"
@@ -228,6 +233,10 @@ def test_a_planted_bug_is_flagged(case, verified):
         # the GradScaler ran, autocast did not: no training step's graph holds a float16 tensor
         assert v.rewritten.step_half_dtypes == [[]] * 12
         assert "16-mixed was asked for" in reason
+    elif case == "bad_zero_grad_moved":
+        # the model never trains; said at the first step, whatever the losses show
+        assert reason.startswith("the rewritten script applied no gradient at step 1"), reason
+        assert v.rewritten.no_grad_steps == list(range(1, 13))
     elif case == "bad_freeze_forgotten":
         assert "4 of the 4 parameters it names changed during training" in reason
     elif case == "bad_freeze_too_much":

@@ -360,3 +360,63 @@ def test_a_claim_check_on_other_data_does_not_hold_the_first_step_to_the_origina
                 claims=Claims(freeze=("embeddings",), unchecked=("2 processes, each with its share of the data",)))
     assert v.verdict == NOT_COMPARED, v.reason
     assert "checked: the 1 parameters --freeze names are bitwise unchanged, the other 1 moved" in v.reason
+
+
+def test_a_step_that_applies_no_gradient_fails_whatever_the_precision_hides():
+    """Issue 27.2: a zero_grad() moved between the backward and the step leaves no gradient at
+    step time; the losses of a slowly moving bf16 run stay within tolerance, and the gradient
+    figure used to be skipped. It is a finding now, at the first such step; a GradScaler's
+    skipped step is not one."""
+    approximate = Tolerance(kind=APPROXIMATE, mean_rel=2e-2, last_rel=5e-2)
+    nudged = [x * 1.001 for x in LOSSES]
+    untrained = _run("rewritten", nudged, [None] * len(LOSSES), no_grad_steps=list(range(1, len(LOSSES) + 1)))
+    verdict = compare(_run(), untrained, approximate)
+    assert verdict.verdict == FAIL
+    assert verdict.reason.startswith("the rewritten script applied no gradient at step 1 (the original's norm 1)")
+    zeroed = compare(_run(), _run("rewritten", nudged, [0.0] * len(LOSSES)), approximate)
+    assert zeroed.verdict == FAIL and "every gradient was zero" in zeroed.reason
+    skipped = _run("rewritten", nudged, [None] + NORMS[1:], skipped_steps=[1])
+    assert compare(_run(), skipped, approximate).verdict == PASS
+    lbfgs = compare(_run(norms=[None] + NORMS[1:], no_grad_steps=[1]),
+                    _run("rewritten", nudged, [None] + NORMS[1:], no_grad_steps=[1]), approximate)
+    assert lbfgs.verdict == PASS
+
+
+def test_gradients_measured_before_clipping_are_compared():
+    """Issue 27.3: both runs clip to 1.0, so the applied norms agree; the norm each clip measured
+    first shows a changed gradient (zero_grad() removed: gradients pile up), exactly at 32-true
+    and on average under a mixed precision."""
+    clipped = [1.0] * len(LOSSES)
+    measured = [3.0, 2.5, 2.0, 1.8, 1.6, 1.5]
+    piled = [3.0, 5.4, 7.1, 8.8, 10.2, 11.5]
+    original = _run(norms=clipped, clip_norms=measured)
+    exact = compare(original, _run("rewritten", norms=clipped, clip_norms=piled), Tolerance(kind=EXACT))
+    assert exact.verdict == FAIL
+    assert exact.reason.startswith("the gradient measured before clipping at step 2 differs: norm 5.4 "
+                                   "instead of 2.5"), exact.reason
+    nudged = [x * 1.001 for x in LOSSES]
+    approximate = compare(original, _run("rewritten", nudged, clipped, clip_norms=piled), Tolerance(kind=APPROXIMATE))
+    assert approximate.verdict == FAIL and "before clipping at step 2" in approximate.reason
+    same = compare(original, _run("rewritten", norms=clipped, clip_norms=measured), Tolerance(kind=EXACT))
+    assert same.verdict == PASS and "and before clipping" in same.reason
+
+
+def test_a_verdict_that_compared_nothing_shows_no_limits():
+    """Issue 27.4: NOT COMPARED shows the figures side by side, without an "(allowed ...)"
+    beside figures nothing held to it; a PASS shows its limits."""
+    from rich.console import Console
+
+    from accelerate_rewrite.verify.report import render
+    from accelerate_rewrite.verify.session import Verification
+
+    original, rewritten = _run(), _run("rewritten", [x * 1.5 for x in LOSSES])
+    changed = compare(original, rewritten, Tolerance(kind=CHANGES_TRAINING), claims=Claims(basis=EXACT))
+    passed = compare(original, _run("rewritten"), Tolerance(kind=EXACT))
+    shown = {}
+    for name, verdict in (("changed", changed), ("passed", passed)):
+        console = Console(record=True, width=160)
+        render(console, Verification(Path("train.py"), Options.create(), verdict, original,
+                                     _run("rewritten") if name == "passed" else rewritten))
+        shown[name] = console.export_text()
+    assert changed.verdict == "not-compared" and "(allowed" not in shown["changed"], shown["changed"]
+    assert "(allowed 1e-05)" in shown["passed"]

@@ -120,6 +120,22 @@ def _precision_problem(requested: Optional[str], run: RunRecord) -> Optional[str
             "reported for a precision that did not run")
 
 
+def _unapplied(original: RunRecord, rewritten: RunRecord, n: int) -> Optional[str]:
+    """A step of the rewritten run that applies no gradient where the original's applied one: not
+    a figure to skip, whatever the precision hides in the losses (a ``zero_grad()`` moved between
+    the backward and the step leaves the model untrained)."""
+    for i in range(min(n, len(original.grad_norms), len(rewritten.grad_norms))):
+        before, after = original.grad_norms[i], rewritten.grad_norms[i]
+        if not before or (i + 1) in original.no_grad_steps:
+            continue
+        if (i + 1) in rewritten.no_grad_steps or after == 0.0:
+            what = ("no parameter had a gradient when the optimizer stepped" if after is None
+                    else "every gradient was zero when the optimizer stepped")
+            return (f"the rewritten script applied no gradient at step {i + 1} (the original's norm "
+                    f"{before:.4g}): {what} (a zero_grad() between the backward and the step?)")
+    return None
+
+
 def _steps_text(steps: list[int]) -> str:
     shown = ", ".join(str(s) for s in steps[:5])
     return shown + (f" and {len(steps) - 5} more" if len(steps) > 5 else "")
@@ -144,12 +160,37 @@ def _evidence_problem(requested: Optional[str], original: RunRecord, rewritten: 
     return None
 
 
+def _step_diffs(before: list[Optional[float]], after: list[Optional[float]]) -> list[tuple[int, float]]:
+    """(step index, relative difference) of the steps where both runs have the figure."""
+    return [(i, abs(a - b) / max(abs(b), 1e-12)) for i, (b, a) in enumerate(zip(before, after))
+            if a is not None and b is not None]
+
+
+def _clip_problem(original: RunRecord, rewritten: RunRecord, clip_diffs: list[tuple[int, float]],
+                  allowed: float, flag: str) -> Optional[str]:
+    """The first step whose gradient, measured by the clip before it clipped, differs: clipped to
+    the same norm, the applied gradients can't show it (issue 27.3)."""
+    i = next((i for i, d in clip_diffs if d > allowed), None)
+    if i is None:
+        return None
+    d = dict(clip_diffs)[i]
+    return (f"the gradient measured before clipping at step {i + 1} differs: norm "
+            f"{rewritten.clip_norms[i]:.6g} instead of {original.clip_norms[i]:.6g} (relative {d:.2e}, "
+            f"allowed {allowed:g}: {flag}); clipped to the same limit, the applied gradients look "
+            "alike, but the step's gradient changed (gradients left from the previous step, a loss "
+            "scaled differently)")
+
+
 def _exact_problem(original: RunRecord, rewritten: RunRecord, diffs, grad_diffs,
-                   tolerance: Tolerance) -> Optional[str]:
+                   tolerance: Tolerance, clip_diffs: list[tuple[int, float]] = ()) -> Optional[str]:
     """The first step where the losses or the applied gradients part ways (whichever is first:
-    a lost zero_grad changes the gradient of step 2 and the loss only from step 3)."""
+    a lost zero_grad changes the gradient of step 2 and the loss only from step 3), or the
+    gradients measured before clipping."""
     first = next((i for i, d in enumerate(diffs) if d > tolerance.max_rel), None)
     first_grad = next((i for i, d in enumerate(grad_diffs) if d > tolerance.max_rel), None)
+    first_clip = next((i for i, d in clip_diffs if d > tolerance.max_rel), None)
+    if first_clip is not None and all(x is None or first_clip < x for x in (first, first_grad)):
+        return _clip_problem(original, rewritten, clip_diffs, tolerance.max_rel, "--rtol")
     if first_grad is not None and (first is None or first_grad < first):
         losses = ("the losses agree" if first is None else
                   f"the losses agree until step {first}")
@@ -168,7 +209,7 @@ def _exact_problem(original: RunRecord, rewritten: RunRecord, diffs, grad_diffs,
 
 
 def _approximate_problem(original: RunRecord, rewritten: RunRecord, comparison: dict, tolerance: Tolerance,
-                         n: int) -> tuple[Optional[str], str]:
+                         n: int, clip_diffs: list[tuple[int, float]] = ()) -> tuple[Optional[str], str]:
     """(why the approximate comparison fails, or None; what it measured)."""
     tail = max(1, n // 10)
     last_before = sum(original.losses[n - tail:n]) / tail
@@ -178,6 +219,10 @@ def _approximate_problem(original: RunRecord, rewritten: RunRecord, comparison: 
     mean_rel = comparison["mean_rel_diff"]
     mean_grad = comparison["mean_grad_norm_rel_diff"]
     precision = rewritten.precision
+    mean_clip = comparison.get("mean_clip_norm_rel_diff")
+    if mean_clip is not None and mean_clip > tolerance.grad_rel:
+        return _clip_problem(original, rewritten, [(i, d) for i, d in clip_diffs if d > tolerance.grad_rel],
+                             tolerance.grad_rel, f"--grad-rtol; {mean_clip:.2e} on average over the steps"), ""
     if mean_grad is not None and mean_grad > tolerance.grad_rel:
         return (f"the gradients the steps apply differ by {mean_grad:.2e} on average (norms; max "
                 f"{comparison['max_grad_norm_rel_diff']:.2e}), over the {tolerance.grad_rel:g} allowed for "
@@ -329,6 +374,7 @@ def compare(
     n = min(len(original.losses), len(rewritten.losses))
     diffs = rel_diffs(original.losses[:n], rewritten.losses[:n])
     grad_diffs = rel_diffs(original.grad_norms[:n], rewritten.grad_norms[:n])
+    clip_diffs = _step_diffs(original.clip_norms[:n], rewritten.clip_norms[:n])
     warmup = tolerance.warmup_steps if tolerance.warmup_steps is not None else max(1, n // 10)
     t_before = _median_time(original.step_times_s, warmup)
     t_after = _median_time(rewritten.step_times_s, warmup)
@@ -344,6 +390,8 @@ def compare(
         if original.peak_memory_bytes and rewritten.peak_memory_bytes else None,
         max_grad_norm_rel_diff=max(grad_diffs) if grad_diffs else None,
         mean_grad_norm_rel_diff=sum(grad_diffs) / len(grad_diffs) if grad_diffs else None,
+        max_clip_norm_rel_diff=max(d for _, d in clip_diffs) if clip_diffs else None,
+        mean_clip_norm_rel_diff=sum(d for _, d in clip_diffs) / len(clip_diffs) if clip_diffs else None,
         warmup_steps=warmup,
     )
     missing = [i for i in range(n) if original.losses[i] is not None and rewritten.losses[i] is None]
@@ -354,6 +402,9 @@ def compare(
     if bad:
         return verdict(FAIL, f"the {rewritten.label} run's loss is {rewritten.losses[bad[0]]} at step "
                              f"{bad[0] + 1}")
+    why = _unapplied(original, rewritten, n)
+    if why is not None:
+        return verdict(FAIL, why)
     problem = _evidence_problem(requested_precision, original, rewritten, n)
     if problem is not None:
         return verdict(NOT_VERIFIED, problem)
@@ -368,10 +419,11 @@ def compare(
             return (f"the rewritten script stopped after {len(rewritten.losses)} steps, "
                     f"the original ran {len(original.losses)}"), ""
         if basis == EXACT:
-            why = _exact_problem(original, rewritten, diffs, grad_diffs, tolerance)
+            why = _exact_problem(original, rewritten, diffs, grad_diffs, tolerance, clip_diffs)
+            clipped = ", and before clipping" if clip_diffs else ""
             return why, (f"identical within {tolerance.max_rel:g} relative at every one of {n} steps "
-                         "(losses and gradient norms)")
-        return _approximate_problem(original, rewritten, comparison, tolerance, n)
+                         f"(losses and gradient norms{clipped})")
+        return _approximate_problem(original, rewritten, comparison, tolerance, n, clip_diffs)
 
     if tolerance.kind == CHANGES_TRAINING:
         checked, unchecked = [], list(claims.unchecked)

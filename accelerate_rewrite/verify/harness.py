@@ -111,6 +111,8 @@ class Recorder:
         self.last_time: Optional[float] = None
         self.backward_calls = 0
         self.grad_norm: Optional[float] = None
+        self.no_grad = False  # the step about to run has parameters but no gradient
+        self.clip_norm: Optional[float] = None  # the norm the last clip measured, before clipping
         self._stepped = False
         self.autocast: list[list] = []  # [device_type, dtype, enabled]
         self.grad_scaler: list[list] = []  # [device, enabled]
@@ -173,6 +175,7 @@ class Recorder:
         self._hook_autocast(torch)
         self._hook_grad_scaler(torch)
         self._hook_distributed_sampler(torch)
+        self._hook_clip(torch)
 
     def _wrap_backward(self, fn):
         recorder = self
@@ -190,6 +193,28 @@ class Recorder:
         backward.__wrapped__ = fn
         backward.__doc__ = fn.__doc__
         return backward
+
+    def _hook_clip(self, torch) -> None:
+        """The norm each clip measured before it clipped (what ``clip_grad_norm_`` returns;
+        ``fabric.clip_gradients`` calls it too): clipped, two runs apply gradients of the same
+        norm whatever they computed, so the step records this one as well."""
+        import torch.nn.utils.clip_grad as clip_grad
+
+        recorder = self
+        original = clip_grad.clip_grad_norm_
+
+        def clip_grad_norm_(*args, **kwargs):
+            total = original(*args, **kwargs)
+            try:
+                recorder.clip_norm = float(total)
+            except (TypeError, ValueError, RuntimeError):
+                recorder.clip_norm = None
+            return total
+
+        clip_grad_norm_.__wrapped__ = original
+        clip_grad_norm_.__doc__ = original.__doc__
+        clip_grad.clip_grad_norm_ = clip_grad_norm_
+        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
 
     def _hook_autocast(self, torch) -> None:
         recorder = self
@@ -320,6 +345,10 @@ class Recorder:
             self.params_start = self._fingerprints()
         grads = [p.grad.detach().float() for group in optimizer.param_groups
                  for p in group["params"] if getattr(p, "grad", None) is not None]
+        # parameters, none with a gradient: the step applies nothing (a zero_grad(set_to_none)
+        # between the backward and the step); DeepSpeed keeps its gradients elsewhere
+        self.no_grad = not grads and any(group["params"] for group in optimizer.param_groups) \
+            and not type(optimizer).__module__.startswith("deepspeed")
         if grads:
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
             self.grad_norm = float(norm.item())
@@ -348,6 +377,11 @@ class Recorder:
             self.step_dtypes = set()
         if skipped:
             entry["skipped"] = True
+        elif self.no_grad:
+            entry["no_grad"] = True
+        if self.clip_norm is not None:
+            entry["clip_norm"] = self.clip_norm
+            self.clip_norm = None
         if index == 0:
             entry["time_s"] = now - (self.last_time if self.last_time is not None else now)
             self.last_time = now

@@ -50,6 +50,10 @@ class RunRecord:
     losses: list[Optional[float]] = field(default_factory=list)  # per step of the first optimizer
     grad_norms: list[Optional[float]] = field(default_factory=list)  # the gradient each step applied
     skipped_steps: list[int] = field(default_factory=list)  # steps a GradScaler skipped (1-based)
+    #: per step, the gradient norm a clip measured before it clipped (None: no clip)
+    clip_norms: list[Optional[float]] = field(default_factory=list)
+    #: steps whose optimizer had parameters but not one gradient when it stepped (1-based)
+    no_grad_steps: list[int] = field(default_factory=list)
     other_losses: list[list[Optional[float]]] = field(default_factory=list)  # further optimizers
     step_times_s: list[float] = field(default_factory=list)
     peak_memory_bytes: int = 0
@@ -130,6 +134,8 @@ class RunRecord:
             "losses": self.losses,
             "grad_norms": self.grad_norms,
             "skipped_steps": self.skipped_steps,
+            "no_grad_steps": self.no_grad_steps,
+            "clip_norms": self.clip_norms,
             "other_optimizers_losses": self.other_losses,
             "step_times_s": self.step_times_s,
             "median_step_time_s": median(self.step_times_s) if self.step_times_s else None,
@@ -364,6 +370,8 @@ def _merge(record: RunRecord, out_dir: Path) -> None:
     record.losses = [_mean([r["steps"][i]["loss"] for r in ranks]) for i in range(steps)]
     record.grad_norms = [_mean([r["steps"][i].get("grad_norm") for r in ranks]) for i in range(steps)]
     record.skipped_steps = [i + 1 for i in range(steps) if main["steps"][i].get("skipped")]
+    record.clip_norms = [_mean([r["steps"][i].get("clip_norm") for r in ranks]) for i in range(steps)]
+    record.no_grad_steps = [i + 1 for i in range(steps) if all(r["steps"][i].get("no_grad") for r in ranks)]
     record.step_times_s = [max(r["steps"][i]["time_s"] for r in ranks) for i in range(steps)]
     record.other_losses = main["other_optimizers"]
     record.peak_memory_bytes = max(r["peak_memory_bytes"] for r in ranks)
