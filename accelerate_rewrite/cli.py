@@ -526,7 +526,8 @@ def verify_command(script, option_values, against, steps,
             _fail("--plot needs matplotlib: pip install 'accelerate-rewrite[plot]'")
     console = make_console(stderr=True)
     status = None if quiet else console.status("starting", spinner="dots")
-    labels = {"original": f"running the original {script}", "rewritten": "running the rewritten script"}
+    labels = {"original": f"running the original {script}", "rewritten": "running the rewritten script",
+              "structure": "running the rewritten script at 32-true (its structure)"}
 
     def on_start(label: str) -> None:
         if status is not None:

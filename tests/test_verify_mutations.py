@@ -63,10 +63,11 @@ BAD = {
     "bad_autocast_disabled": ("good_amp16", 'torch.autocast("cpu", dtype=torch.float16)',
                               'torch.autocast("cpu", dtype=torch.float16, enabled=False)'),
     # issue 27.2: zero_grad() moved between the backward and the step: no gradient is applied
-    "bad_zero_grad_moved": ("good_amp16", "            scaler.scale(loss).backward()\n            scaler.step(optimizer)\n"
-                            "            scaler.update()\n            optimizer.zero_grad()\n",
-                            "            scaler.scale(loss).backward()\n            optimizer.zero_grad()\n"
-                            "            scaler.step(optimizer)\n            scaler.update()\n"),
+    # (under a GradScaler it fails loudly: "No inf checks were recorded for this optimizer")
+    "bad_zero_grad_moved": ("good_fabric", "            fabric.backward(loss)\n            optimizer.step()\n"
+                            "            optimizer.zero_grad()\n",
+                            "            fabric.backward(loss)\n            optimizer.zero_grad()\n"
+                            "            optimizer.step()\n"),
     # --freeze body: a rewrite that forgot to freeze, and one that froze the head too
     "bad_freeze_forgotten": ("good_fabric", "    model = MLP()\n", "    model = MLP()\n"),
     "bad_freeze_too_much": ("good_fabric", "    model = MLP()\n", "    model = MLP()\n"
@@ -235,7 +236,7 @@ def test_a_planted_bug_is_flagged(case, verified):
         assert "16-mixed was asked for" in reason
     elif case == "bad_zero_grad_moved":
         # the model never trains; said at the first step, whatever the losses show
-        assert reason.startswith("the rewritten script applied no gradient at step 1"), reason
+        assert "the rewritten script applied no gradient at step 1" in reason, reason
         assert v.rewritten.no_grad_steps == list(range(1, 13))
     elif case == "bad_freeze_forgotten":
         assert "4 of the 4 parameters it names changed during training" in reason

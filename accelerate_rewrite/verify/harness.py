@@ -97,6 +97,10 @@ class Recorder:
         self.trace_precision: Any = config.get("trace_precision") or False
         #: a fingerprint of every parameter of the model before the first step and at the end
         self.track_params: bool = bool(config.get("track_params"))
+        #: the structure run (issue 27.1): every autocast and GradScaler switched off (Fabric's
+        #: precision is set to 32-true by the verifier, LT_PRECISION), so that what is left of the
+        #: rewrite is compared with the original exactly
+        self.force_fp32: bool = bool(config.get("force_fp32"))
         self.step_dtypes: set[str] = set()
         self.graph_nodes = 0  # the most autograd nodes walked for one loss
         self.params: Optional[dict[str, Any]] = None  # name -> the parameter tensor
@@ -220,6 +224,18 @@ class Recorder:
         recorder = self
         cls = torch.amp.autocast_mode.autocast
         original = cls.__enter__
+        if self.force_fp32:
+            original_init = cls.__init__
+
+            def __init__(self_, *args, **kwargs):
+                # (device_type, dtype=None, enabled=True, cache_enabled=None)
+                if len(args) >= 3:
+                    args = (*args[:2], False, *args[3:])
+                else:
+                    kwargs["enabled"] = False
+                original_init(self_, *args, **kwargs)
+
+            cls.__init__ = __init__
 
         def __enter__(self_):
             result = original(self_)
@@ -255,6 +271,11 @@ class Recorder:
         original_init, original_scale = cls.__init__, cls.scale
 
         def __init__(self_, *args, **kwargs):
+            if recorder.force_fp32:  # (device, init_scale, growth_factor, backoff_factor, growth_interval, enabled)
+                if len(args) >= 6:
+                    args = (*args[:5], False, *args[6:])
+                else:
+                    kwargs["enabled"] = False
             original_init(self_, *args, **kwargs)
             entry = [str(getattr(self_, "_device", "cuda")), bool(self_.is_enabled())]
             if entry not in recorder.grad_scaler:

@@ -269,13 +269,14 @@ def run_script(
     seed: int = 0,
     trace_precision: Union[bool, str] = False,  # or the half dtype asked for
     track_params: bool = False,
+    force_fp32: bool = False,  # every autocast and GradScaler off (the structure run)
 ) -> RunRecord:
     """Run ``python script args`` under the harness and return what it recorded."""
     record = RunRecord(label=label)
     out_dir = Path(tempfile.mkdtemp(prefix="accelerate-rewrite-verify-"))
     try:
         config = {"out_dir": str(out_dir), "max_steps": max_steps, "seed": seed, "threads": threads,
-                  "trace_precision": trace_precision, "track_params": track_params}
+                  "trace_precision": trace_precision, "track_params": track_params, "force_fp32": force_fp32}
         run_env = dict(os.environ if env is None else env)
         run_env[CONFIG_ENV] = json.dumps(config)
         run_env["PYTHONPATH"] = os.pathsep.join(

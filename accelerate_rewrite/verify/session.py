@@ -21,7 +21,9 @@ from accelerate_rewrite.verify.compare import (
     HALF,
     CHANGES_TRAINING,
     EXACT,
+    FAIL,
     NOT_VERIFIED,
+    PASS,
     Claims,
     Tolerance,
     Verdict,
@@ -97,6 +99,39 @@ def claims_for(options: Options, changing_rules: Sequence[str], processes: int,
              or "approximate" in rule_kinds else EXACT)
     return _Claims(basis=basis, freeze=tuple(options.freeze), clip_grad_norm=options.clip_grad_norm,
                    unchecked=tuple(unchecked))
+
+
+#: the mixed precisions whose every trace the verifier can switch off from outside: Fabric's
+#: precision (LT_PRECISION), every torch.autocast, every GradScaler
+STRUCTURE_PRECISIONS = ("16-mixed", "bf16-mixed")
+STRUCTURE_LABEL = "rewritten at 32-true"
+#: the rules whose changes are the precision itself: Fabric(precision=...), torch.autocast, the
+#: GradScaler; what they write is switched off in the structure run
+PRECISION_RULES = ("AR101", "AR207", "AR208")
+
+
+def _with_structure(precision: Verdict, structure: Verdict, run: RunRecord, notes: list[str]) -> Verdict:
+    """The verdict of a mixed-precision verification with its structure run: the rewrite with its
+    precision switched off must match the original exactly (what bf16's noise would hide is in
+    the structure), and then its precision run is judged as before."""
+    precision.comparison["structure"] = {"verdict": structure.verdict, "reason": structure.reason,
+                                         "max_rel_diff": structure.comparison.get("max_rel_diff"),
+                                         "max_grad_norm_rel_diff": structure.comparison.get("max_grad_norm_rel_diff")}
+    if structure.verdict == FAIL:
+        also = (f"; and the precision run: {precision.label}: {precision.reason}"
+                if precision.verdict not in (PASS, FAIL) else "")
+        return Verdict(FAIL, f"structure: the rewrite run at 32-true (its precision switched off by the "
+                             f"verifier) does not train as the original: {structure.reason}{also}",
+                       precision.comparison)
+    if structure.verdict != PASS:
+        notes.append(f"the structure run at 32-true was not compared ({structure.label}: {structure.reason})")
+        return precision
+    if precision.verdict == PASS:
+        steps = structure.comparison.get("steps")
+        return Verdict(PASS, f"structure: exact at 32-true (the rewrite with its precision switched off: "
+                             f"losses and gradient norms within {structure.comparison['tolerance']['max_rel']:g} "
+                             f"at every one of {steps} steps); precision: {precision.reason}", precision.comparison)
+    return precision
 
 
 def _load() -> float:
@@ -192,6 +227,7 @@ def verify(
         raise VerifyError(str(exc)) from None
     notes: list[str] = []
     rule_kinds: list[str] = []
+    structure_kinds: set[str] = set()
     changing_rules: list[str] = []
     if against is not None:
         if not Path(against).is_file():
@@ -212,6 +248,10 @@ def verify(
             raise VerifyError(f"{script}: the rewrite changes nothing ({reasons}): nothing to verify")
         rewritten_source = result.output
         changes = [n for one in (result, *members) for n in one.changes]
+        # what the changes are once the verifier switches the precision off: those of the rules
+        # that write it (Fabric's precision, autocast, the GradScaler) keep the math then
+        structure_kinds = {n.kind_with(options).value for n in changes
+                           if n.rule in BY_CODE and n.rule not in PRECISION_RULES}
         rule_kinds = sorted({n.kind_with(options).value for n in changes if n.rule in BY_CODE})
         changing_rules = sorted({f"{n.rule} ({BY_CODE[n.rule].name})" for n in changes
                                  if n.rule in BY_CODE and n.rule not in _OPTION_RULES
@@ -261,6 +301,12 @@ def verify(
     common = dict(max_steps=steps, cwd=Path.cwd(), timeout=timeout, python=python, threads=threads,
                   track_params=bool(options.freeze))
     traced = dict(trace_precision=HALF.get(options.precision or "", False))
+    # the structure run (issue 27.1): a mixed precision whose rewrite keeps the math otherwise
+    # runs once more with its precision switched off, and that run is held to the original exactly
+    structural = (kind == APPROXIMATE and options.precision in STRUCTURE_PRECISIONS
+                  and not _approximate_options(options) and APPROXIMATE not in structure_kinds
+                  and CHANGES_TRAINING not in structure_kinds)
+    structure: Optional[RunRecord] = None
     load = _load()
     on_start("original")
     original = run_script(script, script_args, label="original", env=env, **common)
@@ -270,6 +316,10 @@ def verify(
     elif against is not None:  # the user's own file, run where it is
         on_start("rewritten")
         rewritten = run_script(Path(against), script_args, label="rewritten", env=rewritten_env, **common, **traced)
+        if structural and rewritten.ok:
+            on_start("structure")
+            structure = run_script(Path(against), script_args, label=STRUCTURE_LABEL,
+                                   env={**rewritten_env, "LT_PRECISION": "32-true"}, force_fp32=True, **common)
     else:
         on_start("rewritten")
         with (_rewritten_project(script, rewritten_source, members) if members
@@ -279,6 +329,10 @@ def verify(
                     filter(None, [str(script.resolve().parent), rewritten_env.get("PYTHONPATH")]))
             rewritten = run_script(rewritten_path, script_args, label="rewritten", env=rewritten_env,
                                    **common, **traced)
+            if structural and rewritten.ok:
+                on_start("structure")
+                structure = run_script(rewritten_path, script_args, label=STRUCTURE_LABEL,
+                                       env={**rewritten_env, "LT_PRECISION": "32-true"}, force_fp32=True, **common)
         if rewritten.error:
             rewritten.error = rewritten.error.replace(str(rewritten_path), f"{script} (rewritten)")
 
@@ -287,6 +341,9 @@ def verify(
         claims = claims_for(options, changing_rules, rewritten.world_size, rule_kinds)
         tol = replace(tol, kind=CHANGES_TRAINING)
     verdict = compare(original, rewritten, tol, requested_precision=options.precision, claims=claims)
+    if structure is not None:
+        verdict = _with_structure(verdict, compare(original, structure, replace(tol, kind=EXACT)),
+                                  structure, notes)
     verdict.comparison.update(load_average=max(load, _load()), cores=os.cpu_count())
     if substituted is not None and verdict.verdict not in ("error",):
         verdict = Verdict(NOT_VERIFIED, f"{substituted}; with ddp: {verdict.label}: "
