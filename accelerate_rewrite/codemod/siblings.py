@@ -198,6 +198,16 @@ MAX_SCANNED = 2000
 _NOT_SCANNED = frozenset({"__pycache__", "site-packages", "node_modules", "venv", "env", "build", "dist"})
 
 
+def _bases(folder: Path, folders: list[Path], level: int) -> list[Path]:
+    """Where ``from ... import`` of this ``level`` looks: the script's import folders (level 0),
+    its own folder (``from . import``), a parent (``from .. import``)."""
+    if level == 0:
+        return folders
+    if level == 1:
+        return [folder]
+    return [folder.parents[level - 2]] if level - 2 < len(folder.parents) else []
+
+
 @lru_cache(maxsize=4096)
 def _imports_of(path: str, mtime_ns: int, size: int, root: str) -> frozenset[str]:
     """The resolved files of the project's modules that the file at ``path`` imports anywhere in
@@ -224,8 +234,7 @@ def _imports_of(path: str, mtime_ns: int, size: int, root: str) -> frozenset[str
             for alias in node.names:
                 add(folders, alias.name)
         elif isinstance(node, ast.ImportFrom):
-            bases = folders if node.level == 0 else [folder.parents[node.level - 2]] \
-                if 2 <= node.level <= len(folder.parents) + 1 else [folder] if node.level == 1 else []
+            bases = _bases(folder, folders, node.level)
             for alias in node.names:
                 dotted = ".".join(p for p in (node.module, alias.name) if p and p != "*")
                 if dotted:
@@ -259,8 +268,7 @@ def _names_used(path: str, mtime_ns: int, size: int, root: str, target: str) -> 
                         return None
                     aliases.add(alias.asname or alias.name)
         elif isinstance(node, ast.ImportFrom):
-            bases = folders if node.level == 0 else [folder.parents[node.level - 2]] \
-                if 2 <= node.level <= len(folder.parents) + 1 else [folder] if node.level == 1 else []
+            bases = _bases(folder, folders, node.level)
             whole = bool(node.module) and resolves(bases, node.module)
             for alias in node.names:
                 if whole:

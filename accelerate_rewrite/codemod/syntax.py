@@ -152,7 +152,7 @@ def passes_through(module: cst.Module) -> frozenset[str]:
                              isinstance(x, cst.Expr) and x.value is yields[0] for x in st.body)
                              for st in loop.body.body)
                          and not m.findall(loop.body, m.Continue() | m.Break())]
-                written = [n for n in m.findall(func.body, m.AssignTarget(target=m.Name(name) | m.Name(first)))]
+                written = m.findall(func.body, m.AssignTarget(target=m.Name(name) | m.Name(first)))
                 ok = len(loops) == 1 and not written and not any(
                     r.value is not None for r in m.findall(func.body, m.Return()))
         found[func.name.value] = found.get(func.name.value, True) and ok
