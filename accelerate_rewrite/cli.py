@@ -449,6 +449,17 @@ def explain_command(code: str) -> None:
             console.print(example.before, markup=False)
 
 
+def _tolerance(rtol, mean_rtol, last_rtol, grad_rtol, noise_multiple, warmup_steps):
+    """The verifier's tolerances: the approximate ones the user set are kept as set, the others
+    are measured where a noise run can be made (``compare.measured``)."""
+    from accelerate_rewrite.verify.compare import Tolerance
+
+    given = {"mean_rel": mean_rtol, "last_rel": last_rtol, "grad_rel": grad_rtol}
+    given = {k: v for k, v in given.items() if v is not None}
+    return Tolerance(max_rel=rtol, warmup_steps=warmup_steps, noise_multiple=noise_multiple,
+                     fixed=tuple(given), **given)
+
+
 @cli.command(
     "verify", context_settings=CONTEXT_SETTINGS,
     short_help="Run the original and the rewritten script side by side, and compare.",
@@ -468,12 +479,18 @@ def explain_command(code: str) -> None:
               help="Seconds each run may take; then its whole process group is killed.")
 @click.option("--rtol", type=float, default=1e-5, show_default=True,
               help="Rewrites that keep the math: largest relative difference of any step.")
-@click.option("--mean-rtol", type=float, default=2e-2, show_default=True,
-              help="Mixed precision: largest mean relative difference.")
-@click.option("--last-rtol", type=float, default=3e-2, show_default=True,
-              help="Mixed precision: largest relative difference of the mean of the last 10% of steps.")
-@click.option("--grad-rtol", type=float, default=1e-1, show_default=True,
-              help="Mixed precision: largest mean relative difference of the gradient norms.")
+@click.option("--mean-rtol", type=float,
+              help="Mixed precision: largest mean relative difference of the losses [default: "
+                   "--noise-multiple times the original's own under the precision, else 2e-2].")
+@click.option("--last-rtol", type=float,
+              help="Mixed precision: largest relative difference of the mean of the last 10% of steps "
+                   "[default: measured, as --mean-rtol, else 3e-2].")
+@click.option("--grad-rtol", type=float,
+              help="Mixed precision: largest mean relative difference of the gradient norms "
+                   "[default: measured, as --mean-rtol, else 1e-1].")
+@click.option("--noise-multiple", type=click.FloatRange(min=1), default=3.0, show_default=True,
+              help="16-mixed and bf16-mixed: how many times the difference the precision alone makes "
+                   "to the original (run once more under it) the rewritten run may differ.")
 @click.option("--warmup-steps", type=click.IntRange(min=0), metavar="N",
               help="Steps left out of the speed figure [default: 10% of the steps, at least 1].")
 @click.option("--threads", type=click.IntRange(min=1), metavar="N",
@@ -487,8 +504,8 @@ def explain_command(code: str) -> None:
 @click.option("-q", "--quiet", is_flag=True, help="No progress display and no table: the verdict only.")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
 def verify_command(script, option_values, against, steps,
-                   run_on, run_devices, timeout, rtol, mean_rtol, last_rtol, grad_rtol, warmup_steps, threads,
-                   python, json_path, plot_path, quiet, script_args) -> None:
+                   run_on, run_devices, timeout, rtol, mean_rtol, last_rtol, grad_rtol, noise_multiple,
+                   warmup_steps, threads, python, json_path, plot_path, quiet, script_args) -> None:
     """Rewrite SCRIPT with the given options (or take --against FILE), run both with the same
     arguments and seeds, stop each after --steps optimizer steps, and compare the losses.
 
@@ -507,7 +524,6 @@ def verify_command(script, option_values, against, steps,
     from rich.markup import escape
 
     from accelerate_rewrite.runner import make_console
-    from accelerate_rewrite.verify.compare import Tolerance
     from accelerate_rewrite.verify.session import VerifyError, verify
 
     _options(option_values)
@@ -527,7 +543,8 @@ def verify_command(script, option_values, against, steps,
     console = make_console(stderr=True)
     status = None if quiet else console.status("starting", spinner="dots")
     labels = {"original": f"running the original {script}", "rewritten": "running the rewritten script",
-              "structure": "running the rewritten script at 32-true (its structure)"}
+              "structure": "running the rewritten script at 32-true (its structure)",
+              "noise": "running the original under the rewritten run's precision (its own effect)"}
 
     def on_start(label: str) -> None:
         if status is not None:
@@ -542,8 +559,7 @@ def verify_command(script, option_values, against, steps,
                 against=Path(against) if against else None, steps=steps,
                 run_on=None if run_on == "auto" else run_on, run_devices=run_devices,
                 timeout=timeout, python=python or sys.executable, threads=threads,
-                tolerance=Tolerance(max_rel=rtol, mean_rel=mean_rtol, last_rel=last_rtol,
-                                    grad_rel=grad_rtol, warmup_steps=warmup_steps),
+                tolerance=_tolerance(rtol, mean_rtol, last_rtol, grad_rtol, noise_multiple, warmup_steps),
                 on_start=on_start, rules=choice.rules,
             )
         finally:

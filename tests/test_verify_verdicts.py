@@ -420,3 +420,60 @@ def test_a_verdict_that_compared_nothing_shows_no_limits():
         shown[name] = console.export_text()
     assert changed.verdict == "not-compared" and "(allowed" not in shown["changed"], shown["changed"]
     assert "(allowed 1e-05)" in shown["passed"]
+
+
+def _bf16(losses, norms=NORMS, **kwargs) -> RunRecord:
+    return _run("rewritten", losses, norms, step_half_dtypes=[["bfloat16"]] * len(losses), **kwargs)
+
+
+def test_mixed_precision_is_held_to_its_own_effect_on_the_script():
+    """Issue 27.1: the precision run is compared against a noise floor measured for this script
+    (the original under the precision), not a fixed 2e-2: a rewrite within a small multiple of it
+    passes and says so; one that differs by 10 times bf16's own effect fails, though it is within
+    the fixed 2e-2; a tiny floor still allows the least (NOISE_MINIMUM); a figure the user set is
+    kept."""
+    from accelerate_rewrite.verify.compare import NOISE_MINIMUM, measured, noise_floor
+
+    noise = noise_floor(_run(), _run("original under bf16-mixed", [x * 1.002 for x in LOSSES],
+                                     [x * 1.01 for x in NORMS]))
+    assert noise["mean_rel"] == pytest.approx(2e-3) and noise["grad_rel"] == pytest.approx(1e-2)
+    approximate = Tolerance(kind=APPROXIMATE)
+    close = compare(_run(), _bf16([x * 1.003 for x in LOSSES], [x * 1.012 for x in NORMS]), approximate,
+                    requested_precision="bf16-mixed", noise=noise)
+    assert close.verdict == PASS, close.reason
+    assert close.reason.startswith("within 1.5x of bf16-mixed's own effect on this script (mean relative "
+                                   "difference of the losses 3.00e-03 against 2.00e-03 for the original under "
+                                   "bf16-mixed autocast"), close.reason
+    assert close.comparison["tolerance"]["mean_rel"] == pytest.approx(6e-3)
+    far = compare(_run(), _bf16([x * 1.015 for x in LOSSES], [x * 1.01 for x in NORMS]), approximate,
+                  requested_precision="bf16-mixed", noise=noise)
+    assert far.verdict == FAIL
+    assert far.reason.startswith("the losses differ by 1.50e-02 on average (max 1.50e-02), over the 0.006 "
+                                 "allowed (3x the 2.00e-03 that bf16-mixed alone makes to the original: "
+                                 "--noise-multiple, --mean-rtol)"), far.reason
+    # without the noise run, the fixed tolerance: the same rewrite passes
+    assert compare(_run(), _bf16([x * 1.015 for x in LOSSES]), approximate,
+                   requested_precision="bf16-mixed").verdict == PASS
+    # the user's own --mean-rtol and --last-rtol stay
+    assert compare(_run(), _bf16([x * 1.015 for x in LOSSES], [x * 1.01 for x in NORMS]),
+                   Tolerance(kind=APPROXIMATE, mean_rel=2e-2, last_rel=3e-2, fixed=("mean_rel", "last_rel")),
+                   requested_precision="bf16-mixed", noise=noise).verdict == PASS
+    tiny = {"mean_rel": 1e-5, "last_rel": 0.0, "grad_rel": 1e-5}
+    floor = measured(approximate, tiny)
+    assert (floor.mean_rel, floor.last_rel, floor.grad_rel) == tuple(NOISE_MINIMUM[k] for k in ("mean_rel", "last_rel", "grad_rel"))
+    least = compare(_run(), _bf16([x * 1.004 for x in LOSSES]), approximate, requested_precision="bf16-mixed",
+                    noise={**tiny, "label": "original under bf16-mixed", "steps": 6})
+    assert least.verdict == FAIL and "allowed at least for bf16-mixed" in least.reason, least.reason
+
+
+def test_a_precision_that_did_not_run_and_curves_apart_are_both_said():
+    """Issue 27.4: "bf16-mixed did not run" must not hide that the curves also differ by more
+    than the precision could explain."""
+    fp32 = _run("rewritten", [x * 1.3 for x in LOSSES])
+    v = compare(_run(), fp32, Tolerance(kind=APPROXIMATE), requested_precision="bf16-mixed")
+    assert v.verdict == NOT_VERIFIED
+    assert v.reason.startswith("bf16-mixed was asked for, but the rewritten run used 32-true")
+    assert "; and the curves differ beyond what the precision could explain: the losses differ by 3.00e-01" in v.reason
+    near = compare(_run(), _run("rewritten", [x * 1.001 for x in LOSSES]), Tolerance(kind=APPROXIMATE),
+                   requested_precision="bf16-mixed")
+    assert near.verdict == NOT_VERIFIED and "curves differ" not in near.reason

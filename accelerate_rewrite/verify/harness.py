@@ -101,6 +101,12 @@ class Recorder:
         #: precision is set to 32-true by the verifier, LT_PRECISION), so that what is left of the
         #: rewrite is compared with the original exactly
         self.force_fp32: bool = bool(config.get("force_fp32"))
+        #: the noise run (issue 27.1): the original with every outermost call of a module that has
+        #: parameters run as Fabric's mixed precision runs a set-up module (inputs cast to this
+        #: half dtype, the forward under torch.autocast, the outputs cast back to fp32), so that
+        #: the difference the precision alone makes to this script is measured
+        self.autocast_forward: Optional[str] = config.get("autocast_forward")
+        self._forward_depth = 0
         self.step_dtypes: set[str] = set()
         self.graph_nodes = 0  # the most autograd nodes walked for one loss
         self.params: Optional[dict[str, Any]] = None  # name -> the parameter tensor
@@ -180,6 +186,8 @@ class Recorder:
         self._hook_grad_scaler(torch)
         self._hook_distributed_sampler(torch)
         self._hook_clip(torch)
+        if self.autocast_forward:
+            self._hook_forward(torch, getattr(torch, self.autocast_forward))
 
     def _wrap_backward(self, fn):
         recorder = self
@@ -219,6 +227,38 @@ class Recorder:
         clip_grad_norm_.__doc__ = original.__doc__
         clip_grad.clip_grad_norm_ = clip_grad_norm_
         torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+
+    def _hook_forward(self, torch, dtype) -> None:
+        """What ``_FabricModule.forward`` does under a mixed precision (lightning/fabric/wrappers.py
+        and plugins/precision/amp.py), done to the outermost module call instead of the set-up
+        modules the original does not have."""
+        from lightning_utilities.core.apply_func import apply_to_collection
+
+        recorder = self
+        Module, Tensor = torch.nn.Module, torch.Tensor
+        original = Module.__call__
+
+        def cast(data, dst_type):
+            return apply_to_collection(data, dtype=Tensor, function=lambda t: t.to(dst_type)
+                                       if torch.is_floating_point(t) else t)
+
+        def __call__(self_, *args, **kwargs):
+            if recorder._forward_depth:
+                return original(self_, *args, **kwargs)
+            first = next(self_.parameters(), None)
+            if first is None:  # a loss module, an activation: not what Fabric sets up
+                return original(self_, *args, **kwargs)
+            recorder._forward_depth += 1
+            try:
+                args, kwargs = cast((args, kwargs), dtype)
+                with torch.autocast(first.device.type, dtype=dtype):
+                    output = original(self_, *args, **kwargs)
+            finally:
+                recorder._forward_depth -= 1
+            return cast(output, torch.get_default_dtype())
+
+        __call__.__wrapped__ = original
+        Module.__call__ = __call__
 
     def _hook_autocast(self, torch) -> None:
         recorder = self
@@ -513,6 +553,8 @@ class Recorder:
             "param_dtype": self.param_dtype,
             "autocast": self.autocast,
             "grad_scaler": self.grad_scaler,
+            # Fabric ran the precision (its set-up modules' forwards), not the script's own autocast
+            "fabric": any(name in sys.modules for name in ("lightning.fabric", "lightning_fabric")),
             "stopped_after_max_steps": self.stopped,
             "error": self.error,
             "exited": final,  # written by the atexit hook: the script's own code had finished

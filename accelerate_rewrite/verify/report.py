@@ -85,6 +85,10 @@ def render(console, v: Verification) -> None:
         table.add_row("gradient norm before clipping", "max",
                       allowed(c["max_clip_norm_rel_diff"], tol["max_rel"] if exact else None))
         table.add_row("", "mean", allowed(c["mean_clip_norm_rel_diff"], None if exact else tol["grad_rel"]))
+    noise = c.get("noise")
+    if noise:  # the original under the precision: what the allowed figures above are a multiple of
+        grads = f", gradient norms {noise['grad_rel']:.2e}" if noise.get("grad_rel") is not None else ""
+        table.add_row(f"{noise['label']} (its own effect)", "mean", f"losses {noise['mean_rel']:.2e}{grads}")
     table.add_row("speedup (median step)", "", _ratio(c.get("speedup")))
     table.add_row("memory", "", memory_text(c.get("rewritten_memory_x")))
     table.add_row("tolerance", "", c["tolerance"]["kind"])

@@ -62,6 +62,7 @@ class RunRecord:
     param_dtype: Optional[str] = None
     autocast: list[list] = field(default_factory=list)
     grad_scaler: list[list] = field(default_factory=list)
+    fabric: bool = False  # lightning's Fabric was imported (it ran the precision, if one ran)
     world_size: int = 1
     backward_calls: int = 0
     stopped_after_max_steps: bool = False
@@ -270,13 +271,15 @@ def run_script(
     trace_precision: Union[bool, str] = False,  # or the half dtype asked for
     track_params: bool = False,
     force_fp32: bool = False,  # every autocast and GradScaler off (the structure run)
+    autocast_forward: Optional[str] = None,  # "bfloat16": the noise run (see harness.Recorder)
 ) -> RunRecord:
     """Run ``python script args`` under the harness and return what it recorded."""
     record = RunRecord(label=label)
     out_dir = Path(tempfile.mkdtemp(prefix="accelerate-rewrite-verify-"))
     try:
         config = {"out_dir": str(out_dir), "max_steps": max_steps, "seed": seed, "threads": threads,
-                  "trace_precision": trace_precision, "track_params": track_params, "force_fp32": force_fp32}
+                  "trace_precision": trace_precision, "track_params": track_params, "force_fp32": force_fp32,
+                  "autocast_forward": autocast_forward}
         run_env = dict(os.environ if env is None else env)
         run_env[CONFIG_ENV] = json.dumps(config)
         run_env["PYTHONPATH"] = os.pathsep.join(
@@ -381,6 +384,7 @@ def _merge(record: RunRecord, out_dir: Path) -> None:
     record.param_dtype = main["param_dtype"]
     record.autocast = main["autocast"]
     record.grad_scaler = main["grad_scaler"]
+    record.fabric = bool(main.get("fabric"))
     record.backward_calls = sum(r["backward_calls"] for r in ranks)
     record.stopped_after_max_steps = all(r["stopped_after_max_steps"] for r in ranks)
     if any("half" in step for step in main["steps"][:steps]):

@@ -28,6 +28,8 @@ from accelerate_rewrite.verify.compare import (
     Tolerance,
     Verdict,
     compare,
+    last_line,
+    noise_floor,
 )
 from accelerate_rewrite.verify.runner import RunRecord, run_script
 
@@ -105,6 +107,12 @@ def claims_for(options: Options, changing_rules: Sequence[str], processes: int,
 #: precision (LT_PRECISION), every torch.autocast, every GradScaler
 STRUCTURE_PRECISIONS = ("16-mixed", "bf16-mixed")
 STRUCTURE_LABEL = "rewritten at 32-true"
+NOISE_LABEL = "original under {precision}"
+#: the precisions whose own effect on a script the harness reproduces: Fabric's bf16-mixed (the
+#: outermost forwards under autocast, inputs and outputs cast). Not 16-mixed: its GradScaler
+#: skips steps whose gradients overflow, which the noise run would not; nor a script's own
+#: torch.autocast (the torch backend), whose region takes in the loss as well
+NOISE_PRECISIONS = ("bf16-mixed",)
 #: the rules whose changes are the precision itself: Fabric(precision=...), torch.autocast, the
 #: GradScaler; what they write is switched off in the structure run
 PRECISION_RULES = ("AR101", "AR207", "AR208")
@@ -307,6 +315,7 @@ def verify(
                   and not _approximate_options(options) and APPROXIMATE not in structure_kinds
                   and CHANGES_TRAINING not in structure_kinds)
     structure: Optional[RunRecord] = None
+    noise: Optional[RunRecord] = None
     load = _load()
     on_start("original")
     original = run_script(script, script_args, label="original", env=env, **common)
@@ -336,14 +345,26 @@ def verify(
         if rewritten.error:
             rewritten.error = rewritten.error.replace(str(rewritten_path), f"{script} (rewritten)")
 
+    structure_verdict = compare(original, structure, replace(tol, kind=EXACT)) if structure is not None else None
+    if (structure_verdict is not None and structure_verdict.verdict == PASS and rewritten.fabric
+            and rewritten.precision in NOISE_PRECISIONS):
+        # the noise run (issue 27.1): the original once more, its modules' forwards run as Fabric
+        # runs a set-up module under the precision the rewritten run used (16-mixed is bf16 on a CPU)
+        on_start("noise")
+        noise = run_script(script, script_args, label=NOISE_LABEL.format(precision=rewritten.precision),
+                           env=env, autocast_forward=HALF[rewritten.precision], **common)
+    floor = noise_floor(original, noise) if noise is not None else None
+    if noise is not None and floor is None:
+        notes.append(f"the original under {noise.label.split()[-1]} did not run to a step "
+                     f"({last_line(noise.error) or 'no step'}): the precision was held to the fixed tolerances")
+
     notes.extend(run.exit_note for run in (original, rewritten) if run.exit_note)
     if rewritten.world_size > 1 and processes <= 1:  # the script's own Fabric(devices=N)
         claims = claims_for(options, changing_rules, rewritten.world_size, rule_kinds)
         tol = replace(tol, kind=CHANGES_TRAINING)
-    verdict = compare(original, rewritten, tol, requested_precision=options.precision, claims=claims)
-    if structure is not None:
-        verdict = _with_structure(verdict, compare(original, structure, replace(tol, kind=EXACT)),
-                                  structure, notes)
+    verdict = compare(original, rewritten, tol, requested_precision=options.precision, claims=claims, noise=floor)
+    if structure_verdict is not None:
+        verdict = _with_structure(verdict, structure_verdict, structure, notes)
     verdict.comparison.update(load_average=max(load, _load()), cores=os.cpu_count())
     if substituted is not None and verdict.verdict not in ("error",):
         verdict = Verdict(NOT_VERIFIED, f"{substituted}; with ddp: {verdict.label}: "
