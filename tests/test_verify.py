@@ -196,11 +196,18 @@ def test_fixture_at_bf16_mixed(name, fixture_script):
     assert v.rewritten.precision == "bf16-mixed"
     assert len(v.rewritten.losses) == len(v.original.losses) > 0
     assert _finite(v.rewritten.losses)
-    assert v.verdict.comparison["mean_rel_diff"] <= 2e-2
+    c = v.verdict.comparison
+    assert c["mean_rel_diff"] <= c["tolerance"]["mean_rel"]
+    if "structure" in c:  # Fabric's bf16-mixed: held to its own effect on the original (issue 27.1)
+        assert c["noise"]["mean_rel"] > 0 and "own effect on this script" in v.verdict.reason
 
 
 #: fixtures whose native (--backend torch) rewrite refuses mixed precision, and says why
-REFUSE_NATIVE = {"already_autocast", "cuda_amp", "gan_bce", "lbfgs"}
+#: (scheduled_optim: its wrapper's own method steps the optimizer, which a GradScaler can't step)
+REFUSE_NATIVE = {"already_autocast", "cuda_amp", "gan_bce", "lbfgs", "scheduled_optim"}
+#: a loss that is a sum: fp16 gradients overflow at the GradScaler's starting scale, which skips
+#: steps while it settles, and the curves part there by design (NOT COMPARED, exit 3)
+SCALER_SETTLES = {("autoencoder_sums", "16-mixed")}
 NATIVE = [name for name in RUNNABLE if name not in REFUSE_NATIVE and not name.startswith("apex")  # apex: below
           and name not in ("rnn_classifier", "word_lm")]  # fp16 LSTM has no CPU kernel (oneDNN: "could not create a
 #                                          primitive descriptor"): the machine can't run it, not the rewrite
@@ -224,6 +231,10 @@ def test_fixture_with_native_mixed_precision(name, precision, fixture_script):
     options = Options.create(backend="torch", precision=precision)
     v = verify(fixture_script(name), options, **RUN)
     _show(name, f"torch {precision}", v)
+    if (name, precision) in SCALER_SETTLES:
+        assert v.verdict.verdict == "not-compared", v.verdict.reason
+        assert "GradScaler skipped" in v.verdict.reason and v.rewritten.skipped_steps
+        return
     assert v.verdict.verdict == "pass", v.verdict.reason
     assert v.verdict.comparison["tolerance"]["kind"] == APPROXIMATE
     assert v.rewritten.precision == precision

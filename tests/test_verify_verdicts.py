@@ -477,3 +477,26 @@ def test_a_precision_that_did_not_run_and_curves_apart_are_both_said():
     near = compare(_run(), _run("rewritten", [x * 1.001 for x in LOSSES]), Tolerance(kind=APPROXIMATE),
                    requested_precision="bf16-mixed")
     assert near.verdict == NOT_VERIFIED and "curves differ" not in near.reason
+
+
+def test_curves_that_part_where_the_grad_scaler_skipped_steps_are_not_compared():
+    """A loss that is a sum overflows fp16 at the GradScaler's starting scale: it skips steps
+    while the scale settles, and the curves part there by design (autoencoder_sums at 16-mixed
+    with the torch backend). The steps before the first skip are compared; a scaler that never
+    settles fails."""
+    approximate = Tolerance(kind=APPROXIMATE)
+    apart = [LOSSES[0] * 1.001, LOSSES[1] * 1.001] + [x * 1.3 for x in LOSSES[2:]]
+    settled = _run("rewritten", apart, [None, None, 1.3, 1.2, 1.1, 1.0], skipped_steps=[1, 2],
+                   grad_scaler=[["cpu", True]])
+    v = compare(_run(), settled, approximate)
+    assert v.verdict == NOT_COMPARED and v.exit_code == 3, v.reason
+    assert v.reason.startswith("the rewritten run's GradScaler skipped step(s) 1, 2 of 6 (fp16 gradients "
+                               "overflowed while its loss scale settled"), v.reason
+    never = _run("rewritten", apart, [None, None, None, None, None, None], skipped_steps=[1, 2, 3, 4, 5, 6])
+    assert compare(_run(), never, approximate).reason.startswith("the GradScaler skipped every step from step 1")
+    early = _run("rewritten", [x * 1.3 for x in LOSSES], [None, None, 1.3, 1.2, 1.1, 1.0], skipped_steps=[2, 3])
+    v = compare(_run(), early, approximate)
+    assert v.verdict == FAIL and v.reason.startswith("before the GradScaler's first skipped step (2), the loss "
+                                                     "of step 1 already differs"), v.reason
+    # a skip the curves survive is no finding: parity as usual
+    assert compare(_run(), _run("rewritten", norms=[None] + NORMS[1:], skipped_steps=[1]), approximate).verdict == PASS

@@ -312,6 +312,37 @@ def _approximate_problem(original: RunRecord, rewritten: RunRecord, comparison: 
                   f"step(s) {last_rel:.2%} (allowed {tolerance.last_rel:.0%}){grads}")
 
 
+def _scaler_settling(original: RunRecord, rewritten: RunRecord, diffs: list[float], n: int,
+                     tolerance: Tolerance) -> Optional[tuple[str, str]]:
+    """(verdict, reason) where the curves part and the rewritten run's GradScaler skipped steps
+    the fp32 original made: at 16-mixed, gradients that overflow fp16 at the starting scale (65536) make it skip
+    and halve the scale until they fit. That is what 16-mixed does, not a bug in the rewrite, and
+    the runs part at the first skip by design: the steps before it are compared, the rest is
+    NOT COMPARED. A scaler that skips every step from some step on never settles: a FAIL."""
+    skipped = [s for s in rewritten.skipped_steps if s <= n and s not in original.skipped_steps]
+    if not skipped or skipped[0] >= n:
+        return None
+    first = skipped[0]
+    steps = f"step(s) {_steps_text(skipped)} of {n}"
+    if all(g is None for g in rewritten.grad_norms[first:n]):
+        return FAIL, (f"the GradScaler skipped every step from step {first} on ({steps}): its loss scale "
+                      "never settles (gradients that overflow fp16 at any scale, or a scale that is never "
+                      "lowered), so the rewritten run does not train")
+    head = diffs[:first]  # the losses up to the first skipped step came before the runs could part
+    worst = max(head) if head else 0.0
+    if worst > tolerance.mean_rel:
+        i = next(i for i, d in enumerate(head) if d > tolerance.mean_rel)
+        return FAIL, (f"before the GradScaler's first skipped step ({first}), the loss of step {i + 1} already "
+                      f"differs: {rewritten.losses[i]:.6g} instead of {original.losses[i]:.6g} (relative "
+                      f"{head[i]:.2e}, allowed {tolerance.mean_rel:g}: --mean-rtol)")
+    return NOT_COMPARED, (f"the rewritten run's GradScaler skipped {steps} (fp16 gradients overflowed while "
+                          f"its loss scale settled; the fp32 original updated at those steps), so the curves "
+                          f"part there by design: the loss(es) of step(s) 1..{first}, before the first skip, "
+                          f"agree within {worst:.2e} (allowed {tolerance.mean_rel:g}); both ran without error, "
+                          "NaN or inf. A loss that is a sum rather than a mean (large gradients) makes the "
+                          "scale settle for longer; bf16-mixed needs no scaler")
+
+
 def _curves_also(original: RunRecord, rewritten: RunRecord, comparison: dict, tolerance: Tolerance, n: int,
                  clip_diffs: list[tuple[int, float]], noise: Optional[dict]) -> str:
     """'; and the curves differ ...' where a precision that did not run is reported, but the
@@ -571,6 +602,9 @@ def compare(
                                    f"without error, NaN or inf (first loss {rewritten.losses[0]:.6g} against "
                                    f"{original.losses[0]:.6g}). Without --strategy ddp on one device the "
                                    "order stays the script's")
+    settling = _scaler_settling(original, rewritten, diffs, n, tolerance) if why and basis == APPROXIMATE else None
+    if settling is not None:  # the curves part where a GradScaler skipped steps: by design
+        return verdict(*settling)
     if why is not None:
         return verdict(FAIL, why)
     if basis == EXACT:
