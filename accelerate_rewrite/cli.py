@@ -258,6 +258,10 @@ def _options(values: dict):
                    "(engine.py, utils.py next to it) that are not among the PATHs given "
                    "[default: those whose changed names no other file under the script's folder "
                    "reads; never with -o or --pre-commit].")
+@click.option("--launcher", type=click.Choice(["slurm"]),
+              help="slurm: with --write or -o, also write SCRIPT.sbatch beside the result, a SLURM batch "
+                   "file that runs it on --num-nodes nodes with --devices tasks each (srun; Fabric reads "
+                   "SLURM's environment). One input file.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, metavar="N",
               help="Processes to rewrite files with (the output keeps the order of the files) "
                    "[default: the number of cores].")
@@ -289,6 +293,7 @@ def rewrite_command(
     no_cache: bool,
     cache_dir: Optional[str],
     follow_imports: Optional[bool] = None,
+    launcher: Optional[str] = None,
 ) -> None:
     """Rewrite PATH... (files or folders) into Lightning Fabric scripts (or, with --backend
     torch, plain PyTorch with native mixed precision).
@@ -352,7 +357,47 @@ def rewrite_command(
         raise click.exceptions.Exit(run_stdin(settings, stdin_filename))
     if stdin_filename is not None:
         _fail("--stdin-filename goes with the path '-' (the source on stdin)")
-    raise click.exceptions.Exit(run(paths, settings))
+    batch = _sbatch(launcher, paths, output, options, mode) if launcher else None
+    code = run(paths, settings)
+    if batch is not None and code == 0:
+        _write_sbatch(*batch, write=mode in (Mode.WRITE, Mode.OUTPUT))
+    raise click.exceptions.Exit(code)
+
+
+def _sbatch(launcher: str, paths, output: Optional[str], options, mode):
+    """(the batch file's path, its text) for --launcher slurm, checked before anything is rewritten."""
+    from pathlib import Path
+
+    from accelerate_rewrite.launch import sbatch_path, sbatch_text
+
+    if len(paths) != 1 or os.path.isdir(paths[0]) or output == "-":
+        _fail("--launcher slurm writes the batch file of one script: give one input file (and not -o -)")
+    target = Path(output if output is not None else paths[0])
+    try:
+        return sbatch_path(target), sbatch_text(target, options)
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+def _write_sbatch(path, text: str, write: bool) -> None:
+    from accelerate_rewrite.codemod.source import write_atomic
+    from accelerate_rewrite.launch import SBATCH_MARK
+    from accelerate_rewrite.runner import make_console
+
+    err = make_console(stderr=True)
+    if not write:
+        err.print(f"would write {path} (SLURM batch file; with --write or -o)", markup=False)
+        return
+    if path.exists():
+        old = path.read_bytes()
+        if old == text.encode():
+            return
+        lines = old.decode("utf-8", errors="replace").splitlines()
+        if len(lines) < 2 or lines[1] != SBATCH_MARK:
+            err.print(f"{path}: exists and was not written by accelerate-rewrite: left alone", markup=False)
+            return
+    write_atomic(path, text.encode())
+    err.print(f"wrote {path} (sbatch {path.name} submits it)", markup=False)
 
 
 @cli.command("rules", context_settings=CONTEXT_SETTINGS)
@@ -449,6 +494,40 @@ def explain_command(code: str) -> None:
             console.print(example.before, markup=False)
 
 
+def run_options(command):
+    """The options of a verified run that ``verify`` and ``tune`` share: where it runs, for how
+    long, the tolerances, the speed figure's warm-up, threads, the Python."""
+    for decorator in reversed([
+        click.option("--run-on", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+                     help="Where both runs go: auto (as the scripts choose), or force cpu (CUDA hidden; "
+                          "Fabric's accelerator set to cpu) or cuda."),
+        click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
+                     help="Seconds each run may take; then its whole process group is killed."),
+        click.option("--rtol", type=float, default=1e-5, show_default=True,
+                     help="Rewrites that keep the math: largest relative difference of any step."),
+        click.option("--mean-rtol", type=float,
+                     help="Mixed precision: largest mean relative difference of the losses [default: "
+                          "--noise-multiple times the original's own under the precision, else 2e-2]."),
+        click.option("--last-rtol", type=float,
+                     help="Mixed precision: largest relative difference of the mean of the last 10% of steps "
+                          "[default: measured, as --mean-rtol, else 3e-2]."),
+        click.option("--grad-rtol", type=float,
+                     help="Mixed precision: largest mean relative difference of the gradient norms "
+                          "[default: measured, as --mean-rtol, else 1e-1]."),
+        click.option("--noise-multiple", type=click.FloatRange(min=1), default=3.0, show_default=True,
+                     help="16-mixed and bf16-mixed: how many times the difference the precision alone makes "
+                          "to the original (run once more under it) the rewritten run may differ."),
+        click.option("--warmup-steps", type=click.IntRange(min=0), metavar="N",
+                     help="Steps left out of the speed figure [default: 10% of the steps, at least 1]."),
+        click.option("--threads", type=click.IntRange(min=1), metavar="N",
+                     help="torch.set_num_threads(N) in both runs."),
+        click.option("--python", "python", metavar="PATH",
+                     help="The Python to run the scripts with [default: this one]."),
+    ]):
+        command = decorator(command)
+    return command
+
+
 def _tolerance(rtol, mean_rtol, last_rtol, grad_rtol, noise_multiple, warmup_steps):
     """The verifier's tolerances: the approximate ones the user set are kept as set, the others
     are measured where a noise run can be made (``compare.measured``)."""
@@ -470,33 +549,9 @@ def _tolerance(rtol, mean_rtol, last_rtol, grad_rtol, noise_multiple, warmup_ste
               help="Compare with this already rewritten file instead of rewriting SCRIPT.")
 @click.option("--steps", type=click.IntRange(min=1), default=50, show_default=True,
               help="Stop each run after this many optimizer steps.")
-@click.option("--run-on", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="Where both runs go: auto (as the scripts choose), or force cpu (CUDA hidden; "
-                   "Fabric's accelerator set to cpu) or cuda.")
 @click.option("--run-devices", type=click.IntRange(min=1), metavar="N",
               help="Run the rewritten script on N devices (e.g. 2 CPU processes with gloo).")
-@click.option("--timeout", type=click.FloatRange(min=1), default=600, show_default=True,
-              help="Seconds each run may take; then its whole process group is killed.")
-@click.option("--rtol", type=float, default=1e-5, show_default=True,
-              help="Rewrites that keep the math: largest relative difference of any step.")
-@click.option("--mean-rtol", type=float,
-              help="Mixed precision: largest mean relative difference of the losses [default: "
-                   "--noise-multiple times the original's own under the precision, else 2e-2].")
-@click.option("--last-rtol", type=float,
-              help="Mixed precision: largest relative difference of the mean of the last 10% of steps "
-                   "[default: measured, as --mean-rtol, else 3e-2].")
-@click.option("--grad-rtol", type=float,
-              help="Mixed precision: largest mean relative difference of the gradient norms "
-                   "[default: measured, as --mean-rtol, else 1e-1].")
-@click.option("--noise-multiple", type=click.FloatRange(min=1), default=3.0, show_default=True,
-              help="16-mixed and bf16-mixed: how many times the difference the precision alone makes "
-                   "to the original (run once more under it) the rewritten run may differ.")
-@click.option("--warmup-steps", type=click.IntRange(min=0), metavar="N",
-              help="Steps left out of the speed figure [default: 10% of the steps, at least 1].")
-@click.option("--threads", type=click.IntRange(min=1), metavar="N",
-              help="torch.set_num_threads(N) in both runs.")
-@click.option("--python", "python", metavar="PATH",
-              help="The Python to run the scripts with [default: this one].")
+@run_options
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), metavar="PATH",
               help="Write the verdict and both runs' records as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="PATH.png",
@@ -582,6 +637,126 @@ def verify_command(script, option_values, against, steps,
     if plot_path:
         report.write_plot(Path(plot_path), result)
     raise click.exceptions.Exit(result.verdict.exit_code)
+
+
+@click.command(context_settings={"help_option_names": []}, add_help_option=False)
+@fabric_options
+def _try_options(option_values: dict) -> dict:
+    """Parses one --try "OPTIONS" of ``tune`` as the rewrite's own flags."""
+    return option_values
+
+
+@cli.command(
+    "tune", context_settings=CONTEXT_SETTINGS,
+    short_help="Measure which technique speeds this script up, and recommend the fastest that passes.",
+)
+@click.argument("script", type=click.Path(dir_okay=False))
+@click.option("--try", "tries", metavar='"OPTIONS"', multiple=True,
+              help='A candidate of your own, as the rewrite\'s flags in one string (repeatable): '
+                   '--try "--precision bf16-mixed --checkpointing Block". Default: a set for this '
+                   "machine (CPU: 32-true, bf16-mixed, bf16-mixed --compile; CUDA: also 32-true with "
+                   "--matmul-precision high, 16-mixed, --optimizer-8bit where bitsandbytes is installed).")
+@click.option("--against", "against_files", metavar="FILE", multiple=True, type=click.Path(dir_okay=False),
+              help="A rewritten file of your own as a candidate, run as it is (repeatable).")
+@click.option("--steps", type=click.IntRange(min=2), default=30, show_default=True,
+              help="Stop each run after this many optimizer steps.")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, metavar="K",
+              help="Run each candidate K times (the original once) and show the spread of the step times.")
+@click.option("--min-speedup", type=click.FloatRange(min=1), default=1.05, show_default=True,
+              help="Recommend a candidate only when it is at least this many times as fast as the original.")
+@run_options
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="json: the table and the recommendation as one JSON object on stdout.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="PATH.png",
+              help="Speed-up and memory bars per candidate, the verdict marked (needs matplotlib).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress display.")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
+def tune_command(script, tries, against_files, steps, repeat, min_speedup, run_on, timeout, rtol, mean_rtol,
+                 last_rtol, grad_rtol, noise_multiple, warmup_steps, threads, python, output_format, plot_path,
+                 quiet, script_args) -> None:
+    """Run SCRIPT once, then each candidate rewrite of it through the verifier: its median step
+    time after the warm-up, its peak memory and its parity verdict (as `verify` gives it), in a
+    table sorted by speed-up; recommend the fastest candidate that PASSed, with the command that
+    applies it. A candidate that crashed, failed parity or can't run here is shown with why and
+    is never recommended; every figure is measured.
+
+    Exit status: 0 the candidates ran (with or without a recommendation); 2 bad input, or the
+    original itself failed.
+    """
+    import json
+    import shlex
+    import sys
+    from pathlib import Path
+
+    from accelerate_rewrite.config import ConfigError, choose
+    from accelerate_rewrite.runner import make_console
+    from accelerate_rewrite.verify import tune
+    from accelerate_rewrite.verify.session import VerifyError
+
+    path = Path(script)
+    if not path.is_file():
+        _fail(f"{script}: no such file")
+    if plot_path is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            _fail("--plot needs matplotlib: pip install 'accelerate-rewrite[plot]'")
+    for file in against_files:
+        if not Path(file).is_file():
+            _fail(f"--against {file}: no such file")
+
+    def options_for(candidate: tune.Candidate):
+        values: dict = {}
+        if candidate.flags:
+            try:
+                values = _try_options.main(list(candidate.flags), standalone_mode=False)
+            except click.ClickException as exc:
+                raise VerifyError(f"--try {shlex.join(candidate.flags)!r}: {exc.format_message()}") from None
+        try:
+            choice = choose(path, values)
+        except ConfigError as exc:
+            where = f"--try {shlex.join(candidate.flags)!r}: " if candidate.flags else ""
+            raise VerifyError(f"{where}{exc}") from None
+        return choice.options, choice.rules
+
+    candidates = [tune.Candidate.parse(t) for t in tries] + [tune.Candidate(against=Path(f)) for f in against_files]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""} if run_on == "cpu" else None
+    if not candidates:
+        candidates = tune.default_candidates(tune.machine_for_tuning(python or sys.executable, env=env))
+    for candidate in candidates:  # a bad --try fails before anything runs
+        try:
+            options_for(candidate)
+        except VerifyError as exc:
+            _fail(str(exc))
+    console = make_console(stderr=True)
+    status = None if quiet else console.status("starting", spinner="dots")
+    words = {"original": "the original", "rewritten": "the rewrite", "structure": "its structure run (32-true)",
+             "noise": "the original under the precision"}
+
+    def on_start(label: str, run: str) -> None:
+        if status is not None:
+            status.update(f"{label}: running {words.get(run, run)} (up to {steps} steps)")
+
+    if status is not None:
+        status.start()
+    try:
+        result = tune.tune(
+            path, candidates, options_for=options_for, script_args=script_args, steps=steps, repeat=repeat,
+            run_on=None if run_on == "auto" else run_on, timeout=timeout, python=python, threads=threads,
+            tolerance=_tolerance(rtol, mean_rtol, last_rtol, grad_rtol, noise_multiple, warmup_steps),
+            min_speedup=min_speedup, on_start=on_start)
+    finally:
+        if status is not None:
+            status.stop()
+    if output_format == "json":
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        tune.render(make_console(), result)
+    if plot_path:
+        tune.write_plot(Path(plot_path), result)
+    errors = [o for o in result.outcomes if o.verdict == "error"]
+    if errors and len(errors) == len([o for o in result.outcomes if o.runs]):
+        raise click.exceptions.Exit(2)  # the original itself failed: nothing was measured
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -265,6 +265,12 @@ class Reporter:
         if result.changes:
             p("  numerics: " + escape(numerics(result, options) if script is None else
                                       f"as for {script} (the files change together, one program)"))
+        if script is None and result.changes:
+            from accelerate_rewrite.launch import launches, run_lines
+
+            if launches(result, options):  # several processes: how to start them (issue 28.2)
+                for line in run_lines(str(path), options):
+                    p("  " + escape(line))
         if result.skips:
             p("  [yellow]left alone[/]:")
             for note in result.skips:

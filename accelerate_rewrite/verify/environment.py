@@ -47,6 +47,7 @@ class Need:
 class Machine:
     cuda_devices: int
     modules: dict[str, bool]
+    cuda_bf16: bool = False  # the GPU does bf16 (Ampere or newer)
 
 
 def needs(options: Options, run_on: Optional[str], run_devices: Optional[int], against: bool = False) -> list[Need]:
@@ -97,6 +98,7 @@ if wanted["cuda"]:
     try:
         import torch
         out["cuda"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        out["bf16"] = bool(out["cuda"] and torch.cuda.is_bf16_supported())
     except Exception:
         pass
 print(json.dumps(out))
@@ -117,7 +119,8 @@ def probe(python: str, wanted: Sequence[Need], env: Optional[dict] = None, cwd=N
         data = json.loads(done.stdout.strip().splitlines()[-1])
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
         return Machine(0, {m: False for m in modules})  # the scripts' runs will say more
-    return Machine(int(data.get("cuda") or 0), {m: bool(data["modules"].get(m)) for m in modules})
+    return Machine(int(data.get("cuda") or 0), {m: bool(data["modules"].get(m)) for m in modules},
+                   cuda_bf16=bool(data.get("bf16")))
 
 
 def missing(wanted: Sequence[Need], machine: Machine) -> list[Need]:

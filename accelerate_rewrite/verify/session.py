@@ -222,6 +222,10 @@ def verify(
     tolerance: Optional[Tolerance] = None,
     on_start: Callable[[str], None] = lambda label: None,
     rules: Optional[Sequence] = None,  # the rules to rewrite with (default: all)
+    #: runs of the original to reuse, and to keep for the next verification of the same script
+    #: with the same arguments and steps ("original", "noise bf16-mixed"): ``tune`` runs the
+    #: original once for all its candidates
+    reuse: Optional[dict] = None,
 ) -> Verification:
     from accelerate_rewrite.codemod.engine import RewriteError, rewrite
     from accelerate_rewrite.codemod.project import Scope
@@ -317,8 +321,12 @@ def verify(
     structure: Optional[RunRecord] = None
     noise: Optional[RunRecord] = None
     load = _load()
-    on_start("original")
-    original = run_script(script, script_args, label="original", env=env, **common)
+    reuse = {} if reuse is None else reuse
+    key = "original, parameters tracked" if common["track_params"] else "original"
+    original = reuse.get(key)
+    if original is None:
+        on_start("original")
+        original = reuse[key] = run_script(script, script_args, label="original", env=env, **common)
     if original.timed_out:  # no verdict can come of it: don't wait a second timeout
         rewritten = RunRecord(label="rewritten", error="not run: the original timed out")
         notes.append(f"the rewritten script was not run: the original timed out after {timeout:g} s")
@@ -350,9 +358,12 @@ def verify(
             and rewritten.precision in NOISE_PRECISIONS):
         # the noise run (issue 27.1): the original once more, its modules' forwards run as Fabric
         # runs a set-up module under the precision the rewritten run used (16-mixed is bf16 on a CPU)
-        on_start("noise")
-        noise = run_script(script, script_args, label=NOISE_LABEL.format(precision=rewritten.precision),
-                           env=env, autocast_forward=HALF[rewritten.precision], **common)
+        key = f"noise {rewritten.precision}"
+        noise = reuse.get(key)
+        if noise is None:
+            on_start("noise")
+            noise = reuse[key] = run_script(script, script_args, label=NOISE_LABEL.format(precision=rewritten.precision),
+                                            env=env, autocast_forward=HALF[rewritten.precision], **common)
     floor = noise_floor(original, noise) if noise is not None else None
     if noise is not None and floor is None:
         notes.append(f"the original under {noise.label.split()[-1]} did not run to a step "
