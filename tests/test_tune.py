@@ -126,12 +126,12 @@ def test_tune_ranks_measured_candidates_and_shows_the_failed_and_the_unavailable
     args = ["tune", "train.py", "--try", "--precision 32-true", "--try", "--precision bf16-mixed",
             "--try", "--strategy fsdp", "--try", "--optimizer-8bit", "--against", "slow.py", "--against", "crash.py",
             "--steps", "8", "--threads", "1", "-q"]
-    text = CliRunner().invoke(cli, [*args, "--plot", "tune.png"], terminal_width=250)
+    text = CliRunner().invoke(cli, [*args, "--plot", "tune.png"], env={"COLUMNS": "250"})
     assert text.exit_code == 0, text.output
     out = " ".join(text.output.split())
     rows = [line for line in text.output.splitlines() if "│" in line]
     names = [line.split("│")[1].strip() for line in rows]
-    assert names[1] == "original"
+    assert names[0] == "original", text.output
     timed = [n for n in names[2:] if n in ("--precision 32-true", "--precision bf16-mixed", "slow.py")]
     assert timed[-1] == "slow.py", names
     assert "crash.py: FAIL: the rewrite broke the script: RuntimeError: planted crash" in out
