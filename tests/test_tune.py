@@ -83,7 +83,7 @@ def test_the_table_says_what_each_candidate_did(tmp_path):
     console = Console(record=True, width=200)
     tune.render(console, _result([slow, passed]))
     text = console.export_text()
-    assert re.search(r"original\s+│\s+100\.0 ms\s+│\s+1\.00x", text), text
+    assert re.search(r"original\s+│\s+100\.0 ms\s+│\s+-\s+│\s+1\.00x", text), text
     assert "Recommended: --precision bf16-mixed (2.00x the original's speed, verified): accelerate-rewrite " \
            "train.py --precision bf16-mixed --write" in " ".join(text.split())
     console = Console(record=True, width=200)
@@ -150,6 +150,8 @@ def test_tune_ranks_measured_candidates_and_shows_the_failed_and_the_unavailable
     [one] = data["candidates"]
     assert one["verdict"] == "pass" and one["speedup"] > 0 and one["mean_rel_diff"] == 0.0, one
     assert one["precision"] == "32-true"
+    # train_function's one DataLoader: a step's samples are known
+    assert one["samples_per_s"] > 0 and data["original"]["samples_per_s"] > 0
 
 
 def test_a_bad_try_fails_before_anything_runs(tmp_path):

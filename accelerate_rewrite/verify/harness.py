@@ -113,6 +113,7 @@ class Recorder:
         self.params_start: Optional[dict[str, str]] = None
         self.params_end: Optional[dict[str, str]] = None
         self.distributed_samplers: list[list] = []  # [num_replicas, shuffle]
+        self.batch_sizes: list[int] = []  # of every DataLoader made (samples per second, ``tune``)
         self.torch: Any = None
         self.pending: list[float] = []
         self.scaled: dict[int, float] = {}  # id(scaled loss) -> unscaled value
@@ -185,6 +186,7 @@ class Recorder:
         self._hook_autocast(torch)
         self._hook_grad_scaler(torch)
         self._hook_distributed_sampler(torch)
+        self._hook_data_loader(torch)
         self._hook_clip(torch)
         if self.autocast_forward:
             self._hook_forward(torch, getattr(torch, self.autocast_forward))
@@ -304,6 +306,20 @@ class Recorder:
                 recorder.distributed_samplers.append(entry)
 
         DistributedSampler.__init__ = __init__
+
+    def _hook_data_loader(self, torch) -> None:
+        """The batch size of every DataLoader made: where they all agree, a step's samples are known."""
+        recorder = self
+        cls = torch.utils.data.DataLoader
+        original = cls.__init__
+
+        def __init__(self_, *args, **kwargs):
+            original(self_, *args, **kwargs)
+            size = getattr(self_, "batch_size", None)
+            if isinstance(size, int) and size not in recorder.batch_sizes:
+                recorder.batch_sizes.append(size)
+
+        cls.__init__ = __init__
 
     def _hook_grad_scaler(self, torch) -> None:
         recorder = self
@@ -559,6 +575,7 @@ class Recorder:
             "error": self.error,
             "exited": final,  # written by the atexit hook: the script's own code had finished
             "distributed_samplers": self.distributed_samplers,
+            "batch_sizes": self.batch_sizes,
             "graph_nodes": self.graph_nodes,
             "params_start": self.params_start,
             "params_end": self.params_end,

@@ -74,6 +74,7 @@ class RunRecord:
     #: per step, the half dtypes found in the autograd graph of its losses (None: not traced)
     step_half_dtypes: Optional[list[list[str]]] = None
     distributed_samplers: list[list] = field(default_factory=list)  # [num_replicas, shuffle]
+    batch_sizes: list[int] = field(default_factory=list)  # of every DataLoader the run made
     #: parameter name -> fingerprint, before the first step and at the end (None: not tracked)
     params_start: Optional[dict[str, str]] = None
     params_end: Optional[dict[str, str]] = None
@@ -392,6 +393,7 @@ def _merge(record: RunRecord, out_dir: Path) -> None:
         per_step = [[set(r["steps"][i].get("half", ())) for r in ranks] for i in range(steps)]
         record.step_half_dtypes = [sorted(set.union(*found)) if all(found) else [] for found in per_step]
     record.distributed_samplers = main.get("distributed_samplers") or []
+    record.batch_sizes = main.get("batch_sizes") or []
     record.params_start, record.params_end = main.get("params_start"), main.get("params_end")
 
 

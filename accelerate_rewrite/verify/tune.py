@@ -93,6 +93,14 @@ class Outcome:
                 out.append(t)
         return out
 
+    def samples_per_s(self, warmup: int) -> Optional[float]:
+        """Samples a second, where a step's samples are known: every DataLoader of the run has
+        one batch size, one batch a step (no --accumulate), times the processes."""
+        v, times = self.first, self.step_times(warmup)
+        if v is None or not times or len(v.rewritten.batch_sizes) != 1 or v.options.accumulate:
+            return None
+        return v.rewritten.batch_sizes[0] * v.rewritten.world_size / median(times)
+
     @property
     def peak_memory_bytes(self) -> Optional[int]:
         values = [v.rewritten.peak_memory_bytes for v in self.runs if v.rewritten.ok and v.rewritten.peak_memory_bytes]
@@ -116,6 +124,7 @@ class TuneResult:
     load_average: float = 0.0
     cores: int = 1
     machine: str = ""
+    original_samples_per_s: Optional[float] = None
 
     def speedup(self, outcome: Outcome) -> Optional[float]:
         times = outcome.step_times(self.warmup)
@@ -159,7 +168,7 @@ class TuneResult:
             "script": str(self.script),
             "machine": self.machine,
             "original": {"step_time_s": self.original_step_s, "peak_memory_bytes": self.original_memory_bytes,
-                         "memory_kind": self.memory_kind},
+                         "memory_kind": self.memory_kind, "samples_per_s": self.original_samples_per_s},
             "warmup_steps": self.warmup,
             "min_speedup": self.min_speedup,
             "load_average": self.load_average,
@@ -174,6 +183,7 @@ class TuneResult:
                 "step_time_s": median(o.step_times(self.warmup)) if o.step_times(self.warmup) else None,
                 "step_times_s": o.step_times(self.warmup),  # one per repeat
                 "speedup": self.speedup(o),
+                "samples_per_s": o.samples_per_s(self.warmup),
                 "peak_memory_bytes": o.peak_memory_bytes,
                 "memory_x": self.memory_x(o),
                 "mean_rel_diff": o.mean_rel_diff,
@@ -260,7 +270,15 @@ def tune(
         memory_kind=original.memory_kind if original is not None else "",
         warmup=warmup, min_speedup=min_speedup, load_average=load, cores=os.cpu_count() or 1,
         machine=_machine_words(original, run_on),
+        original_samples_per_s=_samples(original, warmup),
     )
+
+
+def _samples(run, warmup: int) -> Optional[float]:
+    t = _median_time(run.step_times_s, warmup) if run is not None else None
+    if not t or len(run.batch_sizes) != 1:
+        return None
+    return run.batch_sizes[0] * run.world_size / t
 
 
 def _machine_words(original, run_on: Optional[str]) -> str:
@@ -273,6 +291,10 @@ def _machine_words(original, run_on: Optional[str]) -> str:
 
 def _ms(seconds: Optional[float]) -> str:
     return "-" if seconds is None else f"{seconds * 1000:,.1f} ms"
+
+
+def _rate(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:,.0f}"
 
 
 def _mib(value: Optional[int]) -> str:
@@ -290,10 +312,10 @@ def render(console, result: TuneResult) -> None:
     table = Table(title=escape(f"{result.script}: {len(result.outcomes)} candidate(s), "
                                f"median step after {result.warmup} warm-up step(s)"), title_justify="left")
     table.add_column("candidate", ratio=1, overflow="fold")
-    for name in ("step", "speed-up", "peak mem", "mem x", "verdict", "loss diff"):
+    for name in ("step", "samples/s", "speed-up", "peak mem", "mem x", "verdict", "loss diff"):
         table.add_column(name, justify="left" if name == "verdict" else "right", no_wrap=True)
-    table.add_row("original", _ms(result.original_step_s), "1.00x", _mib(result.original_memory_bytes), "1.00x",
-                  "", "")
+    table.add_row("original", _ms(result.original_step_s), _rate(result.original_samples_per_s), "1.00x",
+                  _mib(result.original_memory_bytes), "1.00x", "", "")
     for outcome in result.ranked():
         times = outcome.step_times(result.warmup)
         step = _ms(median(times)) if times else "-"
@@ -301,7 +323,8 @@ def render(console, result: TuneResult) -> None:
             step += f" ({min(times) * 1000:,.1f}-{max(times) * 1000:,.1f})"
         speedup, memory_x = result.speedup(outcome), result.memory_x(outcome)
         diff = outcome.mean_rel_diff
-        table.add_row(escape(outcome.candidate.label), step, "-" if speedup is None else f"{speedup:.2f}x",
+        table.add_row(escape(outcome.candidate.label), step, _rate(outcome.samples_per_s(result.warmup)),
+                      "-" if speedup is None else f"{speedup:.2f}x",
                       _mib(outcome.peak_memory_bytes), "-" if memory_x is None else f"{memory_x:.2f}x",
                       f"[{STYLE[outcome.verdict]}]{escape(outcome.label)}[/]",
                       "-" if diff is None else f"{diff:.2e}")
