@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     from accelerate_rewrite.codemod.siblings import Scope
     from accelerate_rewrite.codemod.result import Result
     from accelerate_rewrite.options import Options
-    from accelerate_rewrite.runner import Prepared, Settings
+    from accelerate_rewrite.prepare import Prepared
+    from accelerate_rewrite.settings import Settings
 
 ENV_DIR = "ACCELERATE_REWRITE_CACHE_DIR"
 ENV_OFF = "ACCELERATE_REWRITE_NO_CACHE"
@@ -250,7 +251,7 @@ def store(folder: Path, key: str, result: "Result", options: "Options") -> None:
 
 def _keyed(target: "Target", settings: "Settings"):
     """(the file as read, its key), or None when the cache has no say: no cache, a notebook, or
-    a file the key can't be made of (unreadable, a bad configuration, excluded: runner.prepare
+    a file the key can't be made of (unreadable, a bad configuration, excluded: prepare.prepare
     reports those)."""
     folder = settings.cache_dir
     if folder is None or target.error is not None or target.path.suffix == ".ipynb":
@@ -260,16 +261,17 @@ def _keyed(target: "Target", settings: "Settings"):
     try:
         source = read_source(target.path)
         key = key_for(target.path, source.raw, source.text, settings)
-    except Exception:  # noqa: BLE001 - runner.prepare says what is wrong
+    except Exception:  # noqa: BLE001 - prepare.prepare says what is wrong
         return None
     return (source, key) if key is not None else None
 
 
 def answer(target: "Target", settings: "Settings", keyed=False) -> Optional["Prepared"]:
-    """What the cache answers for ``target``: its result as ``runner.prepare`` would give it, or
+    """What the cache answers for ``target``: its result as ``prepare.prepare`` would give it, or
     None (no entry, or the result has to be written, which needs the rewrite's own data).
     ``keyed``: ``_keyed``'s answer, when the caller has it."""
-    from accelerate_rewrite.runner import Mode, Prepared
+    from accelerate_rewrite.prepare import Prepared
+    from accelerate_rewrite.settings import Mode
 
     if keyed is False:
         keyed = _keyed(target, settings)
@@ -286,11 +288,11 @@ def answer(target: "Target", settings: "Settings", keyed=False) -> Optional["Pre
 
 
 def prepare(target: "Target", settings: "Settings", scope: Optional["Scope"] = None) -> "Prepared":
-    """``runner.prepare`` (read, choose, rewrite, encode), answered from the cache when it can
+    """``prepare.prepare`` (read, choose, rewrite, encode), answered from the cache when it can
     (``answer``), and stored in the cache otherwise. A script rewritten with the project's
     modules it imports (``result.members``, codemod/project.py) is not stored: its result is
-    several files'. ``scope``: as ``runner.prepare``'s."""
-    from accelerate_rewrite.runner import prepare as uncached
+    several files'. ``scope``: as ``prepare.prepare``'s."""
+    from accelerate_rewrite.prepare import prepare as uncached
 
     keyed = _keyed(target, settings)
     known = answer(target, settings, keyed)

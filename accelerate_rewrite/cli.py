@@ -37,7 +37,7 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     """A one-line error on stderr, then exit (2 by default, like a usage error)."""
     from rich.markup import escape
 
-    from accelerate_rewrite.runner import make_console
+    from accelerate_rewrite.report import make_console
 
     make_console(stderr=True).print(f"[bold red]error[/]: {escape(message)}")
     raise click.exceptions.Exit(code)
@@ -302,7 +302,8 @@ def rewrite_command(
     that `git apply -p0` takes when piped), the summary to stderr.
     """
     from accelerate_rewrite.cache import chosen_dir
-    from accelerate_rewrite.runner import Mode, Settings, run
+    from accelerate_rewrite.runner import run
+    from accelerate_rewrite.settings import Mode, Settings
 
     options = _options(option_values)
 
@@ -382,7 +383,7 @@ def _sbatch(launcher: str, paths, output: Optional[str], options, mode):
 def _write_sbatch(path, text: str, write: bool) -> None:
     from accelerate_rewrite.codemod.source import write_atomic
     from accelerate_rewrite.launch import SBATCH_MARK
-    from accelerate_rewrite.runner import make_console
+    from accelerate_rewrite.report import make_console
 
     err = make_console(stderr=True)
     if not write:
@@ -408,7 +409,7 @@ def rules_command() -> None:
     from rich.table import Table
 
     from accelerate_rewrite.rules import ALL_RULES
-    from accelerate_rewrite.runner import make_console
+    from accelerate_rewrite.report import make_console
 
     rows = [(rule.code, rule.name, rule.kind.value, rule.summary()) for rule in ALL_RULES]
     hint = ("Run `accelerate-rewrite explain CODE` for a rule's documentation, its example and the "
@@ -457,7 +458,7 @@ def explain_command(code: str) -> None:
 
     from accelerate_rewrite.codemod.diff import colour_wanted, render_diff, unified_diff
     from accelerate_rewrite.rules import ALL_RULES, find
-    from accelerate_rewrite.runner import make_console
+    from accelerate_rewrite.report import make_console
 
     rule = find(code)
     if rule is None:
@@ -578,7 +579,7 @@ def verify_command(script, option_values, against, steps,
 
     from rich.markup import escape
 
-    from accelerate_rewrite.runner import make_console
+    from accelerate_rewrite.report import make_console
     from accelerate_rewrite.verify.session import VerifyError, verify
 
     _options(option_values)
@@ -689,7 +690,7 @@ def tune_command(script, tries, against_files, steps, repeat, min_speedup, run_o
     from pathlib import Path
 
     from accelerate_rewrite.config import ConfigError, choose
-    from accelerate_rewrite.runner import make_console
+    from accelerate_rewrite.report import make_console
     from accelerate_rewrite.verify import tune
     from accelerate_rewrite.verify.session import VerifyError
 

@@ -31,7 +31,7 @@ from statistics import median
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from accelerate_rewrite.codemod.engine import rewrite  # noqa: E402
+from accelerate_rewrite.api import rewrite  # noqa: E402
 from accelerate_rewrite.options import Options  # noqa: E402
 from accelerate_rewrite.verify.runner import run_script  # noqa: E402
 from benchmarks.verify_fixtures import _mib, machine  # noqa: E402

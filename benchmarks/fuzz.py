@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from accelerate_rewrite.codemod.checks import undefined_names  # noqa: E402
-from accelerate_rewrite.codemod.engine import RewriteError, rewrite  # noqa: E402
+from accelerate_rewrite.api import RewriteError, rewrite  # noqa: E402
 from accelerate_rewrite.options import Options  # noqa: E402
 
 FIXTURES = ROOT / "fixtures"

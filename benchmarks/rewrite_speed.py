@@ -60,6 +60,7 @@ from typing import Callable, Optional
 import libcst
 
 import accelerate_rewrite.codemod.engine as engine
+from accelerate_rewrite import api
 from accelerate_rewrite.options import Options
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,7 +191,7 @@ def fixture_sources() -> list[tuple[str, str]]:
 
 def one_rewrite(path: str, source: str, opts: dict) -> float:
     start = time.perf_counter()
-    engine.rewrite(source, Options.create(**opts), path=path)
+    api.rewrite(source, Options.create(**opts), path=path)
     return time.perf_counter() - start
 
 
@@ -387,7 +388,7 @@ def synthetic(target_lines: int, runs: int) -> Optional[dict]:
             gc.collect()
             phases.take()
             start = time.perf_counter()
-            result = engine.rewrite(source, Options.create(), path="<synthetic>")
+            result = api.rewrite(source, Options.create(), path="<synthetic>")
             times.append(time.perf_counter() - start)
         analysis = phases.take().get(INSTRUMENTED["ScriptFacts"])
     start = time.perf_counter()
@@ -532,11 +533,11 @@ _WALK = ("libcst/_nodes/", "libcst/_batched_visitor.py", "libcst/_visitors.py",
 def profile(top: int) -> None:
     files = fixture_sources()
     for path, source in files:  # warm up outside the profile
-        engine.rewrite(source, Options.create(), path=path)
+        api.rewrite(source, Options.create(), path=path)
     prof = cProfile.Profile()
     prof.enable()
     for path, source in files:
-        engine.rewrite(source, Options.create(), path=path)
+        api.rewrite(source, Options.create(), path=path)
     prof.disable()
     stats = pstats.Stats(prof)
     rows = []

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from accelerate_rewrite.codemod.engine import rewrite  # noqa: E402
+from accelerate_rewrite.api import rewrite  # noqa: E402
 from accelerate_rewrite.options import Options  # noqa: E402
 from accelerate_rewrite.verify.session import VerifyError, verify  # noqa: E402
 

@@ -17,7 +17,7 @@ import contextlib
 from functools import lru_cache
 from pathlib import Path
 
-from accelerate_rewrite.codemod.engine import Result, rewrite
+from accelerate_rewrite.api import Result, rewrite
 from accelerate_rewrite.options import Options
 
 ROOT = Path(__file__).resolve().parent.parent

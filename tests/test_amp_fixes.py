@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import textwrap
 
-from accelerate_rewrite.codemod.engine import rewrite
+from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules.amp_scaler_once import ScalerOnce
 from accelerate_rewrite.rules.amp_unscale_before_clip import UnscaleBeforeClip

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import accelerate_rewrite.runner as runner_module
+import accelerate_rewrite.prepare as runner_module
 from accelerate_rewrite import cache, config
 from accelerate_rewrite.cli import cli
 
@@ -268,7 +268,7 @@ def test_a_hit_loads_neither_libcst_nor_the_rules(good, cache_dir):
         from accelerate_rewrite import cache
         from accelerate_rewrite.codemod.files import Target
         from accelerate_rewrite.options import Options
-        from accelerate_rewrite.runner import Mode, Settings
+        from accelerate_rewrite.settings import Mode, Settings
 
         settings = Settings(mode=Mode.CHECK, options=Options(), isolated=True, cache_dir=Path(sys.argv[1]))
         prepared = cache.prepare(Target(Path("train.py")), settings)

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from accelerate_rewrite.cli import cli
 from accelerate_rewrite.codemod.diff import NO_NEWLINE, unified_diff
-from accelerate_rewrite.codemod.engine import rewrite
+from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.options import PRECISIONS, STRATEGIES, Options
 from accelerate_rewrite.rules import ALL_RULES
 

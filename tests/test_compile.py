@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from accelerate_rewrite.codemod.engine import rewrite
+from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules import BY_CODE
 from tests.goldens import FIXTURES, run

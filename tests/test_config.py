@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from accelerate_rewrite.cli import cli
-from accelerate_rewrite.codemod.engine import rewrite
+from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.codemod.suppress import protected_lines
 from accelerate_rewrite.config import ConfigError, choose, fixes, load, select_rules
 from accelerate_rewrite.options import Options

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from accelerate_rewrite.codemod.engine import Result, rewrite
+from accelerate_rewrite.api import Result, rewrite
 from accelerate_rewrite.options import Options
 
 

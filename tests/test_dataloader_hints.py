@@ -8,7 +8,7 @@ import ast
 
 import pytest
 
-from accelerate_rewrite.codemod.engine import rewrite
+from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.config import choose
 from accelerate_rewrite.options import Options
 from tests.goldens import FIXTURES

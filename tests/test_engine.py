@@ -13,7 +13,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from accelerate_rewrite.codemod.engine import RewriteError, rewrite
+from accelerate_rewrite.api import RewriteError, rewrite
 from accelerate_rewrite.codemod.rule import Rule, RuleContext
 from accelerate_rewrite.options import Options
 
@@ -369,7 +369,7 @@ def test_rewrite_path_imports_no_torch_or_lightning():
     program = textwrap.dedent('''
         import sys
         import accelerate_rewrite.cli, accelerate_rewrite.rules
-        from accelerate_rewrite.codemod.engine import rewrite
+        from accelerate_rewrite.api import rewrite
         from accelerate_rewrite.options import Options
         from pathlib import Path
         changed = 0

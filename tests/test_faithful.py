@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from textwrap import dedent
 
-from accelerate_rewrite.codemod.engine import rewrite
+from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.options import Options
-from accelerate_rewrite.runner import numerics
+from accelerate_rewrite.report import numerics
 from tests.goldens import FIXTURES, run
 from tests.test_conversions import assert_left_alone, body, convert, skips
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from accelerate_rewrite.codemod.engine import rewrite
+from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.options import Options
 from tests.goldens import FIXTURES, OPTION_SETS, fixture_names, notes_text, run
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
-from accelerate_rewrite.codemod.engine import rewrite
+from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.codemod.flow import maybe_unbound
 from accelerate_rewrite.options import Options
 

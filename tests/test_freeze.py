@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from accelerate_rewrite.cli import cli
-from accelerate_rewrite.codemod.engine import rewrite
+from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.options import OptionError, Options, freeze_form
 from accelerate_rewrite.rules.freeze import helper_code
 from tests.goldens import FIXTURES, FREEZE_FORMS, run

@@ -30,7 +30,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("lightning")
 
-from accelerate_rewrite.codemod.engine import rewrite  # noqa: E402
+from accelerate_rewrite.api import rewrite  # noqa: E402
 from accelerate_rewrite.options import Options  # noqa: E402
 from tests import processes  # noqa: E402
 from tests.goldens import FIXTURES, fixture_names  # noqa: E402

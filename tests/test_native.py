@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from accelerate_rewrite.codemod.engine import rewrite
+from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.options import OptionError, Options
 
 HEAD = """\

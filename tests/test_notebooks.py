@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from accelerate_rewrite.cli import cli
-from accelerate_rewrite.codemod.engine import rewrite
+from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.options import Options
 from tests.goldens import FIXTURES
 

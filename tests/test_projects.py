@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from accelerate_rewrite.cli import cli
-from accelerate_rewrite.codemod.engine import rewrite
+from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.codemod.project import Scope
 from accelerate_rewrite.options import Options
 from tests import processes

@@ -17,7 +17,7 @@ from textwrap import dedent
 
 import pytest
 
-from accelerate_rewrite.codemod.engine import rewrite
+from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.options import Options
 from tests.goldens import FIXTURES, run
 from tests.test_conversions import assert_left_alone, convert, skips

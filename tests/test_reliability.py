@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from accelerate_rewrite.cli import cli
 from accelerate_rewrite.codemod import engine as engine_module
 from accelerate_rewrite.codemod import preserve
-from accelerate_rewrite.codemod.engine import RewriteError, rewrite
+from accelerate_rewrite.api import RewriteError, rewrite
 from accelerate_rewrite.codemod.rule import Rule, RuleContext
 from accelerate_rewrite.codemod.source import write_atomic
 from accelerate_rewrite.options import Options

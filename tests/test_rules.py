@@ -6,7 +6,7 @@ import ast
 
 import pytest
 
-from accelerate_rewrite.codemod.engine import rewrite
+from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.codemod.rule import Kind
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules import ALL_RULES, BY_CODE, find

@@ -108,7 +108,7 @@ def test_tune_ranks_measured_candidates_and_shows_the_failed_and_the_unavailable
     pytest.importorskip("torch")
     pytest.importorskip("lightning")
     pytest.importorskip("matplotlib")
-    from accelerate_rewrite.codemod.engine import rewrite
+    from accelerate_rewrite.api import rewrite
 
     shutil.copy(FIXTURES / "module_loop" / "input.py", tmp_path / "train.py")
     good = rewrite((tmp_path / "train.py").read_text(), Options.create(precision="32-true")).output

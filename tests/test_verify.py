@@ -28,7 +28,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("lightning")
 
-from accelerate_rewrite.codemod.engine import rewrite  # noqa: E402
+from accelerate_rewrite.api import rewrite  # noqa: E402
 from accelerate_rewrite.options import Options  # noqa: E402
 from accelerate_rewrite.verify import session  # noqa: E402
 from accelerate_rewrite.verify.compare import APPROXIMATE, CHANGES_TRAINING, EXACT  # noqa: E402

@@ -1,11 +1,13 @@
-"""rewrite(source, options) -> Result: parse, analyse once, run the rules, check, report."""
+"""rewrite(source, options, rules=..., catalogue=...) -> Result: parse, analyse once, run the
+rules, check, report. The rules come from the caller (accelerate_rewrite.api.rewrite passes the
+registry): nothing in codemod/ imports rules/."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Mapping, Optional, Sequence, Union
 
 import difflib
 import os
@@ -22,6 +24,7 @@ from accelerate_rewrite.codemod.project import (Project, Realias, Scope, Unit, a
                                                 units_of)
 from accelerate_rewrite.codemod.preserve import Region, lost_trivia, removed_comments, restore, split_tail
 from accelerate_rewrite.codemod.rule import Note, Rule, RuleContext
+from accelerate_rewrite.codemod.words import TRAINING_WORDS
 from accelerate_rewrite.codemod.suppress import applies_to, changed_lines, protected_lines, skip_file_line
 from accelerate_rewrite.options import Options
 
@@ -30,18 +33,14 @@ class RewriteError(Exception):
     """The file can't be rewritten at all (a syntax error, ...); the message names the file."""
 
 
-def _rule_name(code: str) -> str:
-    from accelerate_rewrite.rules import BY_CODE
-
-    rule = BY_CODE.get(code)
+def _rule_name(code: str, catalogue: Mapping[str, Rule]) -> str:
+    rule = catalogue.get(code)
     return rule.name if rule is not None else "unknown"
 
 
-def _nothing_to_do(code: str, facts: ScriptFacts, options: Options) -> bool:
+def _nothing_to_do(code: str, facts: ScriptFacts, options: Options, catalogue: Mapping[str, Rule]) -> bool:
     """Whether the rule ``code``, run on these facts, would record no edit and say nothing."""
-    from accelerate_rewrite.rules import BY_CODE
-
-    rule = BY_CODE.get(code)
+    rule = catalogue.get(code)
     if rule is None or not rule.applies(options):
         return False
     ctx = RuleContext(rule, facts, options)
@@ -194,24 +193,28 @@ def rewrite(
     options: Options,
     *,
     path: str = "<string>",
-    rules: Optional[Sequence[Rule]] = None,
+    rules: Sequence[Rule],
+    catalogue: Mapping[str, Rule],
     check_idempotence: Optional[bool] = None,
     scope: Optional[Scope] = None,
     sources: Optional[dict[str, str]] = None,
 ) -> Result:
-    """The rewrite of the script ``source`` (its file ``path``). The project's own modules it
+    """The rewrite of the script ``source`` (its file ``path``) with ``rules``; ``catalogue``:
+    every rule by code, for the prerequisites a selection leaves out (codemod/ knows no rule of
+    its own: accelerate_rewrite.api.rewrite passes the registry in). The project's own modules it
     imports are analysed with it (codemod/project.py); ``scope`` says which of them may change
     (by default none: a conversion that needs them to is left out, and says so), and their
     results are ``result.members``. ``sources``: the text of some of them (by path), instead of
     what is on disk."""
     scope = scope if scope is not None else Scope()
-    result = _rewrite(source, options, path=path, rules=rules, scope=scope, sources=sources)
+    result = _rewrite(source, options, path=path, rules=rules, catalogue=catalogue, scope=scope, sources=sources)
     if check_idempotence is None:
         check_idempotence = os.environ.get(IDEMPOTENCE_ENV, "") == "1"
     changed = result.changed or any(m.changed for m in result.members)
     if check_idempotence and changed and source.count("\n") < IDEMPOTENCE_MAX_LINES:
         outputs = {**(sources or {}), **{m.path: m.output for m in result.members}}
-        again = _rewrite(result.output, options, path=path, rules=rules, scope=scope, sources=outputs)
+        again = _rewrite(result.output, options, path=path, rules=rules, catalogue=catalogue, scope=scope,
+                         sources=outputs)
         pairs = [(path, result.output, again.output)] + [
             (m.path, m.output, n.output) for m in result.members for n in again.members if n.path == m.path]
         for where, first, second in pairs:
@@ -224,8 +227,6 @@ def rewrite(
 
 def _project(source: str, path: str, scope: Scope, sources: Optional[dict[str, str]]) -> Optional[Project]:
     """The script with the project's modules it imports (codemod/project.py), or None."""
-    from accelerate_rewrite.runner import TRAINING_WORDS
-
     folder = _folder(path)
     if folder is None or "import" not in source:
         return None
@@ -264,14 +265,11 @@ def _rewrite(
     options: Options,
     *,
     path: str = "<string>",
-    rules: Optional[Sequence[Rule]] = None,
+    rules: Sequence[Rule],
+    catalogue: Mapping[str, Rule],
     scope: Optional[Scope] = None,
     sources: Optional[dict[str, str]] = None,
 ) -> Result:
-    if rules is None:
-        from accelerate_rewrite.rules import ALL_RULES
-
-        rules = ALL_RULES
     project = _project(source, path, scope, sources) if scope is not None else None
     unfollowed = project.unfollowed if project is not None else []
     several = project is not None and len(project.parts) > 1
@@ -320,10 +318,10 @@ def _rewrite(
         for req in rule.requirements(options):
             if req in contexts or req in missing or req in vacuous:
                 continue
-            if req not in selected and _nothing_to_do(req, facts, options):
+            if req not in selected and _nothing_to_do(req, facts, options, catalogue):
                 vacuous.add(req)
                 continue
-            name = next((r.name for r in rules if r.code == req), None) or _rule_name(req)
+            name = next((r.name for r in rules if r.code == req), None) or _rule_name(req, catalogue)
             missing[req] = (f"it relies on {req} ({name}), which the selection leaves out (select it "
                             f"too: --select ...,{req})" if req not in selected
                             else f"it relies on {req} ({name}), which did not run")

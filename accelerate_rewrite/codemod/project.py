@@ -95,6 +95,7 @@ class Project:
         return locate
 
 
+
 def statement_starts(module: cst.Module) -> list[int]:
     """The line each top-level statement of ``module`` starts on (its leading lines included),
     then the line after the last one: from the code LibCST prints, as its positions are."""

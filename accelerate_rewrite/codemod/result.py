@@ -36,12 +36,10 @@ class Note:
     kind: Optional["Kind"] = None
 
     def kind_with(self, options: "Options") -> "Kind":
-        """The kind of this change: its own, or its rule's for these options."""
-        if self.kind is not None:
-            return self.kind
-        from accelerate_rewrite.rules import BY_CODE
-
-        return BY_CODE[self.rule].kind_for(options)
+        """The kind of this change: a rule's change has it from the moment it is made
+        (``RuleContext.change``: its own, or the rule's for the options); the engine's own notes
+        (a comment that went with its statement) keep the math."""
+        return self.kind if self.kind is not None else Kind.SAFE
 
 
 @dataclass

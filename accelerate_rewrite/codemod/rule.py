@@ -48,6 +48,7 @@ class RuleContext:
         self.notes: list[Note] = []
 
     def change(self, node: Optional[cst.CSTNode], message: str, kind: Optional[Kind] = None) -> None:
+        kind = kind if kind is not None else self.rule.kind_for(self.options)  # read by Note.kind_with
         self.notes.append(Note(self.rule.code, self.facts.line(node), message, kind=kind))
 
     def skip(self, node: Optional[cst.CSTNode], message: str) -> None:

@@ -227,7 +227,7 @@ def verify(
     #: original once for all its candidates
     reuse: Optional[dict] = None,
 ) -> Verification:
-    from accelerate_rewrite.codemod.engine import RewriteError, rewrite
+    from accelerate_rewrite.api import RewriteError, rewrite
     from accelerate_rewrite.codemod.project import Scope
     from accelerate_rewrite.codemod.source import SourceError, read_source
     from accelerate_rewrite.rules import BY_CODE
