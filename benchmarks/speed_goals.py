@@ -39,7 +39,7 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from corpus import write_corpus  # noqa: E402
+from corpus import n_lines, synthetic_source, write_corpus  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ONE_FILE = ROOT / "fixtures" / "module_loop" / "input.py"
@@ -86,8 +86,6 @@ def side_by_side(tool: str, torchfix: Optional[str], corpus: Path, rounds: int) 
 
 
 def size_curve(tool: str, sizes: list[int], folder: Path) -> list[dict]:
-    from rewrite_speed import n_lines, synthetic_source
-
     out = []
     for target in sizes:
         models = max(1, round(target / 47.5))

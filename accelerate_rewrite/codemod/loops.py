@@ -21,13 +21,16 @@ Computed once per file (``facts.memo``) and shared by the rules.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import MODEL, OPTIMIZER, Binding, Key, ScriptFacts, code
-from accelerate_rewrite.codemod.syntax import COUNTERS, passes_through, unwrap_iter
+from accelerate_rewrite.codemod.facts_kinds import MODEL, OPTIMIZER, Binding, Key
+from accelerate_rewrite.codemod.syntax import COUNTERS, code, passes_through, unwrap_iter
+
+if TYPE_CHECKING:
+    from accelerate_rewrite.codemod.facts import ScriptFacts
 
 TRAIN, EVAL, UNKNOWN = "train", "eval", "unknown"
 

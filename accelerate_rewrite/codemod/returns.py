@@ -9,22 +9,25 @@ lands, not where they are built (``fabric`` is rarely in reach there).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 
-from accelerate_rewrite.codemod import facts as F
+from accelerate_rewrite.codemod import facts_kinds as F
 from accelerate_rewrite.codemod.siblings import loader_results, sibling_defines
 from accelerate_rewrite.codemod.syntax import code
 
+if TYPE_CHECKING:
+    from accelerate_rewrite.codemod.facts import ScriptFacts
 
-def _returns(f: "F.ScriptFacts", func: cst.FunctionDef) -> list[cst.Return]:
+
+def _returns(f: "ScriptFacts", func: cst.FunctionDef) -> list[cst.Return]:
     """The function's own returns (not those of functions or classes defined in it), from the
     returns the analysis found (no walk of its own)."""
     return f.memo("returns-by-function", lambda: _by_function(f)).get(func, [])
 
 
-def _by_function(f: "F.ScriptFacts") -> dict[cst.FunctionDef, list[cst.Return]]:
+def _by_function(f: "ScriptFacts") -> dict[cst.FunctionDef, list[cst.Return]]:
     out: dict[cst.FunctionDef, list[cst.Return]] = {}
     for ret in f.returns:
         for parent in f.ancestors(ret):
@@ -35,7 +38,7 @@ def _by_function(f: "F.ScriptFacts") -> dict[cst.FunctionDef, list[cst.Return]]:
     return out
 
 
-def _loader_positions(f: "F.ScriptFacts", func: cst.FunctionDef) -> list[tuple[Optional[F.Key], ...]]:
+def _loader_positions(f: "ScriptFacts", func: cst.FunctionDef) -> list[tuple[Optional[F.Key], ...]]:
     """For each length of what ``func`` returns (a helper may return a validation loader only
     when asked: two loaders or three): per element, the key of the loader built in it (or None
     for a DataLoader(...) returned directly, or for a non-loader); none for a length whose
@@ -66,7 +69,7 @@ def _loader_positions(f: "F.ScriptFacts", func: cst.FunctionDef) -> list[tuple[O
     return out
 
 
-def _returned_names(f: "F.ScriptFacts", func: cst.FunctionDef) -> Optional[list[Optional[cst.Name]]]:
+def _returned_names(f: "ScriptFacts", func: cst.FunctionDef) -> Optional[list[Optional[cst.Name]]]:
     """Per element of what ``func`` returns, the name it returns there (None: not a name), when
     it has one return of a name or a tuple."""
     returns = _returns(f, func)
@@ -77,7 +80,7 @@ def _returned_names(f: "F.ScriptFacts", func: cst.FunctionDef) -> Optional[list[
     return [e if isinstance(e, cst.Name) else None for e in elements]
 
 
-def _alias_results(f: "F.ScriptFacts", fn: "F.Function") -> None:
+def _alias_results(f: "ScriptFacts", fn: "F.Function") -> None:
     """``dataset, model, optimizer = load_train_objs()``: the names the result is unpacked into
     hold what the helper's names held (the flow of kinds joins them)."""
     names = _returned_names(f, fn.node)
@@ -98,7 +101,7 @@ def _alias_results(f: "F.ScriptFacts", fn: "F.Function") -> None:
                 f._aliases.append((key, name))
 
 
-def find_returned_loaders(f: "F.ScriptFacts") -> None:
+def find_returned_loaders(f: "ScriptFacts") -> None:
     for fn in f.functions.values():
         if not isinstance(fn.node, cst.FunctionDef) or not fn.calls:
             continue
@@ -121,7 +124,7 @@ def find_returned_loaders(f: "F.ScriptFacts") -> None:
                           f"{site.qualname}()")
 
 
-def _bind_results(f: "F.ScriptFacts", call: cst.Call, positions, label: str) -> None:
+def _bind_results(f: "ScriptFacts", call: cst.Call, positions, label: str) -> None:
     """The names ``call``'s result is unpacked into, at the positions that are loaders, become
     loaders bound there (``positions``: per element, the key of the loader built inside the
     helper, ``()`` for one built elsewhere, None for a non-loader)."""
@@ -149,7 +152,7 @@ def _bind_results(f: "F.ScriptFacts", call: cst.Call, positions, label: str) -> 
 _NOT_LOADERS = ("builtins.", "torchtext.", "torch.utils.data.Dataset", "numpy.", "itertools.")
 
 
-def assume_received_loaders(f: "F.ScriptFacts") -> None:
+def assume_received_loaders(f: "ScriptFacts") -> None:
     """A training loop's batches from the result of a call the analysis can't see into
     (``train_loader, test_loader = data_generator(root, batch_size)`` from a package, a loader
     handed in from another file): Fabric's guide sets loaders up where the script receives them,
@@ -201,7 +204,7 @@ def assume_received_loaders(f: "F.ScriptFacts") -> None:
         f.assumed_loaders.add(key)
 
 
-def _not_a_loader(f: "F.ScriptFacts", call: cst.Call, key, assign: cst.Assign) -> bool:
+def _not_a_loader(f: "ScriptFacts", call: cst.Call, key, assign: cst.Assign) -> bool:
     """What the call gives is known not to be a DataLoader: a builtin, torchtext's iterators, a
     class of the script's own, or a helper of the script whose result there is one of those."""
     names = f.qualnames(call.func) | f.qualnames(call)

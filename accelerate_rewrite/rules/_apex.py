@@ -9,6 +9,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
+from accelerate_rewrite.codemod.syntax import short
 from accelerate_rewrite.codemod.facts import (
     APEX_INITIALIZE,
     APEX_LOAD_STATE_DICT,
@@ -52,8 +53,6 @@ def apex_use(f: ScriptFacts) -> ApexUse:
 
 
 def _find(f: ScriptFacts) -> ApexUse:
-    from accelerate_rewrite.rules._fabric import short  # _fabric's plan imports this module
-
     out = ApexUse()
     levels: dict[str, cst.Call] = {}
     for call in f.calls_named(*APEX_INITIALIZE):

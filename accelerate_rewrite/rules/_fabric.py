@@ -218,14 +218,6 @@ def _innermost_scope(facts: ScriptFacts, node: cst.CSTNode) -> Scope:
     return next(iter(_scopes_up(facts, node)))
 
 
-def plan(facts: ScriptFacts, options: Options) -> FabricPlan:
-    """The plan for this file and these options: made by the first rule that asks
-    (rules/_fabric_plan.py makes it)."""
-    from accelerate_rewrite.rules._fabric_plan import make_plan
-
-    return facts.memo(("fabric-plan", options), lambda: make_plan(facts, options))
-
-
 def common_after(facts: ScriptFacts, stmts: list[cst.BaseStatement]) -> Optional[cst.BaseStatement]:
     """The statement after which all of ``stmts`` have run: in the innermost block that holds
     them all (within one function), the last statement that holds one of them."""

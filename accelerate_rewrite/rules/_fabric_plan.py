@@ -457,3 +457,8 @@ def _over_tensors(opt: Optimizer) -> bool:
     params = opt.call.args[0].value
     return isinstance(params, (cst.List, cst.Tuple)) and bool(params.elements) and all(
         isinstance(e, cst.Element) and isinstance(e.value, (cst.Name, cst.Attribute)) for e in params.elements)
+
+
+def plan(facts: ScriptFacts, options: Options) -> FabricPlan:
+    """The plan for this file and these options: made by the first rule that asks."""
+    return facts.memo(("fabric-plan", options), lambda: make_plan(facts, options))

@@ -22,7 +22,8 @@ from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.codemod.loops import data_source
-from accelerate_rewrite.rules._fabric import expr, plan, short, stmt, visible_name
+from accelerate_rewrite.rules._fabric import expr, short, stmt, visible_name
+from accelerate_rewrite.rules._fabric_plan import plan
 
 FLAG = "is_accumulating"
 COUNTERS = ("batch_idx", "micro_step", "batch_index")

@@ -8,7 +8,8 @@ from accelerate_rewrite.codemod.facts import CLIP_NORM, CLIP_VALUE
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._apex import apex_use
-from accelerate_rewrite.rules._fabric import FABRIC_CORE, expr, plan, short
+from accelerate_rewrite.rules._fabric import FABRIC_CORE, expr, short
+from accelerate_rewrite.rules._fabric_plan import plan
 from accelerate_rewrite.rules._native import NATIVE_CORE, native_plan
 
 

@@ -4,7 +4,8 @@ from accelerate_rewrite.codemod.facts import CLIP_NORM, CLIP_VALUE, OPTIMIZER, S
 from accelerate_rewrite.codemod.facts_kinds import stepped_by
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
-from accelerate_rewrite.rules._fabric import plan, short, stmt, visible_name
+from accelerate_rewrite.rules._fabric import short, stmt, visible_name
+from accelerate_rewrite.rules._fabric_plan import plan
 from accelerate_rewrite.rules._native import native_plan
 
 

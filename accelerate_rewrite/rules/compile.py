@@ -8,7 +8,8 @@ import libcst.matchers as m
 from accelerate_rewrite.codemod.facts import Binding, Key, ScriptFacts
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
-from accelerate_rewrite.rules._fabric import plan, short, stmt
+from accelerate_rewrite.rules._fabric import short, stmt
+from accelerate_rewrite.rules._fabric_plan import plan
 from accelerate_rewrite.rules.freeze import _models
 
 #: calls that take a model whole and that a compiled model does not survive unchanged

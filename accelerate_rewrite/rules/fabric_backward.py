@@ -4,7 +4,8 @@ import libcst as cst
 
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.rules._apex import apex_use
-from accelerate_rewrite.rules._fabric import FabricRule, core_except, expr, plan, short
+from accelerate_rewrite.rules._fabric import FabricRule, core_except, expr, short
+from accelerate_rewrite.rules._fabric_plan import plan
 
 
 class FabricBackward(FabricRule):

@@ -7,7 +7,8 @@ import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import OPTIMIZER, root_of
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, code, expr, plan
+from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, code, expr
+from accelerate_rewrite.rules._fabric_plan import plan
 
 _RANK_WORDS = ("rank", "is_main", "main_process", "master", "global_zero")
 TORCH_SAVE = ("torch.save", "torch.serialization.save")

@@ -4,7 +4,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.rules._fabric import FabricRule, core_except, code, plan
+from accelerate_rewrite.rules._fabric import FabricRule, core_except, code
+from accelerate_rewrite.rules._fabric_plan import plan
 
 
 class FabricDataParallel(FabricRule):

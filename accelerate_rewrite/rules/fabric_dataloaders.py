@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.rules._fabric import FabricRule, core_except, plan, stmt
+from accelerate_rewrite.rules._fabric import FabricRule, core_except, stmt
+from accelerate_rewrite.rules._fabric_plan import plan
 
 
 class FabricDataloaders(FabricRule):

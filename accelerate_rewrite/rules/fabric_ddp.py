@@ -6,7 +6,8 @@ import libcst.matchers as m
 from accelerate_rewrite.codemod.ddp_places import PLACE_CALLS
 from accelerate_rewrite.codemod.facts import code
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.rules._fabric import NAME, FabricRule, core_except, expr, insert_at_top, plan, short, stmt
+from accelerate_rewrite.rules._fabric import NAME, FabricRule, core_except, expr, insert_at_top, short, stmt
+from accelerate_rewrite.rules._fabric_plan import plan
 
 #: the imports the hand-made set-up needed, dropped when the result no longer reads them
 _IMPORTS = (

@@ -4,7 +4,8 @@ import libcst as cst
 
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.codemod.facts import init_of
-from accelerate_rewrite.rules._fabric import FabricRule, core_except, NAME, code, expr, insert_at_top, plan, short, stmt
+from accelerate_rewrite.rules._fabric import FabricRule, core_except, NAME, code, expr, insert_at_top, short, stmt
+from accelerate_rewrite.rules._fabric_plan import plan
 
 
 class FabricDevice(FabricRule):

@@ -4,7 +4,8 @@ import libcst as cst
 
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.codemod.facts import code
-from accelerate_rewrite.rules._fabric import FabricRule, core_except, NAME, expr, plan, short, stmt
+from accelerate_rewrite.rules._fabric import FabricRule, core_except, NAME, expr, short, stmt
+from accelerate_rewrite.rules._fabric_plan import plan
 
 
 class _Code(str):

@@ -3,7 +3,8 @@ from __future__ import annotations
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 import libcst as cst
 
-from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, expr, names_rank, plan, short
+from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, expr, names_rank, short
+from accelerate_rewrite.rules._fabric_plan import plan
 from accelerate_rewrite.rules.fabric_checkpoint import rank_guard
 
 

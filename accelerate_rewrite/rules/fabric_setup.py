@@ -3,7 +3,8 @@ from __future__ import annotations
 import libcst as cst
 
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.rules._fabric import FabricRule, core_except, plan, short, stmt
+from accelerate_rewrite.rules._fabric import FabricRule, core_except, short, stmt
+from accelerate_rewrite.rules._fabric_plan import plan
 
 
 class FabricSetup(FabricRule):

@@ -8,7 +8,8 @@ from accelerate_rewrite.codemod.facts import code
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._calls import set_keywords
-from accelerate_rewrite.rules._fabric import plan, short
+from accelerate_rewrite.rules._fabric import short
+from accelerate_rewrite.rules._fabric_plan import plan
 from accelerate_rewrite.rules._padding import padded_sets
 
 SAMPLER = "LengthGroupedSampler"

@@ -7,7 +7,8 @@ import libcst as cst
 
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import MIXED_PRECISIONS
-from accelerate_rewrite.rules._fabric import code, plan
+from accelerate_rewrite.rules._fabric import code
+from accelerate_rewrite.rules._fabric_plan import plan
 from accelerate_rewrite.rules._native import casts_to_true_half, native_plan
 from accelerate_rewrite.rules._half import half_casts
 
