@@ -435,64 +435,28 @@ def rules_command() -> None:
     console.print(hint, markup=False)
 
 
-def _options_text(options: dict) -> str:
-    """An example's options as flags: ``--compile``, ``--freeze a --freeze b``, and the rules it
-    selects by code as ``--select AR404``."""
-    parts = []
-    for key, value in options.items():
-        flag = "--select" if key == "explicit" else f"--{key.replace('_', '-')}"
-        if value is True:
-            parts.append(flag)
-        elif isinstance(value, (tuple, list, set, frozenset)):
-            parts += [f"{flag} {v}" for v in sorted(value)]
-        elif value not in (False, None):
-            parts.append(f"{flag} {value}")
-    return " ".join(parts)
-
-
 @cli.command("explain", context_settings=CONTEXT_SETTINGS)
 @click.argument("code", metavar="CODE")
 def explain_command(code: str) -> None:
-    """Show a rule's documentation and its before/after example(s). CODE: AR106 or a name."""
-    from rich.markup import escape
-
-    from accelerate_rewrite.codemod.diff import colour_wanted, render_diff, unified_diff
-    from accelerate_rewrite.rules import ALL_RULES, find
+    """Show a rule's documentation and its before/after example(s): its section of docs/rules.md.
+    CODE: AR106 or a name."""
+    from accelerate_rewrite.codemod.diff import colour_wanted
     from accelerate_rewrite.report import make_console
+    from accelerate_rewrite.rules import ALL_RULES, find
+    from accelerate_rewrite.rules.reference import section
 
     rule = find(code)
     if rule is None:
         known = ", ".join(f"{r.code} ({r.name})" for r in ALL_RULES)
         _fail(f"unknown rule {code!r}; known rules: {known}")
     console = make_console()
-    console.print(f"[bold cyan]{rule.code}[/] [bold]{escape(rule.name)}[/] ({rule.kind.value})")
-    if rule.requires:
-        console.print("Relies on: " + ", ".join(f"{c} ({find(c).name})" for c in rule.requires)
-                      + " (a rule it relies on that has nothing to do in a file need not be selected)",
-                      markup=False)
-    console.print()
-    doc = rule.documentation()
+    text = section(rule)
     if colour_wanted(console):
         from rich.markdown import Markdown
 
-        console.print(Markdown(doc), soft_wrap=False)
-    else:
-        console.print(doc, markup=False)
-    for number, example in enumerate(rule.examples, 1):
-        with_options = _options_text(example.options)
-        title = "Example" if len(rule.examples) == 1 else f"Example {number}"
-        console.print()
-        console.print(
-            f"[bold]{title}[/]" + (f", with {escape(with_options)}" if with_options else "")
-            + ":"
-        )
-        text = unified_diff("before", example.before, example.after, to_path="after",
-                            context=1_000_000)
-        if text:
-            render_diff(console, text)
-        else:
-            console.print("(the rule leaves this code as it is)")
-            console.print(example.before, markup=False)
+        console.print(Markdown(text, code_theme="ansi_dark"), soft_wrap=False)
+    else:  # piped: the Markdown itself
+        console.file.write(text)
 
 
 def run_options(command):
