@@ -84,9 +84,9 @@ def test_selected_it_applies_where_it_is_safe():
     assert "`Noisy.__getitem__` draws random numbers" in skipped
     assert "`**settings`" in skipped
     changes = {n.line: n for n in result.notes if n.rule == "AR404" and not n.skipped}
-    assert changes[5].kind is None  # pin_memory only: safe
+    assert changes[5].kind.value == "safe"  # pin_memory only
     assert changes[17].kind.value == "changes-training"  # persistent workers
-    assert changes[23].kind is None  # a lambda: no workers, pin_memory only
+    assert changes[23].kind.value == "safe"  # a lambda: no workers, pin_memory only
     assert changes[24].kind.value == "changes-training"  # workers for a dataset that draws random numbers
 
 

@@ -133,7 +133,7 @@ def measured(tolerance: Tolerance, noise: dict) -> Tolerance:
     return replace(tolerance, **changes)
 
 
-def _median_time(times: list[float], warmup: int) -> Optional[float]:
+def median_time(times: list[float], warmup: int) -> Optional[float]:
     kept = times[warmup:] if len(times) > warmup else times[-1:]
     return median(kept) if kept else None
 
@@ -493,8 +493,8 @@ def compare(
     grad_diffs = rel_diffs(original.grad_norms[:n], rewritten.grad_norms[:n])
     clip_diffs = _step_diffs(original.clip_norms[:n], rewritten.clip_norms[:n])
     warmup = tolerance.warmup_steps if tolerance.warmup_steps is not None else max(1, n // 10)
-    t_before = _median_time(original.step_times_s, warmup)
-    t_after = _median_time(rewritten.step_times_s, warmup)
+    t_before = median_time(original.step_times_s, warmup)
+    t_after = median_time(rewritten.step_times_s, warmup)
     comparison.update(
         steps=n,
         max_rel_diff=max(diffs) if diffs else None,

@@ -113,7 +113,7 @@ class Recorder:
         self.params_start: Optional[dict[str, str]] = None
         self.params_end: Optional[dict[str, str]] = None
         self.distributed_samplers: list[list] = []  # [num_replicas, shuffle]
-        self.batch_sizes: list[int] = []  # of every DataLoader made (samples per second, ``tune``)
+        self.batch_sizes: list[int] = []  # of every DataLoader iterated (samples per second, ``tune``)
         self.torch: Any = None
         self.pending: list[float] = []
         self.scaled: dict[int, float] = {}  # id(scaled loss) -> unscaled value
@@ -308,18 +308,23 @@ class Recorder:
         DistributedSampler.__init__ = __init__
 
     def _hook_data_loader(self, torch) -> None:
-        """The batch size of every DataLoader made: where they all agree, a step's samples are known."""
+        """The batch size of every DataLoader iterated: where they all agree, a step's samples are
+        known. (``__iter__``, not ``__init__``: Fabric reads the constructor's signature to make a
+        loader again with a DistributedSampler.)"""
+        import functools
+
         recorder = self
         cls = torch.utils.data.DataLoader
-        original = cls.__init__
+        original = cls.__iter__
 
-        def __init__(self_, *args, **kwargs):
-            original(self_, *args, **kwargs)
+        @functools.wraps(original)
+        def __iter__(self_):
             size = getattr(self_, "batch_size", None)
             if isinstance(size, int) and size not in recorder.batch_sizes:
                 recorder.batch_sizes.append(size)
+            return original(self_)
 
-        cls.__init__ = __init__
+        cls.__iter__ = __iter__
 
     def _hook_grad_scaler(self, torch) -> None:
         recorder = self

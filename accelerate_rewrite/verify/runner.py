@@ -74,7 +74,7 @@ class RunRecord:
     #: per step, the half dtypes found in the autograd graph of its losses (None: not traced)
     step_half_dtypes: Optional[list[list[str]]] = None
     distributed_samplers: list[list] = field(default_factory=list)  # [num_replicas, shuffle]
-    batch_sizes: list[int] = field(default_factory=list)  # of every DataLoader the run made
+    batch_sizes: list[int] = field(default_factory=list)  # of every DataLoader the run iterated
     #: parameter name -> fingerprint, before the first step and at the end (None: not tracked)
     params_start: Optional[dict[str, str]] = None
     params_end: Optional[dict[str, str]] = None

@@ -142,7 +142,7 @@ def _with_structure(precision: Verdict, structure: Verdict, run: RunRecord, note
     return precision
 
 
-def _load() -> float:
+def load_average() -> float:
     """The machine's 1-minute load average (0 where the system has none)."""
     try:
         return os.getloadavg()[0]
@@ -320,7 +320,7 @@ def verify(
                   and CHANGES_TRAINING not in structure_kinds)
     structure: Optional[RunRecord] = None
     noise: Optional[RunRecord] = None
-    load = _load()
+    load = load_average()
     reuse = {} if reuse is None else reuse
     key = "original, parameters tracked" if common["track_params"] else "original"
     original = reuse.get(key)
@@ -376,7 +376,7 @@ def verify(
     verdict = compare(original, rewritten, tol, requested_precision=options.precision, claims=claims, noise=floor)
     if structure_verdict is not None:
         verdict = _with_structure(verdict, structure_verdict, structure, notes)
-    verdict.comparison.update(load_average=max(load, _load()), cores=os.cpu_count())
+    verdict.comparison.update(load_average=max(load, load_average()), cores=os.cpu_count())
     if substituted is not None and verdict.verdict not in ("error",):
         verdict = Verdict(NOT_VERIFIED, f"{substituted}; with ddp: {verdict.label}: "
                                         f"{verdict.reason}", verdict.comparison)

@@ -18,7 +18,7 @@ from pathlib import Path
 from statistics import median
 from typing import Callable, Optional, Sequence
 
-from accelerate_rewrite.verify.compare import EXIT_CODES, LABELS, PASS, Tolerance, _median_time
+from accelerate_rewrite.verify.compare import EXIT_CODES, LABELS, PASS, Tolerance, median_time
 from accelerate_rewrite.verify.environment import CUDA, Machine, Need, probe
 from accelerate_rewrite.verify.session import Verification, VerifyError, verify
 
@@ -88,7 +88,7 @@ class Outcome:
         """The median step time of each repeat (seconds), after the warm-up steps."""
         out = []
         for v in self.runs:
-            t = _median_time(v.rewritten.step_times_s, warmup) if v.rewritten.ok else None
+            t = median_time(v.rewritten.step_times_s, warmup) if v.rewritten.ok else None
             if t:
                 out.append(t)
         return out
@@ -233,12 +233,12 @@ def tune(
     import os
     import sys
 
-    from accelerate_rewrite.verify.session import _load
+    from accelerate_rewrite.verify.session import load_average
 
     tolerance = tolerance or Tolerance()
     reuse: dict = {}
     outcomes: list[Outcome] = []
-    load = _load()
+    load = load_average()
     for candidate in candidates:
         outcome = Outcome(candidate)
         outcomes.append(outcome)
@@ -259,13 +259,13 @@ def tune(
                 break
             if outcome.runs[-1].verdict.verdict == "not-verified" and not outcome.runs[-1].rewritten.losses:
                 break  # the machine can't run it: once is enough
-        load = max(load, _load())
+        load = max(load, load_average())
     original = next((r for k, r in reuse.items() if k.startswith("original")), None)
     n = len(original.losses) if original is not None else 0
     warmup = tolerance.warmup_steps if tolerance.warmup_steps is not None else max(1, n // 10)
     return TuneResult(
         script=script, outcomes=outcomes,
-        original_step_s=_median_time(original.step_times_s, warmup) if original is not None else None,
+        original_step_s=median_time(original.step_times_s, warmup) if original is not None else None,
         original_memory_bytes=original.peak_memory_bytes if original is not None else None,
         memory_kind=original.memory_kind if original is not None else "",
         warmup=warmup, min_speedup=min_speedup, load_average=load, cores=os.cpu_count() or 1,
@@ -275,7 +275,7 @@ def tune(
 
 
 def _samples(run, warmup: int) -> Optional[float]:
-    t = _median_time(run.step_times_s, warmup) if run is not None else None
+    t = median_time(run.step_times_s, warmup) if run is not None else None
     if not t or len(run.batch_sizes) != 1:
         return None
     return run.batch_sizes[0] * run.world_size / t
