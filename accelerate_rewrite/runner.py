@@ -1,7 +1,7 @@
 """One run of the rewrite over files: collect them, prepare each (prepare.py, through the
 cache, in a pool of workers with -j), show or write the results, report (report.py), exit code.
 
-The click layer (cli.py) only parses the command line into ``Settings`` and calls ``run``.
+The click layer (cli/) only parses the command line into ``Settings`` and calls ``run``.
 Nothing here imports torch or lightning.
 """
 

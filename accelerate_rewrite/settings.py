@@ -1,5 +1,5 @@
 """What one run of the rewrite is asked to do: the mode (preview, write, -o, check) and the
-settings the click layer (cli.py) parses the command line into."""
+settings the click layer (cli/) parses the command line into."""
 
 from __future__ import annotations
 
