@@ -315,10 +315,11 @@ def _approximate_problem(original: RunRecord, rewritten: RunRecord, comparison: 
 def _scaler_settling(original: RunRecord, rewritten: RunRecord, diffs: list[float], n: int,
                      tolerance: Tolerance) -> Optional[tuple[str, str]]:
     """(verdict, reason) where the curves part and the rewritten run's GradScaler skipped steps
-    the fp32 original made: at 16-mixed, gradients that overflow fp16 at the starting scale (65536) make it skip
-    and halve the scale until they fit. That is what 16-mixed does, not a bug in the rewrite, and
-    the runs part at the first skip by design: the steps before it are compared, the rest is
-    NOT COMPARED. A scaler that skips every step from some step on never settles: a FAIL."""
+    the fp32 original made: at 16-mixed, gradients that overflow fp16 at the starting scale
+    (65536) make it skip and halve the scale until they fit. That is what 16-mixed does, not a
+    bug in the rewrite, and the runs part at the first skip by design: the steps before it are
+    compared, the rest is NOT COMPARED. A scaler that skips every step from some step on never
+    settles: a FAIL. (A bug in the rewrite's structure fails earlier, at the structure run.)"""
     skipped = [s for s in rewritten.skipped_steps if s <= n and s not in original.skipped_steps]
     if not skipped or skipped[0] >= n:
         return None
