@@ -12,7 +12,10 @@ run on this machine is shown with why, and never recommended.
 
 from __future__ import annotations
 
+import os
+import platform
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
@@ -20,7 +23,7 @@ from typing import Callable, Optional, Sequence
 
 from accelerate_rewrite.verify.compare import EXIT_CODES, LABELS, PASS, Tolerance, median_time
 from accelerate_rewrite.verify.environment import CUDA, Machine, Need, probe
-from accelerate_rewrite.verify.session import Verification, VerifyError, verify
+from accelerate_rewrite.verify.session import Verification, VerifyError, load_average, verify
 
 #: a candidate must be this much faster than the original to be recommended: step times on a
 #: shared machine move by a few percent from run to run
@@ -230,11 +233,6 @@ def tune(
     min_speedup: float = MIN_SPEEDUP,
     on_start: Callable[[str, str], None] = lambda candidate, run: None,
 ) -> TuneResult:
-    import os
-    import sys
-
-    from accelerate_rewrite.verify.session import load_average
-
     tolerance = tolerance or Tolerance()
     reuse: dict = {}
     outcomes: list[Outcome] = []
@@ -282,9 +280,6 @@ def _samples(run, warmup: int) -> Optional[float]:
 
 
 def _machine_words(original, run_on: Optional[str]) -> str:
-    import os
-    import platform
-
     device = original.device if original is not None and original.device else (run_on or "cpu")
     return f"{platform.machine()} {os.cpu_count()} cores, {device}"
 
