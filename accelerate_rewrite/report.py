@@ -213,7 +213,8 @@ class Reporter:
             from accelerate_rewrite.launch import launches, run_lines
 
             if launches(result, options):  # several processes: how to start them (issue 28.2)
-                for line in run_lines(str(path), options):
+                written = self.settings.output if self.settings.mode is Mode.OUTPUT else None
+                for line in run_lines(written if written not in (None, "-") else str(path), options):
                     p("  " + escape(line))
         if result.skips:
             p("  [yellow]left alone[/]:")

@@ -36,6 +36,8 @@ def test_one_node_says_python_starts_it(tmp_path):
     out = _summary(tmp_path, "--devices", "2")
     assert f"run it: python {tmp_path / 'train.py'} (fabric.launch() starts the 2 processes on this machine)" in out
     assert "run it" not in _summary(tmp_path, "--precision", "bf16-mixed")  # one process: nothing to say
+    # with -o, the file written is the one to run
+    assert f"run it: python {tmp_path / 'new.py'} " in _summary(tmp_path, "--devices", "2", "-o", str(tmp_path / "new.py"))
 
 
 def test_several_nodes_get_a_command_per_node(tmp_path):
