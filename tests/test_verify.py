@@ -172,7 +172,7 @@ BF16_COVERED_ELSEWHERE = {"gan_bce", "apex_o2_two_losses", "finetune_encoder", "
 
 #: in the default run (CI): the refusals, and one fixture of each style; the others are in the
 #: ``slow`` set (pytest -m slow), as are the native 16-mixed runs of NATIVE_SLOW below
-BF16_SLOW = {"imagenet_ddp", "init_distributed_mode", "local_rank_finetune", "trainer_run", "module_loop", "train_function", "trainer_class", "torchmetrics_metrics", "imagenet_style",
+BF16_SLOW = {"transformer_lm", "imagenet_ddp", "init_distributed_mode", "local_rank_finetune", "trainer_run", "module_loop", "train_function", "trainer_class", "torchmetrics_metrics", "imagenet_style",
              "rnn_classifier", "apex_o1", "vae", "checkpointing", "autoencoder_sums", "word_lm", "param_groups",
              "scheduled_optim", "trainer_given_loaders"}
 
