@@ -1,5 +1,5 @@
-"""Issue 15's figures, from one run: this tool side by side with TorchFix, the size curve, the
-cache, -j1 against -jN, and the pre-commit hook.
+"""Issues 15's and 30's figures, from one run: the rewrite's cost in LibCST parses, this tool side
+by side with TorchFix, the size curve, the cache, -j1 against -jN, and the pre-commit hook.
 
     python3 -m venv /tmp/torchfix-venv && /tmp/torchfix-venv/bin/pip install torchfix==0.7.0
     .venv/bin/python benchmarks/rewrite_speed.py --goals --torchfix /tmp/torchfix-venv/bin/torchfix --markdown
@@ -9,11 +9,18 @@ environment of its own, never a dependency of the package.) Every figure is a wh
 run as a subprocess: wall clock, CPU seconds (user + system, its processes included) and peak
 RSS, from ``os.wait4``.
 
+0. **Cost in parses** (issue 30; machine-independent): in one child process, the CPU seconds
+   of ``libcst.parse_module`` over a corpus's files (the faster of two passes) and of
+   ``accelerate_rewrite.api.rewrite`` over them (bf16-mixed on 2 devices, the cache out of it, the
+   facts' memo cleared, after one warm-up rewrite), and their ratio; Python's ``ast.parse`` for
+   scale. Over the generated corpus below, and over the real corpus (benchmarks/real_corpus.py's
+   scripts, extracted from the git mirrors in ``--mirrors`` when they are there).
 1. **Side by side**: the corpus of benchmarks/corpus.py (the fixtures and generated training
    scripts: 239 files, 38k lines) checked by ``accelerate-rewrite CORPUS --check --precision
    bf16-mixed --devices 2 --no-cache`` and by ``torchfix CORPUS``, each with its default number
    of processes (the cores), taken in turn for ``--rounds`` rounds; medians, and their ratio.
-2. **-j1 against -jN**: the same command with ``-j 1`` (once) against the side by side's runs.
+2. **One process each**: the same two commands with ``-j 1`` (once each): CPU seconds side by
+   side, and -j 1 against -jN.
 3. **Size curve**: one generated training script of each of ``--sizes`` lines (the style of
    fixtures/train_function: many classifiers, each with its train()/evaluate()), ``--check
    --no-cache``: seconds, lines per second, peak RSS.
@@ -26,6 +33,7 @@ RSS, from ``os.wait4``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -82,7 +90,83 @@ def side_by_side(tool: str, torchfix: Optional[str], corpus: Path, rounds: int) 
             theirs.append(timed([torchfix, str(corpus)]))
     log("-j 1: accelerate-rewrite")
     j1 = timed([tool, str(corpus), *FULL, "--no-cache", "-j", "1"])
-    return {"ours": ours, "theirs": theirs, "j1": j1}
+    theirs_j1 = None
+    if torchfix:
+        log("-j 1: torchfix")
+        theirs_j1 = timed([torchfix, str(corpus), "-j", "1"])
+    return {"ours": ours, "theirs": theirs, "j1": j1, "theirs_j1": theirs_j1}
+
+
+#: run in a child process by ``parse_costs``: prints one JSON line
+_COSTS = r'''
+import ast, gc, json, sys, time
+import libcst
+from accelerate_rewrite.api import rewrite
+from accelerate_rewrite.options import Options
+import accelerate_rewrite.codemod.engine as engine
+files = [line for line in open(sys.argv[1]).read().splitlines() if line]
+sources = []
+for f in files:
+    try:
+        sources.append((f, open(f, encoding="utf-8").read()))
+    except (OSError, UnicodeDecodeError):
+        pass
+def cpu(fn):
+    gc.collect()
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
+parse = min(cpu(lambda: [libcst.parse_module(s) for _, s in sources]) for _ in range(2))
+py = min(cpu(lambda: [ast.parse(s) for _, s in sources]) for _ in range(2))
+options = Options.create(precision="bf16-mixed", devices=2)
+rewrite(sources[0][1], options, path=sources[0][0])
+engine._analyse.cache_clear()
+def every():
+    for path, source in sources:
+        rewrite(source, options, path=path)
+        engine._analyse.cache_clear()
+took = cpu(every)
+print(json.dumps({"files": len(sources), "lines": sum(s.count("\n") for _, s in sources),
+                  "parse": parse, "ast": py, "rewrite": took}))
+'''
+
+
+def parse_costs(files: list[Path], folder: Path, label: str) -> Optional[dict]:
+    """The rewrite's CPU seconds over ``files`` in LibCST parses of them (one child process)."""
+    if not files:
+        return None
+    listing = folder / f"{label}.txt"
+    listing.write_text("\n".join(str(f) for f in files), encoding="utf-8")
+    log(f"cost in parses: {label} ({len(files)} files)")
+    proc = subprocess.run([sys.executable, "-c", _COSTS, str(listing)], capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        log(proc.stderr[-2000:])
+        return None
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["label"] = label
+    return out
+
+
+def real_files(mirrors: Path, folder: Path) -> list[Path]:
+    """The real corpus's scripts (benchmarks/real_corpus.py), extracted from the mirrors there are."""
+    from real_corpus import extract, git_dir, read_tsv
+
+    tables = [ROOT.parent / "shared" / "real-corpus" / "scripts.tsv", ROOT / "benchmarks" / "real-corpus-more.tsv"]
+    out: list[Path] = []
+    for entry in [e for t in tables if t.exists() for e in read_tsv(t)]:
+        gitdir = git_dir(mirrors, entry.repo)
+        dest = folder / entry.key
+        if not gitdir.exists():
+            continue
+        if not dest.exists():
+            try:
+                extract(gitdir, entry.commit, dest)
+            except (subprocess.CalledProcessError, OSError):
+                continue
+        script = dest / entry.script
+        if script.exists() and script not in out:
+            out.append(script)
+    return out
 
 
 def size_curve(tool: str, sizes: list[int], folder: Path) -> list[dict]:
@@ -136,7 +220,8 @@ def pre_commit(tool: str, folder: Path, cache: Path, rounds: int) -> dict:
             "libcst": "libcst" in by_package, "rich": "rich" in by_package}
 
 
-def run(torchfix: Optional[str], sizes: list[int], rounds: int, generated: int = 208) -> dict:
+def run(torchfix: Optional[str], sizes: list[int], rounds: int, generated: int = 208,
+        mirrors: Optional[Path] = None) -> dict:
     tool = console_script()
     with tempfile.TemporaryDirectory(prefix="speed-goals-") as tmp:
         folder = Path(tmp)
@@ -144,6 +229,9 @@ def run(torchfix: Optional[str], sizes: list[int], rounds: int, generated: int =
         files, lines = write_corpus(corpus, generated)
         log(f"corpus: {files} files, {lines} lines")
         out: dict = {"files": files, "lines": lines, "cores": len(os.sched_getaffinity(0))}
+        real = real_files(mirrors, folder / "real") if mirrors is not None and mirrors.is_dir() else []
+        out["costs"] = [c for c in (parse_costs(sorted(corpus.glob("*.py")), folder, "generated corpus"),
+                                    parse_costs(real, folder, "real corpus")) if c is not None]
         out["side"] = side_by_side(tool, torchfix, corpus, rounds)
         out["cache"] = cache_runs(tool, corpus, folder / "cache", 10)
         hook = folder / "hook"
@@ -179,16 +267,33 @@ def markdown(g: dict) -> str:
     j1 = s["j1"]
     lines.append(f"| the same rewrite, `-j 1` | {j1['wall']:.1f} s | {j1['cpu']:.1f} | "
                  f"{g['lines'] / j1['wall']:.0f} | {j1['rss']:.0f} MiB | 1 |")
+    t1 = s.get("theirs_j1")
+    if t1:
+        lines.append(f"| `torchfix CORPUS -j 1` | {t1['wall']:.1f} s | {t1['cpu']:.1f} | "
+                     f"{g['lines'] / t1['wall']:.0f} | {t1['rss']:.0f} MiB | 1 |")
     lines.append("")
     if s["theirs"]:
         lines.append(f"**Ratio** (TorchFix / this tool): **{tf_wall / ours_wall:.2f}x** wall, "
-                     f"**{tf_cpu / ours_cpu:.2f}x** CPU. -j {g['cores']} against -j 1: "
-                     f"{j1['wall'] / ours_wall:.2f}x faster.")
+                     f"**{tf_cpu / ours_cpu:.2f}x** CPU"
+                     + (f"; one process each: **{t1['cpu'] / j1['cpu']:.2f}x** CPU" if t1 else "")
+                     + f". -j {g['cores']} against -j 1: {j1['wall'] / ours_wall:.2f}x faster.")
+    if g.get("costs"):
+        lines += ["", "Cost in parses (one process: `libcst.parse_module` of the files, then "
+                  "`accelerate_rewrite.api.rewrite` of them at bf16-mixed on 2 devices; CPU seconds):", "",
+                  "| files | lines | LibCST parse | `ast.parse` | rewrite | rewrite / parse |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for c in g["costs"]:
+            lines.append(f"| {c['label']}: {c['files']} | {c['lines']} | {c['parse']:.2f} s | {c['ast']:.2f} s | "
+                         f"{c['rewrite']:.2f} s | **{c['rewrite'] / c['parse']:.1f}** |")
     lines += ["", "Size curve (one generated training script, `--check --no-cache`, one process):", "",
               "| lines | seconds | lines/s | CPU s | peak RSS | KB a line |", "| --- | --- | --- | --- | --- | --- |"]
     for r in g["sizes"]:
         lines.append(f"| {r['lines']} | {r['wall']:.1f} | {r['lines'] / r['wall']:.0f} | {r['cpu']:.1f} | "
                      f"{r['rss']:.0f} MiB | {r['rss'] * 1024 / r['lines']:.0f} |")
+    if len(g["sizes"]) > 1:
+        small, big = g["sizes"][0], g["sizes"][-1]
+        lines += ["", f"Per-line CPU cost at {big['lines']} lines: **{(big['cpu'] / big['lines']) / (small['cpu'] / small['lines']):.2f}x** "
+                  f"that at {small['lines']} (the smaller one carries the start-up)."]
     c, p = g["cache"], g["pre_commit"]
     lines += ["", "Cache and pre-commit (medians):", "", "| command | wall | CPU s | runs |", "| --- | --- | --- | --- |",
               f"| the corpus, cache being filled | {c['fill']['wall']:.1f} s | {c['fill']['cpu']:.1f} | 1 |",
@@ -218,10 +323,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="lines of the size curve's scripts (default 1000,5000,20000,50000)")
     parser.add_argument("--rounds", type=int, default=2, help="side-by-side rounds (default 2)")
     parser.add_argument("--generated", type=int, default=208, help="generated scripts in the corpus (default 208)")
+    parser.add_argument("--mirrors", type=Path, default=Path("/work/.mirror"),
+                        help="git mirrors of the real corpus's repositories (default /work/.mirror)")
     parser.add_argument("--markdown", action="store_true", help="(the only output: markdown tables)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    goals = run(args.torchfix, [int(s) for s in args.sizes.split(",") if s], args.rounds, args.generated)
+    goals = run(args.torchfix, [int(s) for s in args.sizes.split(",") if s], args.rounds, args.generated,
+                args.mirrors)
     print(markdown(goals))
     print(f"\n(the whole run took {time.perf_counter() - started:.0f} s)")
     return 0

@@ -1,4 +1,4 @@
-"""Post-conditions on a rewritten module: it parses, it uses no name it does not define, and
+"""Post-conditions on a rewritten module: it compiles, it uses no name it does not define, and
 it reads no name that some path leaves unbound where the input bound it on every path
 (codemod/flow.py)."""
 
@@ -65,15 +65,18 @@ def check(
     read (the user's file, not the discarded result).
     """
     try:
-        module = cst.parse_module(new_code)
-    except cst.ParserSyntaxError as exc:
-        return [f"the result does not parse ({exc.message})"]
-    try:
         compile(new_code, "<rewritten>", "exec", dont_inherit=True)
     except SyntaxError as exc:
         return [f"the result does not compile ({exc.msg})"]
     problems = []
-    undefined = {} if _all_names_resolve(new_code) else undefined_names(module)
+    if _all_names_resolve(new_code):
+        undefined = {}
+    else:  # LibCST's scope analysis, on the result parsed again
+        try:
+            module = cst.parse_module(new_code)
+        except cst.ParserSyntaxError as exc:
+            return [f"the result does not parse ({exc.message})"]
+        undefined = undefined_names(module)
     for name, line in sorted(undefined.items(), key=lambda item: item[1]):
         if name not in original_undefined:
             where = locate(name)

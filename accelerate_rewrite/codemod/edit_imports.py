@@ -5,7 +5,7 @@ result reads, with no recursive walk over a module's statements."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence, Union
 
 import libcst as cst
 import libcst.matchers as m
@@ -208,8 +208,10 @@ def _binds(alias: cst.ImportAlias, is_from: bool) -> str:
     return dotted if is_from else dotted.split(".")[0]
 
 
-def plan_unused_imports(module: cst.Module, result: cst.Module, edits: EditSet) -> bool:
-    """Edits that drop the requested imports ``result`` no longer reads; whether there are any."""
+def plan_unused_imports(module: cst.Module, result: cst.Module, edits: EditSet,
+                        names_of: Optional[Callable[[cst.Module], set[str]]] = None) -> bool:
+    """Edits that drop the requested imports ``result`` no longer reads; whether there are any.
+    ``names_of(result)``: the names it reads (``NamesRead``'s, by default its walk)."""
     visitor = _Imports()
     module.visit(visitor)
     wanted = set(edits.unused_imports)
@@ -226,11 +228,15 @@ def plan_unused_imports(module: cst.Module, result: cst.Module, edits: EditSet) 
             candidates.append((stmt, block, imp, gone))
     if not candidates:
         return False
-    names = NamesRead()
-    result.visit(names)
+    if names_of is not None:
+        read = names_of(result)
+    else:
+        names = NamesRead()
+        result.visit(names)
+        read = names.names
     planned = False
     for stmt, block, imp, gone in candidates:
-        unused = [a for a in gone if _binds(a, isinstance(imp, cst.ImportFrom)) not in names.names]
+        unused = [a for a in gone if _binds(a, isinstance(imp, cst.ImportFrom)) not in read]
         if not unused:
             continue
         planned = True

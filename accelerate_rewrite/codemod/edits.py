@@ -124,14 +124,23 @@ def _is_blank(line: cst.EmptyLine) -> bool:
 
 
 class _Apply(cst.CSTTransformer):
-    def __init__(self, edits: EditSet) -> None:
+    def __init__(self, edits: EditSet, paths: Optional[set[int]] = None) -> None:
         super().__init__()
         self.edits = edits
+        #: ids of the nodes on the paths from the module to the nodes the edits are keyed on:
+        #: the only ones visited (None: every node); the others are kept as they are, the same
+        #: objects, so the result's code reuses theirs (codemod/layout.py)
+        self.paths = paths
         self.moving = {key for moved in edits.moves.values() for key in moved}
         self.moved: dict[int, cst.BaseStatement] = {}  # id(original) -> updated, on its way
         self.wrap_of = {key: (keys, make) for keys, make in edits.wraps for key in keys}
 
+    def on_visit(self, node) -> bool:  # type: ignore[override]
+        return self.paths is None or id(node) in self.paths
+
     def on_leave(self, original_node, updated_node):  # type: ignore[override]
+        if self.paths is not None and id(original_node) not in self.paths:
+            return updated_node  # nothing in it is edited
         for fn in self.edits.replacements.get(id(original_node), ()):
             updated_node = fn(updated_node)
         if isinstance(original_node, (cst.Module, cst.IndentedBlock)):
@@ -294,31 +303,73 @@ def _join_lines(carried: list[cst.EmptyLine], own: Sequence[cst.EmptyLine]) -> l
     return list(own) if own else carried[-1:]
 
 
+def _paths(module: cst.Module, edits: EditSet,
+           parent: Optional[Callable[[cst.CSTNode], Optional[cst.CSTNode]]]) -> Optional[set[int]]:
+    """The ids of the nodes from ``module`` down to each node an edit is keyed on; None (visit
+    every node) without ``parent``, or where a keyed node does not lead up to a statement of
+    ``module``."""
+    if parent is None:
+        return None
+    top = {id(stmt) for stmt in module.body}
+    out = {id(module)}
+    for node in edits._keep:
+        current: Optional[cst.CSTNode] = node
+        while id(current) not in out:
+            out.add(id(current))
+            if id(current) in top:
+                break
+            current = parent(current)
+            if current is None:
+                return None
+    return out
+
+
+def _apply(module: cst.Module, edits: EditSet, parent) -> cst.Module:
+    return module.visit(_Apply(edits, _paths(module, edits, parent)))
+
+
+def names_read(node: cst.CSTNode) -> frozenset[str]:
+    """The names ``node`` reads or writes, outside import statements (``NamesRead``)."""
+    names = NamesRead()
+    node.visit(names)
+    return frozenset(names.names)
+
+
 def apply_edits(
     module: cst.Module,
     edit_sets: Iterable[EditSet],
     touched: Optional[list[tuple[cst.CSTNode, bool]]] = None,
     *,
     imports_read: bool = False,
+    parent: Optional[Callable[[cst.CSTNode], Optional[cst.CSTNode]]] = None,
+    layout=None,
 ) -> cst.Module:
     """The module with the edits applied; ``touched`` (if given) gets every node of ``module``
     an edit is keyed on, with whether the edit removes it. With ``imports_read`` (one file of a
     project, codemod/project.py), only the imports whose names the result reads are added: the
-    edits of the other files ask for theirs."""
+    edits of the other files ask for theirs. ``parent`` (a node -> its parent in ``module``): the
+    edits are applied along the paths down to the nodes they are keyed on, and the rest of the
+    tree is kept as it is. ``layout`` (codemod/layout.py, of ``module``): the names the statements
+    the edits keep read are known from it."""
     edit_sets = list(edit_sets)
     edits = _merge(edit_sets)
     if not edits and not edits.unused_imports:
         return module
+
+    def names_of(result: cst.Module) -> set[str]:
+        if layout is not None and layout.module is module:
+            return layout.names_in(result, names_read)
+        return set(names_read(result))
+
     if imports_read and edits.imports:
         trial = _merge(edit_sets)
         trial.imports = []
-        names = NamesRead()
-        module.visit(_Apply(trial)).visit(names)
-        edits.imports = [w for w in edits.imports if bound_by(w) in names.names]
+        names = names_of(_apply(module, trial, parent))
+        edits.imports = [w for w in edits.imports if bound_by(w) in names]
     added = plan_imports(module, edits) if edits.imports else []
-    new = module.visit(_Apply(edits))
-    if edits.unused_imports and plan_unused_imports(module, new, edits):
-        new = module.visit(_Apply(edits))
+    new = _apply(module, edits, parent)
+    if edits.unused_imports and plan_unused_imports(module, new, edits, names_of):
+        new = _apply(module, edits, parent)
     if added:
         new = blank_line_after(new, added)
     if touched is not None:

@@ -287,11 +287,12 @@ def _rewrite(
     if several:
         units = units_of(facts, project, scope)
     else:
-        roundtrip = facts.memo("roundtrip", lambda: facts.module.code)
-        units = [Unit(path=path, source=source, head=head, tail=tail, roundtrip=roundtrip, view=facts.module,
+        layout = facts.layout()
+        units = [Unit(path=path, source=source, head=head, tail=tail, roundtrip=layout.code, view=facts.module,
                        undefined=facts.undefined_names(),
                        unbound=(head, facts.memo("maybe-unbound", lambda: maybe_unbound(head))),
-                       where=lambda line: (0, line), first_read=facts.first_read)]
+                       where=lambda line: (0, line), first_read=facts.first_read, layout=layout,
+                       parent=facts.parent)]
     options = _for_script(facts, options)
     contexts: dict[str, RuleContext] = {}
     for rule in rules:
@@ -336,10 +337,12 @@ def _rewrite(
     active = [r for r in active if r.code not in gone]
 
     def apply_to(unit: Unit, edit_sets, touched=None) -> str:
-        new = apply_edits(unit.view, edit_sets, touched, imports_read=several)
+        new = apply_edits(unit.view, edit_sets, touched, imports_read=several, parent=unit.parent,
+                          layout=unit.layout)
         if unit.aliases:  # ``train`` read as ``E.train`` again
             new = new.visit(Realias(unit.aliases))
-        return restore(unit.head, unit.roundtrip, new.code)
+        code = unit.layout.code_of(new) if unit.layout is not None else new.code
+        return restore(unit.head, unit.roundtrip, code)
 
     for unit in units:
         protected = protected_lines(unit.source)

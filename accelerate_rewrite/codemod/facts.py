@@ -15,7 +15,7 @@ device there.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, Optional, Union
+from typing import TYPE_CHECKING, Iterator, Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
@@ -29,6 +29,9 @@ from libcst.metadata import (
 
 # what the facts are made of (facts_kinds.py) and the walk that finds them (facts_collect.py),
 # imported from here by the rules
+if TYPE_CHECKING:
+    from accelerate_rewrite.codemod.layout import Layout
+
 from accelerate_rewrite.codemod.facts_kinds import (  # noqa: F401
     APEX_INITIALIZE,
     APEX_LOAD_STATE_DICT,
@@ -92,7 +95,7 @@ class ScriptFacts(Flow):
         #: parents and scopes now (the walk below reads them), positions when first asked for
         #: (a line for a note, the lines an edit touches): codemod/facts_metadata.py; qualified
         #: names are asked of the scopes, node by node (``qualnames``)
-        self._meta = Metadata(self.wrapper)
+        self._meta = Metadata(self.wrapper, self.layout)
         self._qualnames: dict[cst.CSTNode, frozenset[str]] = {}
         self.bindings: list[Binding] = []
         self.backward_sites: list[BackwardSite] = []
@@ -139,6 +142,12 @@ class ScriptFacts(Flow):
         if key not in self._memo:
             self._memo[key] = compute()
         return self._memo[key]
+
+    def layout(self) -> "Layout":
+        """Each top-level statement's code and first line (codemod/layout.py), made once."""
+        from accelerate_rewrite.codemod.layout import Layout
+
+        return self.memo("layout", lambda: Layout(self.module))
 
     # ---- metadata accessors -------------------------------------------------------------
     def _get(self, provider, node, default=None):

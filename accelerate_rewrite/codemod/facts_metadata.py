@@ -13,7 +13,7 @@ adds an empty batched walk to it). Should LibCST's internals change, the wrapper
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 import libcst as cst
 from libcst.metadata import (
@@ -21,8 +21,12 @@ from libcst.metadata import (
     ExpressionContextProvider,
     MetadataWrapper,
     ParentNodeProvider,
+    PositionProvider,
     ScopeProvider,
 )
+
+if TYPE_CHECKING:
+    from accelerate_rewrite.codemod.layout import Layout
 
 
 class _Parents(cst.CSTVisitor):
@@ -62,12 +66,14 @@ def scopes(module: cst.Module) -> Mapping[cst.CSTNode, Any]:
 
 
 class Metadata(dict):
-    """provider -> its values for one tree: parents and scopes at once, any other provider
-    (positions) by the wrapper when it is first asked for."""
+    """provider -> its values for one tree: parents and scopes at once, positions one top-level
+    statement at a time (codemod/layout.py) when first asked for, any other provider by the
+    wrapper when it is first asked for."""
 
-    def __init__(self, wrapper: MetadataWrapper) -> None:
+    def __init__(self, wrapper: MetadataWrapper, layout: Optional[Callable[[], "Layout"]] = None) -> None:
         super().__init__()
         self.wrapper = wrapper
+        self.layout = layout
         module = wrapper.module
         try:
             self[ParentNodeProvider] = parents(module)
@@ -76,7 +82,14 @@ class Metadata(dict):
             self.update(wrapper.resolve_many([ParentNodeProvider, ScopeProvider]))
 
     def __missing__(self, provider):
-        self[provider] = values = resolve(self.wrapper, provider)
+        if provider is PositionProvider and self.layout is not None:
+            from accelerate_rewrite.codemod.layout import Positions
+
+            parents = self[ParentNodeProvider]
+            values = Positions(self.layout(), parents.get, lambda: resolve(self.wrapper, provider))
+        else:
+            values = resolve(self.wrapper, provider)
+        self[provider] = values
         return values
 
 

@@ -434,6 +434,12 @@ class Unit:
     refusal: Optional[Callable[[str, str], Optional[str]]] = None
     aliases: dict[str, str] = field(default_factory=dict)  # Part.aliases
     first_read: Callable[[str], Optional[int]] = lambda name: None
+    #: the view's statements' code (codemod/layout.py), for a script alone: the result's code
+    #: reuses that of the statements the edits leave as they were
+    layout: Optional[object] = None
+    #: a node of the analysed tree -> its parent: the edits are applied along the paths to the
+    #: nodes they are keyed on only
+    parent: Optional[Callable[[cst.CSTNode], Optional[cst.CSTNode]]] = None
 
     def local(self, line: int) -> Optional[int]:
         unit, local = self.where(line)
@@ -459,7 +465,7 @@ def units_of(facts: "ScriptFacts", project: Project, scope: Scope) -> list[Unit]
             undefined={} if _all_names_resolve(part.head) else undefined_names(part.module),
             unbound=(part.head, maybe_unbound(part.head)), where=where, index=p,
             refusal=(lambda before, after, path=part.path: scope.refusal(path, changed_names(before, after)))
-            if p else None, aliases=part.aliases)
+            if p else None, aliases=part.aliases, parent=facts.parent)
         unit.first_read = lambda name, u=unit: (lambda line: u.local(line) if line is not None else None)(
             facts.first_read(name))
         units.append(unit)

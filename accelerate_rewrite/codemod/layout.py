@@ -1,0 +1,170 @@
+"""A parsed module's text, one top-level statement at a time: each statement's code and first
+line from one code generation of the tree, and from these the positions of the nodes of one
+statement (its own code generation, started at its line) and the code of a changed module,
+with the unchanged statements' code reused.
+
+LibCST's PositionProvider generates the code of the whole module with positions (a pure-Python
+walk of every node) the first time any line is asked for; the rewrite asks for the lines of a
+few statements (the notes, the statements the edits touch). And ``Module.code`` of the result
+generates the whole module again for every attempt at the edits, where the edits change a few
+statements. A top-level statement's code does not depend on what comes before it (its
+generation starts with no indentation, at column 0: the statement before it ends with a
+newline), so both can be done per statement; tests/test_facts.py checks the positions are
+PositionProvider's own, node for node, and tests/test_layout.py that the spliced code is
+``Module.code``, on every fixture.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Iterable, Mapping, Optional
+
+import libcst as cst
+from libcst._nodes.internal import CodegenState
+from libcst.metadata.position_provider import PositionProvider, PositionProvidingCodegenState
+
+_NEWLINE = re.compile(r"\r\n?|\n")
+
+
+def _lines_in(tokens: Iterable[str]) -> int:
+    """Line breaks in the tokens, counted as PositionProvider counts them (token by token)."""
+    return sum(len(_NEWLINE.findall(token)) for token in tokens if "\n" in token or "\r" in token)
+
+
+class Layout:
+    """The code and first line of each top-level statement of ``module`` (one code generation)."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        state = CodegenState(default_indent=module.default_indent, default_newline=module.default_newline)
+        for line in module.header:
+            line._codegen(state)
+        self.header = "".join(state.tokens)
+        line_no = 1 + _lines_in(state.tokens)
+        #: id(top-level statement) -> (its code, the line its code starts on)
+        self.statements: dict[int, tuple[str, int]] = {}
+        for stmt in module.body:
+            start = len(state.tokens)
+            stmt._codegen(state)
+            tokens = state.tokens[start:]
+            self.statements[id(stmt)] = ("".join(tokens), line_no)
+            line_no += _lines_in(tokens)
+        start = len(state.tokens)
+        for line in module.footer:
+            line._codegen(state)
+        self.footer = "".join(state.tokens[start:])
+        #: whether a module's code is its pieces joined (a module with no trailing newline, or
+        #: with nothing in it, is printed otherwise at its end)
+        self.joins = module.has_trailing_newline and bool(module.body)
+        if self.joins:
+            self.code = "".join(state.tokens)
+        else:
+            self.code = module.code
+        self._names: dict[int, frozenset[str]] = {}
+
+    def code_of(self, new: cst.Module) -> str:
+        """``new.code``, for a module made from this one (the edits applied): the statements it
+        keeps as they were are not generated again."""
+        old = self.module
+        if not (self.joins and new.has_trailing_newline and new.body and new.header is old.header
+                and new.footer is old.footer and new.default_indent == old.default_indent
+                and new.default_newline == old.default_newline):
+            return new.code
+        parts = [self.header]
+        for stmt in new.body:
+            known = self.statements.get(id(stmt))
+            parts.append(known[0] if known is not None else new.code_for_node(stmt))
+        parts.append(self.footer)
+        return "".join(parts)
+
+    def names_in(self, new: cst.Module, names_of: Callable[[cst.CSTNode], frozenset[str]]) -> set[str]:
+        """The union of ``names_of(stmt)`` over the statements of ``new`` (kept for the
+        statements of this module)."""
+        out: set[str] = set()
+        for stmt in new.body:
+            key = id(stmt)
+            if key in self.statements:
+                found = self._names.get(key)
+                if found is None:
+                    found = self._names[key] = names_of(stmt)
+            else:
+                found = names_of(stmt)
+            out |= found
+        return out
+
+
+class Positions:
+    """node -> its CodeRange (what PositionProvider gives), computed one top-level statement at a
+    time, for the statements whose nodes are asked about; the module itself and its header and
+    footer lines by PositionProvider over the whole module."""
+
+    def __init__(self, layout: Layout, parent: Callable[[cst.CSTNode], Optional[cst.CSTNode]],
+                 whole: Callable[[], Mapping[cst.CSTNode, object]]) -> None:
+        self.layout = layout
+        self.parent = parent
+        self.whole = whole
+        self.found: dict[cst.CSTNode, object] = {}
+        self._done: set[int] = set()
+        self._all: Optional[Mapping[cst.CSTNode, object]] = None
+
+    def get(self, node: cst.CSTNode, default=None):
+        found = self.found.get(node)
+        if found is not None:
+            return found
+        if self._all is not None:
+            return self._all.get(node, default)
+        top = self._top(node)
+        if top is None or id(top) in self._done:
+            if top is None:  # the module, a header or footer line, or a node of no statement here
+                self._all = self.whole()
+                return self._all.get(node, default)
+            return default
+        self._generate(top)
+        return self.found.get(node, default)
+
+    def _top(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        module = self.layout.module
+        current: Optional[cst.CSTNode] = node
+        while current is not None:
+            above = self.parent(current)
+            if above is module:
+                return current if id(current) in self.layout.statements else None
+            current = above
+        return None
+
+    def _generate(self, stmt: cst.CSTNode) -> None:
+        self._done.add(id(stmt))
+        module = self.layout.module
+        provider = PositionProvider()
+        provider._computed = self.found  # type: ignore[attr-defined]
+        state = PositionProvidingCodegenState(default_indent=module.default_indent,
+                                              default_newline=module.default_newline, provider=provider,
+                                              line=self.layout.statements[id(stmt)][1])
+        stmt._codegen(state)
+
+    # the mapping's other ways in, as the whole map would answer them
+    def __getitem__(self, node):
+        found = self.get(node)
+        if found is None:
+            raise KeyError(node)
+        return found
+
+    def __contains__(self, node) -> bool:
+        return self.get(node) is not None
+
+    def items(self):
+        return self._everything().items()
+
+    def keys(self):
+        return self._everything().keys()
+
+    def __iter__(self):
+        return iter(self._everything())
+
+    def __len__(self) -> int:
+        return len(self._everything())
+
+    def _everything(self) -> Mapping[cst.CSTNode, object]:
+        if self._all is None:
+            self._all = self.whole()
+        return self._all

@@ -1,0 +1,69 @@
+"""codemod/layout.py: the code and positions of a module one top-level statement at a time are
+LibCST's own (``Module.code``, PositionProvider), and the code of a module the edits made from it,
+spliced, is that module's ``code``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import libcst as cst
+import pytest
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from accelerate_rewrite.codemod.facts import ScriptFacts
+from accelerate_rewrite.codemod.layout import Layout
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE_INPUTS = sorted((ROOT / "fixtures").glob("*/input.py"))
+
+ODD = {
+    "crlf": "import torch\r\n\r\n# a comment\r\ndef f(x):\r\n    return x\r\n\r\ny = f(1)\r\n",
+    "lone_cr": "import torch\rx = 1\r\rdef f():\r    return 2\r",
+    "mixed": "x = 1\r\ny = '''a\rb\nc'''\n\ndef g():\n    pass\r\n",
+    "no_newline_at_end": "import torch\nx = torch.ones(1)",
+    "header_and_footer": "#!/usr/bin/env python\n# -*- coding: utf-8 -*-\n\n\"\"\"doc\"\"\"\nx = 1\n\n# the end\n\n",
+    "decorators": "import functools\n\n\n# above\n@functools.lru_cache()\n\n# between\n@functools.wraps(print)\n\ndef f():\n    return 1\n",
+    "block_footer": "def f():\n    x = 1\n    # indented, after the block\n\n# at the top level\ny = 2\n",
+    "semicolons_and_continuations": "a = 1; b = 2\nc = (a +\n     b)\nd = a \\\n    + b\nif a: b = 3\n",
+    "tabs": "def f():\n\tif True:\n\t\treturn 1\n\treturn 2\n",
+    "form_feed": "x = 1\n\x0c\ndef f():\n    return x\n",
+    "only_comments": "# nothing\n\n# else\n",
+    "empty": "",
+    "async": "import asyncio\n\nasync def main():\n    async with x as y:\n        async for z in y:\n            await z\n",
+}
+
+
+def _sources():
+    return [(p.parent.name, p.read_text(encoding="utf-8")) for p in FIXTURE_INPUTS] + sorted(ODD.items())
+
+
+@pytest.mark.parametrize("name,source", _sources(), ids=[n for n, _ in _sources()])
+def test_code_and_positions_are_libcsts(name, source):
+    module = cst.parse_module(source)
+    layout = Layout(module)
+    assert layout.code == module.code
+    if layout.joins:
+        assert layout.header + "".join(code for code, _ in layout.statements.values()) + layout.footer == module.code
+    theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    facts = ScriptFacts(module, fresh=True)
+    mine = facts._meta[PositionProvider]
+    for node, where in theirs.items():  # the statements' nodes first, one statement at a time
+        if node is not module:
+            assert mine.get(node) == where, (name, type(node).__name__)
+    assert mine.get(module) == theirs[module]
+
+
+@pytest.mark.parametrize("name,source", _sources(), ids=[n for n, _ in _sources()])
+def test_the_code_of_a_changed_module_is_spliced_as_libcst_prints_it(name, source):
+    module = cst.parse_module(source)
+    layout = Layout(module)
+    body = list(module.body)
+    if body:  # one statement replaced, one removed, one added, one moved
+        body[0] = cst.parse_statement("changed = 1\n")
+        if len(body) > 2:
+            del body[1]
+            body.append(body[1])
+        body.insert(1, cst.parse_statement("if changed:\n    pass\n"))
+    new = module.with_changes(body=body)
+    assert layout.code_of(new) == new.code
+    assert layout.code_of(module) == module.code
