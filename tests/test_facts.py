@@ -683,3 +683,24 @@ def test_find_gives_what_matchers_find_in_the_same_order():
         for question in questions:
             found, expected = facts.find(question), list(m.findall(facts.module, question))
             assert len(found) == len(expected) and all(a is b for a, b in zip(found, expected)), (path, question)
+
+
+def test_find_in_a_node_gives_what_matchers_find_under_it():
+    """``ScriptFacts.find_in(node, ...)`` (the same index, cut to the node's subtree) answers as
+    ``m.findall(node, ...)``, node for node, for every function, class, loop, block and call of
+    every fixture."""
+    import libcst.matchers as m
+
+    from tests.goldens import FIXTURES
+
+    questions = [m.For(), m.For() | m.While(), m.Yield(), m.Call(), m.Name(), m.Return(),
+                 m.AssignTarget(target=m.Name()), m.Continue() | m.Break(), m.IndentedBlock()]
+    files = sorted(FIXTURES.glob("*/input.py")) + sorted(FIXTURES.glob("projects/*/*.py"))
+    for path in files:
+        facts = ScriptFacts(cst.parse_module(path.read_text(encoding="utf-8")), fresh=True)
+        roots = facts.find(m.FunctionDef() | m.ClassDef() | m.For() | m.IndentedBlock() | m.Call() | m.If())
+        for root in roots[::3]:
+            for question in questions:
+                found, expected = facts.find_in(root, question), list(m.findall(root, question))
+                assert len(found) == len(expected) and all(a is b for a, b in zip(found, expected)), \
+                    (path, type(root).__name__, question)

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence, Union
 import libcst as cst
 import libcst.matchers as m
 
+from accelerate_rewrite.codemod.facts_metadata import LeanVisitor
+
 if TYPE_CHECKING:
     from accelerate_rewrite.codemod.edits import EditSet
 
@@ -143,7 +145,7 @@ def blank_line_after(module: cst.Module, added: Sequence[cst.CSTNode]) -> cst.Mo
     return module.with_changes(body=body)
 
 
-class NamesRead(cst.CSTVisitor):
+class NamesRead(LeanVisitor):
     """Every name the code reads or writes, outside import statements."""
 
     def __init__(self) -> None:
@@ -168,7 +170,7 @@ class NamesRead(cst.CSTVisitor):
         return False
 
 
-class _Imports(cst.CSTVisitor):
+class _Imports(LeanVisitor):
     """The import statements of a module, with the block that holds each."""
 
     def __init__(self) -> None:

@@ -138,6 +138,13 @@ class _Apply(cst.CSTTransformer):
     def on_visit(self, node) -> bool:  # type: ignore[override]
         return self.paths is None or id(node) in self.paths
 
+    # no per-field methods here: LibCST need not look them up for every field it walks
+    def on_visit_attribute(self, node, attribute) -> None:  # type: ignore[override]
+        pass
+
+    def on_leave_attribute(self, original_node, attribute) -> None:  # type: ignore[override]
+        pass
+
     def on_leave(self, original_node, updated_node):  # type: ignore[override]
         if self.paths is not None and id(original_node) not in self.paths:
             return updated_node  # nothing in it is edited
@@ -306,8 +313,9 @@ def _join_lines(carried: list[cst.EmptyLine], own: Sequence[cst.EmptyLine]) -> l
 def _paths(module: cst.Module, edits: EditSet,
            parent: Optional[Callable[[cst.CSTNode], Optional[cst.CSTNode]]]) -> Optional[set[int]]:
     """The ids of the nodes from ``module`` down to each node an edit is keyed on; None (visit
-    every node) without ``parent``, or where a keyed node does not lead up to a statement of
-    ``module``."""
+    every node) without ``parent``, or where a keyed node is of no tree ``parent`` knows. For
+    one file of a project (``module`` made of the analysed module's statements), the nodes of
+    the other files lead up to the analysed module, not to a statement of ``module``."""
     if parent is None:
         return None
     top = {id(stmt) for stmt in module.body}
@@ -318,9 +326,12 @@ def _paths(module: cst.Module, edits: EditSet,
             out.add(id(current))
             if id(current) in top:
                 break
-            current = parent(current)
-            if current is None:
+            above = parent(current)
+            if above is None:
+                if isinstance(current, cst.Module):
+                    break  # a node of another file of the project: not in this one
                 return None
+            current = above
     return out
 
 

@@ -65,6 +65,7 @@ from accelerate_rewrite.codemod.facts_kinds import (  # noqa: F401
     hand_updated,
 )
 from accelerate_rewrite.codemod.facts_flow import Flow
+from accelerate_rewrite.codemod.facts_index import Index, _node_types  # noqa: F401
 from accelerate_rewrite.codemod.facts_metadata import Metadata
 from accelerate_rewrite.codemod.facts_collect import _Collector
 from accelerate_rewrite.codemod.syntax import (  # noqa: F401 (the rules import them from here)
@@ -80,7 +81,7 @@ from accelerate_rewrite.codemod.syntax import (  # noqa: F401 (the rules import 
 )
 
 
-class ScriptFacts(Flow):
+class ScriptFacts(Index, Flow):
     def __init__(self, module: cst.Module, folder: Optional[Path] = None, *, fresh: bool = False,
                  body_parts: Optional[list[int]] = None) -> None:
         """``fresh``: ``module`` was just parsed and nothing else holds it, so it is analysed as
@@ -174,27 +175,6 @@ class ScriptFacts(Flow):
 
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         return self._get(ParentNodeProvider, node)
-
-    def find(self, matcher: m.BaseMatcherNode) -> list[cst.CSTNode]:
-        """``m.findall(self.module, matcher)``, the same nodes in the same order, from an index of
-        the tree's nodes by type made once (the parents' walk visits them in that order): a
-        matcher walk of the whole tree per question costs seconds in a long script."""
-        types = _node_types(matcher)
-        if types is None:
-            return list(m.findall(self.module, matcher))
-        index = self.memo("nodes-by-type", self._nodes_by_type)
-        if len(types) == 1:
-            candidates = [node for _, node in index.get(types[0], ())]
-        else:
-            candidates = [node for _, node in sorted((pair for t in types for pair in index.get(t, ())),
-                                                     key=lambda pair: pair[0])]
-        return [node for node in candidates if m.matches(node, matcher)]
-
-    def _nodes_by_type(self) -> dict[type, list[tuple[int, cst.CSTNode]]]:
-        index: dict[type, list[tuple[int, cst.CSTNode]]] = {}
-        for i, node in enumerate(self._meta[ParentNodeProvider]):  # every node but the module, in order
-            index.setdefault(type(node), []).append((i, node))
-        return index
 
     def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         node = self.parent(node)
@@ -493,23 +473,6 @@ class ScriptFacts(Flow):
 
     def data_parallel(self) -> list[CallSite]:
         return self.calls_to(*DATA_PARALLEL)
-
-
-def _node_types(matcher: object) -> Optional[list[type]]:
-    """The node classes ``matcher`` can match (``m.For() | m.While()``: For, While), or None."""
-    if isinstance(matcher, m.OneOf):
-        out: list[type] = []
-        for option in matcher.options:
-            types = _node_types(option)
-            if types is None:
-                return None
-            out += [t for t in types if t not in out]
-        return out
-    cls = getattr(cst, type(matcher).__name__, None)
-    if isinstance(cls, type) and issubclass(cls, cst.CSTNode) and cls is not cst.Module \
-            and type(matcher).__module__.startswith("libcst.matchers"):
-        return [cls]
-    return None
 
 
 def bce_calls(f: ScriptFacts) -> Iterator[cst.Call]:

@@ -31,6 +31,7 @@ from accelerate_rewrite.codemod.facts_kinds import (
 )
 
 from accelerate_rewrite.codemod.facts_optimizers import OptimizerSearch
+from accelerate_rewrite.codemod.facts_metadata import LeanVisitor
 from accelerate_rewrite.codemod.syntax import (
     ITER_WRAPPERS,
     callee_text,
@@ -73,7 +74,7 @@ def _arguments_read(fn: Function, call: cst.Call, returned: cst.BaseExpression):
     return over if all(isinstance(a, cst.Name) for a in over) else False
 
 
-class _Collector(OptimizerSearch, cst.CSTVisitor):
+class _Collector(OptimizerSearch, LeanVisitor):
     def __init__(self, facts: "ScriptFacts") -> None:
         super().__init__()
         self.f = facts

@@ -29,40 +29,74 @@ if TYPE_CHECKING:
     from accelerate_rewrite.codemod.layout import Layout
 
 
-class _Parents(cst.CSTVisitor):
+class LeanVisitor(cst.CSTVisitor):
+    """A CSTVisitor for visitors with no ``visit_<Node>_<field>`` methods: LibCST looks each
+    of them up by name for every field of every node it walks (two ``getattr`` per field), the
+    largest part of a walk that does little at each node."""
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        pass
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        pass
+
+
+class _Parents(LeanVisitor):
     def __init__(self) -> None:
         super().__init__()
         self.stack: list[cst.CSTNode] = []
         self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
+        #: node -> (its index in the walk's order, the index of the first node after its subtree)
+        self.spans: dict[cst.CSTNode, tuple[int, int]] = {}
+        self._starts: list[int] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self.stack:
+            self._starts.append(len(self.parents))
             self.parents[node] = self.stack[-1]
         self.stack.append(node)
         return True
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         self.stack.pop()
+        if self.stack:
+            self.spans[original_node] = (self._starts.pop(), len(self.parents))
 
 
 def parents(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
     """node -> its parent (what ParentNodeProvider gives), in one walk."""
+    return parents_and_spans(module)[0]
+
+
+def parents_and_spans(module: cst.Module):
+    """``parents(module)``, and node -> (its index in the walk, the index after its subtree)."""
     visitor = _Parents()
     module.visit(visitor)
-    return visitor.parents
-
-
-def _direct(module: cst.Module, provider_class, dependencies: Mapping) -> Mapping[cst.CSTNode, Any]:
-    provider = provider_class()
-    provider.metadata = dependencies
-    provider.visit_Module(module)
-    return provider._computed
+    return visitor.parents, visitor.spans
 
 
 def scopes(module: cst.Module) -> Mapping[cst.CSTNode, Any]:
-    """node -> its scope (what ScopeProvider gives), LibCST's scope analysis run directly."""
-    contexts = _direct(module, ExpressionContextProvider, {})
-    return _direct(module, ScopeProvider, {ExpressionContextProvider: contexts})
+    """node -> its scope (what ScopeProvider gives), LibCST's scope analysis run directly: what
+    the two providers' ``visit_Module`` do, with their visitors made lean (``LeanVisitor``: they
+    have no per-field methods)."""
+    from libcst.metadata.expression_context_provider import ExpressionContext, ExpressionContextVisitor
+    from libcst.metadata.scope_provider import ScopeVisitor
+
+    class Contexts(LeanVisitor, ExpressionContextVisitor):
+        pass
+
+    class Scopes(LeanVisitor, ScopeVisitor):
+        pass
+
+    contexts = ExpressionContextProvider()
+    contexts.metadata = {}
+    module.visit(Contexts(contexts, ExpressionContext.LOAD))
+    provider = ScopeProvider()
+    provider.metadata = {ExpressionContextProvider: contexts._computed}
+    visitor = Scopes(provider)
+    module.visit(visitor)
+    visitor.infer_accesses()
+    return provider._computed
 
 
 class Metadata(dict):
@@ -75,10 +109,13 @@ class Metadata(dict):
         self.wrapper = wrapper
         self.layout = layout
         module = wrapper.module
+        #: node -> its span in the parents' walk (codemod/facts_index.py); None the wrapper's way
+        self.spans = None
         try:
-            self[ParentNodeProvider] = parents(module)
+            self[ParentNodeProvider], self.spans = parents_and_spans(module)
             self[ScopeProvider] = scopes(module)
         except (AttributeError, TypeError, KeyError):  # LibCST's internals moved: its own way
+            self.spans = None
             self.update(wrapper.resolve_many([ParentNodeProvider, ScopeProvider]))
 
     def __missing__(self, provider):

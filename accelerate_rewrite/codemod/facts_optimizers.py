@@ -119,7 +119,7 @@ class OptimizerSearch:
             if id(expr) in seen:
                 continue
             seen.add(id(expr))
-            for found in m.findall(
+            for found in self.f.find_in(
                 expr, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))
             ):
                 key = self.f.key_of(root_of(found.func.value))  # type: ignore[union-attr]
@@ -128,7 +128,7 @@ class OptimizerSearch:
             for key in self._given_to_helpers(expr):  # ``set_weight_decay(model, skip)``
                 if key not in keys:
                     keys.append(key)
-            names = [expr] if isinstance(expr, cst.Name) else m.findall(expr, m.Name())
+            names = [expr] if isinstance(expr, cst.Name) else self.f.find_in(expr, m.Name())
             for name in names:
                 if self.f.key_of(name) in optimizers:
                     continue  # a scheduler over an optimizer is not over its parameters

@@ -32,10 +32,23 @@ def _lines_in(tokens: Iterable[str]) -> int:
 
 
 class Layout:
-    """The code and first line of each top-level statement of ``module`` (one code generation)."""
+    """The code and first line of each top-level statement of ``module`` (one code generation,
+    when first asked for)."""
 
     def __init__(self, module: cst.Module) -> None:
         self.module = module
+        self._names: dict[int, frozenset[str]] = {}
+        self._built = False
+
+    def __getattr__(self, name: str):
+        if name in ("header", "statements", "footer", "joins", "code") and not self._built:
+            self._build()
+            return getattr(self, name)
+        raise AttributeError(name)
+
+    def _build(self) -> None:
+        self._built = True
+        module = self.module
         state = CodegenState(default_indent=module.default_indent, default_newline=module.default_newline)
         for line in module.header:
             line._codegen(state)
@@ -56,11 +69,7 @@ class Layout:
         #: whether a module's code is its pieces joined (a module with no trailing newline, or
         #: with nothing in it, is printed otherwise at its end)
         self.joins = module.has_trailing_newline and bool(module.body)
-        if self.joins:
-            self.code = "".join(state.tokens)
-        else:
-            self.code = module.code
-        self._names: dict[int, frozenset[str]] = {}
+        self.code = "".join(state.tokens) if self.joins else module.code
 
     def code_of(self, new: cst.Module) -> str:
         """``new.code``, for a module made from this one (the edits applied): the statements it

@@ -44,7 +44,7 @@ def data_source(f: ScriptFacts, source: cst.BaseExpression) -> cst.BaseExpressio
     """What a loop draws its items from, through ``enumerate``, ``tqdm`` and the script's own
     generators that yield their first argument's items (``metric_logger.log_every(loader, 10)``,
     ``syntax.passes_through``): ``loader``."""
-    return unwrap_iter(source, f.memo("passes-through", lambda: passes_through(f.module)))
+    return unwrap_iter(source, f.memo("passes-through", lambda: passes_through(f.module, f.find_in)))
 
 
 def is_counter(f: ScriptFacts, source: cst.BaseExpression) -> bool:
@@ -103,7 +103,7 @@ def has_eval_evidence(f: ScriptFacts, loop: cst.For) -> bool:
             if any(_no_grad_call(f, d.decorator) for d in parent.decorators):
                 return True
             break
-    for inner in m.findall(loop.body, m.With()):
+    for inner in f.find_in(loop.body, m.With()):
         if any(_no_grad_call(f, item.item) for item in inner.items):
             return True
     func = f.function(loop)
@@ -222,7 +222,7 @@ def _eval_sums(f: ScriptFacts, loader: Binding, loops: Optional[list[cst.For]] =
     for loop in loops_over(f, loader.key) if loops is None else loops:
         func = f.function(loop)
         sums: dict[str, bool] = {}
-        for node in m.findall(loop.body, m.AugAssign() | m.Call(func=m.Attribute())):
+        for node in f.find_in(loop.body, m.AugAssign() | m.Call(func=m.Attribute())):
             if f.function(node) is not func:
                 continue
             if isinstance(node, cst.Call):
@@ -265,11 +265,11 @@ def _eval_sums(f: ScriptFacts, loader: Binding, loops: Optional[list[cst.For]] =
 def _sum_problem(f: ScriptFacts, loop: cst.For, func, name: str) -> Optional[str]:
     """Why the accumulator ``name`` can't simply be all-reduced after ``loop``."""
     block = func.body if func is not None else f.module
-    starts = [a for a in m.findall(block, m.Assign(targets=[m.AssignTarget(m.Name(name))]))
+    starts = [a for a in f.find_in(block, m.Assign(targets=[m.AssignTarget(m.Name(name))]))
               if f.function(a) is func and f.line(a) < f.line(loop)]
     if not starts:
         return f"`{name}` is summed in the loop but not set before it in the same function"
-    if any(f.line(a) > f.line(loop) for a in m.findall(loop.body, m.Assign(targets=[m.AssignTarget(m.Name(name))]))):
+    if any(f.line(a) > f.line(loop) for a in f.find_in(loop.body, m.Assign(targets=[m.AssignTarget(m.Name(name))]))):
         return f"`{name}` is reset inside the loop"
     return None
 
@@ -277,7 +277,7 @@ def _sum_problem(f: ScriptFacts, loop: cst.For, func, name: str) -> Optional[str
 def _divided_by_batches(f: ScriptFacts, loop: cst.For, func, loader: Binding) -> Optional[cst.CSTNode]:
     """A ``len(loader)`` read after the loop (a mean over batches), if any."""
     block = func.body if func is not None else f.module
-    for call in m.findall(block, m.Call(func=m.Name("len"), args=[m.Arg(m.Name() | m.Attribute())])):
+    for call in f.find_in(block, m.Call(func=m.Name("len"), args=[m.Arg(m.Name() | m.Attribute())])):
         if f.line(call) > f.line(loop) and f.function(call) is func \
                 and f.same_object(f.key_of(call.args[0].value), loader.key):
             return call
@@ -303,7 +303,7 @@ def _training_sums(f: ScriptFacts, loader: Binding) -> EvalSums:
             continue
         func = f.function(loop)
         sums: dict[str, bool] = {}
-        for node in m.findall(loop.body, m.AugAssign(target=m.Name(), operator=m.AddAssign())):
+        for node in f.find_in(loop.body, m.AugAssign(target=m.Name(), operator=m.AddAssign())):
             if f.function(node) is func:
                 name = node.target.value
                 sums[name] = sums.get(name, True) and _is_number(node.value)
@@ -333,7 +333,7 @@ def _reads_after(f: ScriptFacts, loop: cst.For, func, name: str, loader: Binding
     end = f.end_line(loop)
     reads: list[cst.Name] = []
     ops: set[Optional[str]] = set()
-    for node in m.findall(block, m.Name(name)):
+    for node in f.find_in(block, m.Name(name)):
         if f.function(node) is not func or f.line(node) <= end:
             continue
         parent = f.parent(node)

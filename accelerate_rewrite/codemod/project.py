@@ -452,6 +452,7 @@ def units_of(facts: "ScriptFacts", project: Project, scope: Scope) -> list[Unit]
     that were replaced by a module's statements), what it read undefined or unbound already, and
     whether it may change (``scope``)."""
     from accelerate_rewrite.codemod.checks import _all_names_resolve, undefined_names
+    from accelerate_rewrite.codemod.layout import Layout
 
     combined_starts = statement_starts(facts.module)
     where = project.locator(combined_starts)
@@ -459,9 +460,10 @@ def units_of(facts: "ScriptFacts", project: Project, scope: Scope) -> list[Unit]
     units = []
     for p, part in enumerate(project.parts):
         body = [facts.module.body[at[(p, i)]] if (p, i) in at else stmt for i, stmt in enumerate(part.module.body)]
+        view = part.module.with_changes(body=body)
         unit = Unit(
             path=part.path, source=part.source, head=part.head, tail=part.tail, roundtrip=part.module.code,
-            view=part.module.with_changes(body=body),
+            view=view, layout=None if part.aliases else Layout(view),
             undefined={} if _all_names_resolve(part.head) else undefined_names(part.module),
             unbound=(part.head, maybe_unbound(part.head)), where=where, index=p,
             refusal=(lambda before, after, path=part.path: scope.refusal(path, changed_names(before, after)))

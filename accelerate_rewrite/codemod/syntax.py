@@ -131,11 +131,12 @@ def unwrap_iter(source: cst.BaseExpression, through: frozenset[str] = frozenset(
     return source
 
 
-def passes_through(module: cst.Module) -> frozenset[str]:
+def passes_through(module: cst.Module, findall=m.findall) -> frozenset[str]:
     """The names of the module's functions and methods (of its top-level classes) that are
     generators yielding each item of their first argument unchanged, and nothing else: a
     logger's ``def log_every(self, iterable, print_freq): ... for obj in iterable: ... yield obj``.
-    A name that another function or method of the module also has is left out."""
+    A name that another function or method of the module also has is left out. ``findall``:
+    ``m.findall``, or the analysis's index that answers it (``ScriptFacts.find_in``)."""
     found: dict[str, bool] = {}
 
     def consider(func: cst.FunctionDef, method: bool) -> None:
@@ -143,18 +144,18 @@ def passes_through(module: cst.Module) -> frozenset[str]:
         ok = False
         if params and not func.asynchronous and not func.decorators:
             first = params[0].name.value
-            yields = m.findall(func.body, m.Yield())
+            yields = findall(func.body, m.Yield())
             if len(yields) == 1 and m.matches(yields[0], m.Yield(value=m.Name())):
                 name = yields[0].value.value
                 # ``yield obj`` a statement of the loop's own body: every item, none skipped
-                loops = [loop for loop in m.findall(func.body, m.For(target=m.Name(name), iter=m.Name(first)))
+                loops = [loop for loop in findall(func.body, m.For(target=m.Name(name), iter=m.Name(first)))
                          if any(isinstance(st, cst.SimpleStatementLine) and any(
                              isinstance(x, cst.Expr) and x.value is yields[0] for x in st.body)
                              for st in loop.body.body)
-                         and not m.findall(loop.body, m.Continue() | m.Break())]
-                written = m.findall(func.body, m.AssignTarget(target=m.Name(name) | m.Name(first)))
+                         and not findall(loop.body, m.Continue() | m.Break())]
+                written = findall(func.body, m.AssignTarget(target=m.Name(name) | m.Name(first)))
                 ok = len(loops) == 1 and not written and not any(
-                    r.value is not None for r in m.findall(func.body, m.Return()))
+                    r.value is not None for r in findall(func.body, m.Return()))
         found[func.name.value] = found.get(func.name.value, True) and ok
 
     for stmt in module.body:

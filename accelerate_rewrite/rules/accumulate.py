@@ -330,7 +330,7 @@ class _Loop:
         return None, 0
 
     def _fresh(self, names: tuple[str, ...]) -> str:
-        used = {n.value for n in m.findall(self.ctx.facts.module, m.Name())}
+        used = {n.value for n in self.ctx.facts.find(m.Name())}
         for name in names:
             if name not in used:
                 return name
