@@ -55,7 +55,7 @@ class _Scope:
         self.path = path
         self.unbound: list[tuple[str, str, int]] = []  # (scope, name, line), one per read
         self.nested: list[_Scope] = []
-        self.locals = self._locals(body) - self._declared(body)
+        self.locals = self._locals(body)
         self.body = body
         self.start = frozenset(params)
 
@@ -81,10 +81,13 @@ class _Scope:
                     todo.append(child)
 
     def _locals(self, body: list[ast.stmt]) -> frozenset:
+        """The names the scope binds, less those it declares ``global`` or ``nonlocal``."""
         out: set[str] = set()
+        declared: set[str] = set()
         for node in self._own(body):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-                out.add(node.id)
+            if isinstance(node, ast.Name):
+                if isinstance(node.ctx, (ast.Store, ast.Del)):
+                    out.add(node.id)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 out.add(node.name)
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -93,15 +96,9 @@ class _Scope:
                 out.add(node.name)
             elif isinstance(node, ast.NamedExpr):
                 out.update(_targets(node.target))
-        return frozenset(out)
-
-    @staticmethod
-    def _declared(body: list[ast.stmt]) -> frozenset:
-        out: set[str] = set()
-        for node in _Scope._own(body):
-            if isinstance(node, (ast.Global, ast.Nonlocal)):
-                out.update(node.names)
-        return frozenset(out)
+            elif isinstance(node, (ast.Global, ast.Nonlocal)):
+                declared.update(node.names)
+        return frozenset(out - declared)
 
     # ---- reads ----------------------------------------------------------------------------
     def _read(self, node: Optional[ast.AST], bound: frozenset) -> frozenset:
