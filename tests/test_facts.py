@@ -704,3 +704,24 @@ def test_find_in_a_node_gives_what_matchers_find_under_it():
                 found, expected = facts.find_in(root, question), list(m.findall(root, question))
                 assert len(found) == len(expected) and all(a is b for a, b in zip(found, expected)), \
                     (path, type(root).__name__, question)
+
+
+def test_the_parents_walk_visits_the_nodes_in_libcsts_order():
+    """The parents' walk of codemod/facts_metadata.py (no copy of each node, the fields LibCST's
+    walk visits recorded per class) gives the parents and spans LibCST's own walk gives, in the
+    same order, on every fixture (the inputs and the goldens) and on odd sources: f-strings with
+    and without a format spec (a class whose walk leaves an empty field out), star imports."""
+    from accelerate_rewrite.codemod.facts_metadata import _Parents, _walk
+    from tests.goldens import FIXTURES
+    from tests.test_layout import ODD
+
+    sources = [p.read_text(encoding="utf-8") for p in sorted(FIXTURES.glob("**/*.py"))] + list(ODD.values()) + [
+        'x = f"{a}"\ny = f"{b:>{width}.{p}f} {c!r:10} {d=}"\nfrom os import *\nfrom . import (a, b)\n']
+    assert len(sources) > 100
+    for source in sources:
+        module = cst.parse_module(source)
+        parents, spans = _walk(module)
+        visitor = _Parents()
+        module.visit(visitor)
+        assert list(parents.items()) == list(visitor.parents.items())
+        assert spans == visitor.spans

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Iterable, Optional
 
 import libcst as cst
 import libcst.matchers as m
+from libcst.metadata import ParentNodeProvider
 
 from accelerate_rewrite.codemod.facts_kinds import (
     DATALOADERS,
@@ -87,7 +88,7 @@ class _Collector(OptimizerSearch, LeanVisitor):
                 params = positional_params(stmt)
                 f.functions[stmt.name.value] = Function(stmt, stmt.name.value, params)
         self._find_module_classes()
-        f.module.visit(self)
+        self._walk()
         self._lifted: set[int] = set()
         self._unknown: list[tuple[Key, cst.BaseStatement, cst.BaseExpression, cst.Call]] = []
         for target, value, node in self._pending:
@@ -96,6 +97,23 @@ class _Collector(OptimizerSearch, LeanVisitor):
         if self._lifted:  # what a method builds and returns is bound where its result is
             f.bindings = [b for b in f.bindings if not (isinstance(b.stmt, cst.SimpleStatementLine)
                                                        and any(id(s) in self._lifted for s in b.stmt.body))]
+
+    def _walk(self) -> None:
+        """This visitor's ``visit_<Node>`` methods called on every node in the order of LibCST's
+        walk: over the parents' walk's nodes, which come in that order (codemod/facts_metadata.py),
+        where there is one; the visitor has no ``leave_`` methods and goes into every node."""
+        f = self.f
+        if getattr(f._meta, "spans", None) is None:  # the wrapper's parents: LibCST's walk
+            f.module.visit(self)
+            return
+        handlers: dict[type, object] = {}
+        for node in f._meta[ParentNodeProvider]:  # every node but the module (no visit_Module here)
+            kind = type(node)
+            handler = handlers.get(kind, handlers)
+            if handler is handlers:
+                handler = handlers[kind] = getattr(self, f"visit_{kind.__name__}", None)
+            if handler is not None:
+                handler(node)
 
     def _find_module_classes(self) -> None:
         f = self.f

@@ -13,6 +13,7 @@ adds an empty batched walk to it). Should LibCST's internals change, the wrapper
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 import libcst as cst
@@ -69,10 +70,95 @@ def parents(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
 
 
 def parents_and_spans(module: cst.Module):
-    """``parents(module)``, and node -> (its index in the walk, the index after its subtree)."""
-    visitor = _Parents()
-    module.visit(visitor)
-    return visitor.parents, visitor.spans
+    """``parents(module)``, and node -> (its index in the walk, the index after its subtree),
+    the nodes in the order of LibCST's walk (``_walk``)."""
+    try:
+        return _walk(module)
+    except (AttributeError, TypeError):  # LibCST's internals moved: its own walk
+        visitor = _Parents()
+        module.visit(visitor)
+        return visitor.parents, visitor.spans
+
+
+class _Fields(cst.CSTVisitor):
+    """Records the fields ``_visit_and_replace_children`` visits, in its order, without going
+    into them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fields: list[str] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return False
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        pass
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        if attribute not in self.fields:
+            self.fields.append(attribute)
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        pass
+
+
+#: node class -> the fields a walk visits, in its order (asked of LibCST once per class; None:
+#: asked for each node of the class)
+_FIELDS: dict[type, Optional[tuple[str, ...]]] = {}
+#: a field value's type -> 1 a node, 2 a sequence, 0 neither
+_KINDS: dict[type, int] = {tuple: 2, list: 2, type(None): 0, str: 0}
+
+
+def _fields_of(node: cst.CSTNode) -> tuple[str, ...]:
+    """The fields LibCST's walk visits in ``node``, in its order; kept for the class when the
+    fields it leaves out hold no node here (a class whose walk leaves out an empty field, such
+    as a FormattedStringExpression's ``format_spec``, is asked again for each node)."""
+    recorder = _Fields()
+    node._visit_and_replace_children(recorder)  # builds one copy of the node
+    out = tuple(recorder.fields)
+    if all(getattr(node, f.name) is not None for f in dataclasses.fields(node) if f.name not in out):
+        _FIELDS[type(node)] = out
+    else:
+        _FIELDS[type(node)] = None
+    return out
+
+
+def _walk(module: cst.Module):
+    """The parents and spans of ``_Parents``, without LibCST's visitor machinery: its walk
+    builds a new copy of every node it passes (``_visit_and_replace_children``), which a walk that
+    reads the tree need not. The children of a node are those of the fields its own
+    ``_visit_and_replace_children`` visits, in that order (recorded once per class), so the
+    nodes come in the order of LibCST's walk; tests/test_facts.py checks the two give the
+    same, in the same order, on every fixture."""
+    parents: dict[cst.CSTNode, cst.CSTNode] = {}
+    spans: dict[cst.CSTNode, tuple[int, int]] = {}
+    fields, kinds = _FIELDS, _KINDS
+    leave, unknown = object(), object()
+    # (node, its parent, 0) to enter a node; (node, leave, its index) once its subtree is done
+    stack: list = [(module, None, 0)]
+    while stack:
+        node, parent, start = stack.pop()
+        if parent is leave:
+            spans[node] = (start, len(parents))
+            continue
+        if parent is not None:
+            stack.append((node, leave, len(parents)))
+            parents[node] = parent
+        order = fields.get(type(node), unknown)
+        if order is None or order is unknown:
+            order = _fields_of(node)
+        push = stack.append
+        for name in reversed(order):  # the last child first: the first is entered next
+            value = getattr(node, name)
+            kind = kinds.get(type(value))
+            if kind is None:
+                kind = kinds[type(value)] = 1 if isinstance(value, cst.CSTNode) else 0
+            if kind == 1:
+                push((value, node, 0))
+            elif kind == 2:
+                for child in reversed(value):
+                    push((child, node, 0))
+    return parents, spans
 
 
 def scopes(module: cst.Module) -> Mapping[cst.CSTNode, Any]:
