@@ -153,7 +153,7 @@ class ScriptFacts(Index, Flow):
     # ---- metadata accessors -------------------------------------------------------------
     def _get(self, provider, node, default=None):
         value = self._meta[provider].get(node, default)
-        if callable(value) and not isinstance(value, cst.CSTNode):  # libcst's lazy values
+        if value is not None and callable(value):  # libcst's lazy values (a node is not callable)
             value = value()
         return value
 
@@ -174,7 +174,7 @@ class ScriptFacts(Index, Flow):
         return pos.start.column if pos is not None else 0
 
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
-        return self._get(ParentNodeProvider, node)
+        return self._meta[ParentNodeProvider].get(node)
 
     def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         node = self.parent(node)
@@ -420,13 +420,15 @@ class ScriptFacts(Index, Flow):
         return list(self.memo(("method-calls", kind, method), compute))
 
     def attribute_calls_of(self, method: str) -> list[tuple[int, cst.Call]]:
-        """``x.<method>(...)`` calls, with their place in ``attribute_calls``: an index made once."""
-        def compute() -> dict[str, list[tuple[int, cst.Call]]]:
-            index: dict[str, list[tuple[int, cst.Call]]] = {}
-            for i, call in enumerate(self.attribute_calls):
+        """``x.<method>(...)`` calls, with their place in ``attribute_calls``: an index kept up
+        with the list (the collecting walk appends to it while it asks)."""
+        done, index = self._memo.get("attribute-calls-by-method", (0, {}))
+        if done < len(self.attribute_calls):
+            for i in range(done, len(self.attribute_calls)):
+                call = self.attribute_calls[i]
                 index.setdefault(call.func.attr.value, []).append((i, call))
-            return index
-        return self.memo("attribute-calls-by-method", compute).get(method, [])
+            self._memo["attribute-calls-by-method"] = (len(self.attribute_calls), index)
+        return index.get(method, [])
 
     def calls_named(self, *qualnames: str) -> list[cst.Call]:
         """Calls any of whose qualified names is one of these (a name bound twice, e.g. by an

@@ -306,8 +306,8 @@ class _Collector(OptimizerSearch, LeanVisitor):
                 return None
         if not isinstance(unwrap_moves(returned), cst.Call):
             return None
-        calls = [c for c in f.attribute_calls if c.func.attr.value == name
-                 and isinstance(c.func.value, cst.Name) and c.func.value.value == receiver.value
+        calls = [c for _, c in f.attribute_calls_of(name)
+                 if isinstance(c.func.value, cst.Name) and c.func.value.value == receiver.value
                  and (over is not None or (f.function(c) is not None and f.enclosing_class(f.function(c)) is cls))]
         return (returned, inner, over) if calls == [value] else None
 

@@ -43,6 +43,19 @@ class Index:
             candidates = [n for _, n in sorted((pair for run in runs for pair in run), key=lambda pair: pair[0])]
         return [n for n in candidates if m.matches(n, matcher)]
 
+    def inside(self, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
+        """Whether ``outer`` is one of ``node``'s ancestors (``outer in ancestors(node)``), from the
+        walk's spans: a node's subtree is the run of nodes from it to the end of its span."""
+        spans = getattr(self._meta, "spans", None)
+        if spans is not None:
+            at = spans.get(node)
+            if outer is self.module:
+                return at is not None
+            span = spans.get(outer)
+            if at is not None and span is not None:
+                return span[0] < at[0] < span[1]
+        return any(above is outer for above in self.ancestors(node))
+
     def _span(self, node: cst.CSTNode) -> Optional[tuple[int, int]]:
         """The indices (in the walk's order) of ``node`` and of the first node after its subtree."""
         spans = getattr(self._meta, "spans", None)

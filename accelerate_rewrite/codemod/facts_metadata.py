@@ -14,6 +14,7 @@ adds an empty batched walk to it). Should LibCST's internals change, the wrapper
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 import libcst as cst
@@ -109,6 +110,10 @@ _FIELDS: dict[type, Optional[tuple[str, ...]]] = {}
 _KINDS: dict[type, int] = {tuple: 2, list: 2, type(None): 0, str: 0}
 
 
+#: a field's type that holds text, never a node (``Newline.value``, ``IndentedBlock.indent``)
+_TEXT = re.compile(r"(typing\.Optional\[str\]|<class 'str'>|str|Optional\[str\])")
+
+
 def _fields_of(node: cst.CSTNode) -> tuple[str, ...]:
     """The fields LibCST's walk visits in ``node``, in its order; kept for the class when the
     fields it leaves out hold no node here (a class whose walk leaves out an empty field, such
@@ -116,7 +121,8 @@ def _fields_of(node: cst.CSTNode) -> tuple[str, ...]:
     recorder = _Fields()
     node._visit_and_replace_children(recorder)  # builds one copy of the node
     out = tuple(recorder.fields)
-    if all(getattr(node, f.name) is not None for f in dataclasses.fields(node) if f.name not in out):
+    if all(getattr(node, f.name) is not None or _TEXT.fullmatch(str(f.type))
+           for f in dataclasses.fields(node) if f.name not in out):
         _FIELDS[type(node)] = out
     else:
         _FIELDS[type(node)] = None

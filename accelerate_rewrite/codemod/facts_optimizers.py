@@ -166,9 +166,9 @@ class OptimizerSearch:
         key = f.key_of(name)
         if key is None:
             return out
-        for call in f.attribute_calls:
-            if call.func.attr.value in ("append", "extend") and call.args \
-                    and isinstance(call.func.value, cst.Name) and f.key_of(call.func.value) == key:
+        grown = sorted(f.attribute_calls_of("append") + f.attribute_calls_of("extend"), key=lambda pair: pair[0])
+        for _, call in grown:
+            if call.args and isinstance(call.func.value, cst.Name) and f.key_of(call.func.value) == key:
                 out.append(call.args[0].value)
         for target, value in bound:
             for parent in (f.ancestors(target) if value is None and isinstance(target, cst.CSTNode) else ()):

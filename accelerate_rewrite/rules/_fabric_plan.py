@@ -394,13 +394,13 @@ class _Planner(Home, Loaders, Reach, Devices):
         in the training loop puts the set-up after the loop)."""
         f = self.f
         for site in f.backward_sites:
-            if group.after is site.stmt or group.after in f.ancestors(site.call):
+            if group.after is site.stmt or f.inside(site.call, group.after):
                 return site.call
         training = trains(f)
         for fn in f.functions.values():
             if id(fn.node) in training:
                 for call in fn.calls:
-                    if group.after in f.ancestors(call):
+                    if f.inside(call, group.after):
                         return call
         return None
 
