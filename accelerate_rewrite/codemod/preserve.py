@@ -20,6 +20,7 @@ file that ends in a line continuation (a backslash on the last line), which CPyt
 from __future__ import annotations
 
 import bisect
+from functools import lru_cache
 import io
 import tokenize
 from difflib import SequenceMatcher
@@ -89,9 +90,11 @@ def _normalised(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def trivia(text: str) -> Optional[list[tuple[int, str]]]:
+@lru_cache(maxsize=16)
+def trivia(text: str) -> Optional[tuple[tuple[int, str], ...]]:
     """``(line, comment text or "")`` for every comment and blank line; None if it does not
-    tokenize."""
+    tokenize. Kept for the last texts asked about: a rewrite asks of its input at every attempt
+    at the edits, and of its result twice."""
     out: list[tuple[int, str]] = []
     normal = _normalised(text)
     blank_done: set[int] = set()
@@ -111,7 +114,7 @@ def trivia(text: str) -> Optional[list[tuple[int, str]]]:
     last = len(lines)
     if lines and lines[-1] != "" and not lines[-1].strip() and last not in blank_done:
         out.append((last, ""))
-    return sorted(out)
+    return tuple(sorted(out))
 
 
 def removed_comments(source: str, output: str) -> list[tuple[int, str]]:
