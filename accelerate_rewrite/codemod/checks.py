@@ -57,7 +57,7 @@ def check(
     original_undefined: dict[str, int],
     new_code: str,
     locate: Callable[[str], Optional[int]] = lambda name: None,
-    original_unbound: Optional[tuple[str, dict[tuple[str, str], list[int]]]] = None,
+    original_unbound: Optional[tuple[str, Callable[[], dict[tuple[str, str], list[int]]]]] = None,
 ) -> list[str]:
     """Problems of ``new_code`` that the original did not have; empty when all is well.
 
@@ -87,7 +87,8 @@ def check(
     return problems
 
 
-def _new_unbound_reads(original: tuple[str, dict[tuple[str, str], list[int]]], new_code: str) -> list[str]:
+def _new_unbound_reads(original: tuple[str, Callable[[], dict[tuple[str, str], list[int]]]],
+                       new_code: str) -> list[str]:
     """Reads of ``new_code`` at a point some path reaches without binding the name, that the
     input did not have: on a line the rewrite inserted, on a line it left as it was (a binding
     before it went), or on a line it changed whose input lines did not read the name so."""
@@ -98,7 +99,8 @@ def _new_unbound_reads(original: tuple[str, dict[tuple[str, str], list[int]]], n
     found = maybe_unbound(new_code)
     if not found:
         return []
-    source, before = original
+    source, reads = original
+    before = reads()
     old_lines, new_lines = source.splitlines(), new_code.splitlines()
     blocks = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False).get_opcodes()
     for (scope, name), lines in sorted(found.items(), key=lambda item: item[1]):

@@ -290,7 +290,7 @@ def _rewrite(
         layout = facts.layout()
         units = [Unit(path=path, source=source, head=head, tail=tail, roundtrip=layout.code, view=facts.module,
                        undefined=facts.undefined_names(),
-                       unbound=(head, facts.memo("maybe-unbound", lambda: maybe_unbound(head))),
+                       unbound=(head, lambda: facts.memo("maybe-unbound", lambda: maybe_unbound(head))),
                        where=lambda line: (0, line), first_read=facts.first_read, layout=layout,
                        parent=facts.parent)]
     options = _for_script(facts, options)

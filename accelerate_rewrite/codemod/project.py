@@ -426,7 +426,8 @@ class Unit:
     roundtrip: str
     view: cst.Module  # the file's tree, made of the analysed module's statements where it has them
     undefined: dict[str, int]  # names the file read undefined already
-    unbound: tuple[str, dict]
+    #: the file's text and what it reads unbound already (flow.maybe_unbound), made when first asked for
+    unbound: tuple[str, Callable[[], dict]]
     #: a line of the analysed module -> (index of the unit that holds it, line in that file)
     where: Callable[[int], tuple[int, int]]
     index: int = 0
@@ -465,7 +466,7 @@ def units_of(facts: "ScriptFacts", project: Project, scope: Scope) -> list[Unit]
             path=part.path, source=part.source, head=part.head, tail=part.tail, roundtrip=part.module.code,
             view=view, layout=None if part.aliases else Layout(view),
             undefined={} if _all_names_resolve(part.head) else undefined_names(part.module),
-            unbound=(part.head, maybe_unbound(part.head)), where=where, index=p,
+            unbound=(part.head, lambda head=part.head: maybe_unbound(head)), where=where, index=p,
             refusal=(lambda before, after, path=part.path: scope.refusal(path, changed_names(before, after)))
             if p else None, aliases=part.aliases, parent=facts.parent)
         unit.first_read = lambda name, u=unit: (lambda line: u.local(line) if line is not None else None)(
