@@ -2,7 +2,10 @@
 
 Rules never transform the tree themselves: each one reads the facts and records edits
 against the original nodes. The engine applies the edits of every selected rule together,
-bottom-up, so that an edit on an outer node sees the result of the edits inside it.
+bottom-up, so that an edit on an outer node sees the result of the edits inside it, and only
+along the paths from the module down to the nodes the edits are keyed on: every other subtree
+stays the same object, and the result's code reuses the code of the top-level statements the
+edits leave as they were (codemod/layout.py).
 
 - ``replace(node, fn)``: ``fn(updated_node) -> node``; several replacements compose in rule order.
 - ``remove(stmt)``: drop a statement; comments above it that stand apart (a blank line

@@ -65,7 +65,7 @@ from accelerate_rewrite.codemod.facts_kinds import (  # noqa: F401
     hand_updated,
 )
 from accelerate_rewrite.codemod.facts_flow import Flow
-from accelerate_rewrite.codemod.facts_index import Index, _node_types  # noqa: F401
+from accelerate_rewrite.codemod.facts_index import Index
 from accelerate_rewrite.codemod.facts_metadata import Metadata
 from accelerate_rewrite.codemod.facts_collect import _Collector
 from accelerate_rewrite.codemod.syntax import (  # noqa: F401 (the rules import them from here)

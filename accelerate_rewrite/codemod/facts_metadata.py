@@ -4,18 +4,20 @@
 providers it batches (parents, expression contexts, scopes), one more walk of its batched visitor
 per level of dependencies, which calls nothing here: every provider does its work in
 ``visit_Module``. Over the fixtures that is half the time of the analysis. So the parents come
-from one walk of our own, and the scopes from LibCST's own ScopeProvider run directly
-(expression contexts, then scopes: what the wrapper would run, without its extra walks; the
-results are the same maps, which tests/test_facts.py checks). Positions (code generation with
-positions, a walk of its own) are computed when first asked for, by that walk alone (the wrapper
-adds an empty batched walk to it). Should LibCST's internals change, the wrapper's way is taken.
+from one walk of our own (``_walk``: the nodes in the order of LibCST's walk, without the copy
+of every node a LibCST visitor makes), and the scopes from LibCST's own ScopeProvider run
+directly (expression contexts, then scopes: what the wrapper would run, without its extra walks
+and per-field lookups; the results are the same maps, which tests/test_facts.py checks).
+Positions are computed when first asked for, one top-level statement at a time
+(codemod/layout.py). Should LibCST's internals change, the wrapper's way is taken.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional
 
 import libcst as cst
 from libcst.metadata import (
@@ -26,6 +28,9 @@ from libcst.metadata import (
     PositionProvider,
     ScopeProvider,
 )
+
+from libcst.metadata.expression_context_provider import ExpressionContext, ExpressionContextVisitor
+from libcst.metadata.scope_provider import ScopeVisitor
 
 if TYPE_CHECKING:
     from accelerate_rewrite.codemod.layout import Layout
@@ -167,28 +172,73 @@ def _walk(module: cst.Module):
     return parents, spans
 
 
+class _Contexts(LeanVisitor, ExpressionContextVisitor):
+    pass
+
+
+class _Scopes(LeanVisitor, ScopeVisitor):
+    pass
+
+
 def scopes(module: cst.Module) -> Mapping[cst.CSTNode, Any]:
     """node -> its scope (what ScopeProvider gives), LibCST's scope analysis run directly: what
-    the two providers' ``visit_Module`` do, with their visitors made lean (``LeanVisitor``: they
-    have no per-field methods)."""
-    from libcst.metadata.expression_context_provider import ExpressionContext, ExpressionContextVisitor
-    from libcst.metadata.scope_provider import ScopeVisitor
-
-    class Contexts(LeanVisitor, ExpressionContextVisitor):
-        pass
-
-    class Scopes(LeanVisitor, ScopeVisitor):
-        pass
-
-    contexts = ExpressionContextProvider()
-    contexts.metadata = {}
-    module.visit(Contexts(contexts, ExpressionContext.LOAD))
-    provider = ScopeProvider()
-    provider.metadata = {ExpressionContextProvider: contexts._computed}
-    visitor = Scopes(provider)
-    module.visit(visitor)
+    the two providers' ``visit_Module`` do, their visitors made lean (``LeanVisitor``: they have
+    no per-field methods) and walking without copies (``_reading``)."""
+    with _reading(_Contexts, _Scopes, ExpressionContextVisitor):
+        contexts = ExpressionContextProvider()
+        contexts.metadata = {}
+        module.visit(_Contexts(contexts, ExpressionContext.LOAD))
+        provider = ScopeProvider()
+        provider.metadata = {ExpressionContextProvider: contexts._computed}
+        visitor = _Scopes(provider)
+        module.visit(visitor)
     visitor.infer_accesses()
     return provider._computed
+
+
+def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The children of ``node``, in the order of LibCST's walk (the fields ``_walk`` reads)."""
+    order = _FIELDS.get(type(node), _children)
+    if order is None or order is _children:
+        order = _fields_of(node)
+    out: list[cst.CSTNode] = []
+    for name in order:
+        value = getattr(node, name)
+        kind = _KINDS.get(type(value))
+        if kind is None:
+            kind = _KINDS[type(value)] = 1 if isinstance(value, cst.CSTNode) else 0
+        if kind == 1:
+            out.append(value)
+        elif kind == 2:
+            out.extend(value)
+    return out
+
+
+@contextmanager
+def _reading(*kinds: type) -> Iterator[None]:
+    """While inside, ``node.visit(visitor)`` for a visitor of one of ``kinds`` goes through the
+    nodes as LibCST's walk does (``on_visit``; if it says so, the children in the walk's order;
+    ``on_leave``) without building a copy of each node it passes, nor the checks of what a
+    transformer returns: for visitors that read the tree and have no per-field methods, here
+    LibCST's own expression-context and scope visitors (a third of the scope analysis's time).
+    Every other visitor, and every visit outside, goes LibCST's way."""
+    original = cst.CSTNode.visit
+    fast = frozenset(kinds)
+
+    def visit(self, visitor):
+        if type(visitor) not in fast:
+            return original(self, visitor)
+        if visitor.on_visit(self):
+            for child in _children(self):
+                child.visit(visitor)
+        visitor.on_leave(self)
+        return self
+
+    cst.CSTNode.visit = visit  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        cst.CSTNode.visit = original  # type: ignore[method-assign]
 
 
 class Metadata(dict):
