@@ -67,3 +67,26 @@ def test_the_code_of_a_changed_module_is_spliced_as_libcst_prints_it(name, sourc
     new = module.with_changes(body=body)
     assert layout.code_of(new) == new.code
     assert layout.code_of(module) == module.code
+    # a module the transformer went through: new tuples of the same header and footer lines
+    again = new.with_changes(header=tuple(new.header), footer=tuple(new.footer))
+    assert layout.code_of(again) == again.code
+
+
+def test_the_result_of_the_edits_is_spliced_not_printed_again():
+    """The engine's result reuses the input's code for the statements the edits kept: with a
+    header and a footer (a transformer makes new tuples of them), only the changed statement is
+    generated again."""
+    from unittest import mock
+
+    from accelerate_rewrite.api import rewrite
+    from accelerate_rewrite.options import Options
+
+    source = ("#!/usr/bin/env python\n# header comment\n\nimport torch\n\nmodel = torch.nn.Linear(4, 1)\n"
+              "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              "with torch.cuda.amp.autocast():\n    loss = model(torch.randn(2, 4)).sum()\n"
+              "loss.backward()\noptimizer.step()\n\n# footer comment\n")
+    assert cst.parse_module(source).header
+    with mock.patch.object(cst.Module, "code", new_callable=mock.PropertyMock) as whole:
+        whole.side_effect = AssertionError("the whole module printed again")
+        result = rewrite(source, Options.create(), path="<string>")
+    assert result.output != source and "Fabric" in result.output

@@ -31,6 +31,12 @@ def _lines_in(tokens: Iterable[str]) -> int:
     return sum(len(_NEWLINE.findall(token)) for token in tokens if "\n" in token or "\r" in token)
 
 
+def _same(these, those) -> bool:
+    """The same nodes, one for one (a transformer that goes through the module makes a new tuple
+    of its header and footer lines, of the same nodes where it changes none)."""
+    return len(these) == len(those) and all(a is b for a, b in zip(these, those))
+
+
 class Layout:
     """The code and first line of each top-level statement of ``module`` (one code generation,
     when first asked for)."""
@@ -75,8 +81,8 @@ class Layout:
         """``new.code``, for a module made from this one (the edits applied): the statements it
         keeps as they were are not generated again."""
         old = self.module
-        if not (self.joins and new.has_trailing_newline and new.body and new.header is old.header
-                and new.footer is old.footer and new.default_indent == old.default_indent
+        if not (self.joins and new.has_trailing_newline and new.body and _same(new.header, old.header)
+                and _same(new.footer, old.footer) and new.default_indent == old.default_indent
                 and new.default_newline == old.default_newline):
             return new.code
         parts = [self.header]
