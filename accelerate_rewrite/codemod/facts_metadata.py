@@ -134,6 +134,24 @@ def _fields_of(node: cst.CSTNode) -> tuple[str, ...]:
     return out
 
 
+def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The children of ``node``, in the order of LibCST's walk (the fields ``_walk`` reads)."""
+    order = _FIELDS.get(type(node), _children)
+    if order is None or order is _children:
+        order = _fields_of(node)
+    out: list[cst.CSTNode] = []
+    for name in order:
+        value = getattr(node, name)
+        kind = _KINDS.get(type(value))
+        if kind is None:
+            kind = _KINDS[type(value)] = 1 if isinstance(value, cst.CSTNode) else 0
+        if kind == 1:
+            out.append(value)
+        elif kind == 2:
+            out.extend(value)
+    return out
+
+
 def _walk(module: cst.Module):
     """The parents and spans of ``_Parents``, without LibCST's visitor machinery: its walk
     builds a new copy of every node it passes (``_visit_and_replace_children``), which a walk that
@@ -143,32 +161,20 @@ def _walk(module: cst.Module):
     same, in the same order, on every fixture."""
     parents: dict[cst.CSTNode, cst.CSTNode] = {}
     spans: dict[cst.CSTNode, tuple[int, int]] = {}
-    fields, kinds = _FIELDS, _KINDS
-    leave, unknown = object(), object()
+    leave = object()
     # (node, its parent, 0) to enter a node; (node, leave, its index) once its subtree is done
     stack: list = [(module, None, 0)]
+    push = stack.append
     while stack:
         node, parent, start = stack.pop()
         if parent is leave:
             spans[node] = (start, len(parents))
             continue
         if parent is not None:
-            stack.append((node, leave, len(parents)))
+            push((node, leave, len(parents)))
             parents[node] = parent
-        order = fields.get(type(node), unknown)
-        if order is None or order is unknown:
-            order = _fields_of(node)
-        push = stack.append
-        for name in reversed(order):  # the last child first: the first is entered next
-            value = getattr(node, name)
-            kind = kinds.get(type(value))
-            if kind is None:
-                kind = kinds[type(value)] = 1 if isinstance(value, cst.CSTNode) else 0
-            if kind == 1:
-                push((value, node, 0))
-            elif kind == 2:
-                for child in reversed(value):
-                    push((child, node, 0))
+        for child in reversed(_children(node)):  # the last child first: the first is entered next
+            push((child, node, 0))
     return parents, spans
 
 
@@ -194,24 +200,6 @@ def scopes(module: cst.Module) -> Mapping[cst.CSTNode, Any]:
         module.visit(visitor)
     visitor.infer_accesses()
     return provider._computed
-
-
-def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """The children of ``node``, in the order of LibCST's walk (the fields ``_walk`` reads)."""
-    order = _FIELDS.get(type(node), _children)
-    if order is None or order is _children:
-        order = _fields_of(node)
-    out: list[cst.CSTNode] = []
-    for name in order:
-        value = getattr(node, name)
-        kind = _KINDS.get(type(value))
-        if kind is None:
-            kind = _KINDS[type(value)] = 1 if isinstance(value, cst.CSTNode) else 0
-        if kind == 1:
-            out.append(value)
-        elif kind == 2:
-            out.extend(value)
-    return out
 
 
 @contextmanager
