@@ -126,16 +126,14 @@ class Positions:
         found = self.found.get(node)
         if found is not None:
             return found
-        if self._all is not None:
-            return self._all.get(node, default)
-        top = self._top(node)
-        if top is None or id(top) in self._done:
-            if top is None:  # the module, a header or footer line, or a node of no statement here
-                self._all = self.whole()
-                return self._all.get(node, default)
-            return default
-        self._generate(top)
-        return self.found.get(node, default)
+        if self._all is None:
+            top = self._top(node)
+            if top is not None:
+                if id(top) not in self._done:
+                    self._generate(top)
+                return self.found.get(node, default)
+            self._all = self.whole()  # the module, a header or footer line, a node of no statement here
+        return self._all.get(node, default)
 
     def _top(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         module = self.layout.module
