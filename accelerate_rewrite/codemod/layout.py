@@ -44,16 +44,14 @@ class Layout:
     def __init__(self, module: cst.Module) -> None:
         self.module = module
         self._names: dict[int, frozenset[str]] = {}
-        self._built = False
 
-    def __getattr__(self, name: str):
-        if name in ("header", "statements", "footer", "joins", "code") and not self._built:
+    def __getattr__(self, name: str):  # only for what is not there yet: the pieces, made once
+        if name in ("header", "statements", "footer", "joins", "code"):
             self._build()
-            return getattr(self, name)
+            return self.__dict__[name]
         raise AttributeError(name)
 
     def _build(self) -> None:
-        self._built = True
         module = self.module
         state = CodegenState(default_indent=module.default_indent, default_newline=module.default_newline)
         for line in module.header:
@@ -155,29 +153,14 @@ class Positions:
                                               line=self.layout.statements[id(stmt)][1])
         stmt._codegen(state)
 
-    # the mapping's other ways in, as the whole map would answer them
+    # what ``dict(positions)`` asks: the whole map
+    def keys(self):
+        if self._all is None:
+            self._all = self.whole()
+        return self._all.keys()
+
     def __getitem__(self, node):
         found = self.get(node)
         if found is None:
             raise KeyError(node)
         return found
-
-    def __contains__(self, node) -> bool:
-        return self.get(node) is not None
-
-    def items(self):
-        return self._everything().items()
-
-    def keys(self):
-        return self._everything().keys()
-
-    def __iter__(self):
-        return iter(self._everything())
-
-    def __len__(self) -> int:
-        return len(self._everything())
-
-    def _everything(self) -> Mapping[cst.CSTNode, object]:
-        if self._all is None:
-            self._all = self.whole()
-        return self._all
