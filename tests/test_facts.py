@@ -709,7 +709,7 @@ def test_find_in_a_node_gives_what_matchers_find_under_it():
 def test_the_parents_walk_visits_the_nodes_in_libcsts_order():
     """The parents' walk of codemod/facts_metadata.py (no copy of each node, the fields LibCST's
     walk visits recorded per class) gives the parents and spans LibCST's own walk gives, in the
-    same order, on every fixture (the inputs and the goldens) and on odd sources: f-strings with
+    same order, and the nodes of each class in that order, on every fixture (the inputs and the goldens) and on odd sources: f-strings with
     and without a format spec (a class whose walk leaves an empty field out), star imports."""
     from accelerate_rewrite.codemod.facts_metadata import _Parents, _walk
     from tests.goldens import FIXTURES
@@ -720,8 +720,9 @@ def test_the_parents_walk_visits_the_nodes_in_libcsts_order():
     assert len(sources) > 100
     for source in sources:
         module = cst.parse_module(source)
-        parents, spans = _walk(module)
+        parents, spans, by_type = _walk(module)
         visitor = _Parents()
         module.visit(visitor)
         assert list(parents.items()) == list(visitor.parents.items())
         assert spans == visitor.spans
+        assert by_type == {t: [n for n in parents if type(n) is t] for t in map(type, parents)}

@@ -30,17 +30,17 @@ class Index:
         if span is None:
             return list(m.findall(node, matcher))
         start, end = span
-        index = self.memo("nodes-by-type", self._nodes_by_type)
+        index = self._nodes_by_type()
+        spans = self._meta.spans
+
+        def at(n: cst.CSTNode) -> int:
+            return spans[n][0]
         runs = []
         for t in types:
-            pairs = index.get(t, ())
-            first = bisect_left(pairs, start, key=lambda pair: pair[0])
-            last = bisect_left(pairs, end, lo=first, key=lambda pair: pair[0])
-            runs.append(pairs[first:last])
-        if len(runs) == 1:
-            candidates = [n for _, n in runs[0]]
-        else:
-            candidates = [n for _, n in sorted((pair for run in runs for pair in run), key=lambda pair: pair[0])]
+            nodes = index.get(t, ())
+            first = bisect_left(nodes, start, key=at)
+            runs.append(nodes[first:bisect_left(nodes, end, lo=first, key=at)])
+        candidates = runs[0] if len(runs) == 1 else sorted((n for run in runs for n in run), key=at)
         return [n for n in candidates if m.matches(n, matcher)]
 
     def inside(self, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
@@ -59,17 +59,26 @@ class Index:
     def _span(self, node: cst.CSTNode) -> Optional[tuple[int, int]]:
         """The indices (in the walk's order) of ``node`` and of the first node after its subtree."""
         spans = getattr(self._meta, "spans", None)
+        if spans is None:
+            return None
         if node is self.module:
             return (0, len(self._meta[ParentNodeProvider]))
-        if spans is None or node not in spans:
+        if node not in spans:
             return None
         return spans[node]
 
-    def _nodes_by_type(self) -> dict[type, list[tuple[int, cst.CSTNode]]]:
-        index: dict[type, list[tuple[int, cst.CSTNode]]] = {}
-        for i, node in enumerate(self._meta[ParentNodeProvider]):  # every node but the module, in order
-            index.setdefault(type(node), []).append((i, node))
-        return index
+    def _nodes_by_type(self) -> dict[type, list[cst.CSTNode]]:
+        """node class -> its nodes in the walk's order (made by the parents' walk)."""
+        by_type = getattr(self._meta, "by_type", None)
+        if by_type is not None:
+            return by_type
+
+        def compute() -> dict[type, list[cst.CSTNode]]:
+            index: dict[type, list[cst.CSTNode]] = {}
+            for node in self._meta[ParentNodeProvider]:  # every node but the module, in order
+                index.setdefault(type(node), []).append(node)
+            return index
+        return self.memo("nodes-by-type", compute)
 
 
 def _node_types(matcher: object) -> Optional[list[type]]:

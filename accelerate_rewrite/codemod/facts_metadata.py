@@ -29,6 +29,7 @@ from libcst.metadata import (
     ScopeProvider,
 )
 
+from libcst.metadata import scope_provider
 from libcst.metadata.expression_context_provider import ExpressionContext, ExpressionContextVisitor
 from libcst.metadata.scope_provider import ScopeVisitor
 
@@ -36,10 +37,32 @@ if TYPE_CHECKING:
     from accelerate_rewrite.codemod.layout import Layout
 
 
+#: (visitor class, node class) -> its ``visit_<Node>`` (or ``leave_<Node>``) function, or None
+_VISITS: dict[tuple[type, type], Optional[Callable]] = {}
+_LEAVES: dict[tuple[type, type], Optional[Callable]] = {}
+
+
 class LeanVisitor(cst.CSTVisitor):
     """A CSTVisitor for visitors with no ``visit_<Node>_<field>`` methods: LibCST looks each
     of them up by name for every field of every node it walks (two ``getattr`` per field), the
-    largest part of a walk that does little at each node."""
+    largest part of a walk that does little at each node. Its ``visit_<Node>`` and
+    ``leave_<Node>`` methods are looked up once per class of visitor and of node, not by a name
+    built for every node (methods set on an instance are not seen)."""
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        key = (type(self), type(node))
+        method = _VISITS.get(key, _VISITS)
+        if method is _VISITS:
+            method = _VISITS[key] = getattr(type(self), f"visit_{type(node).__name__}", None)
+        return method is None or method(self, node) is not False
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        key = (type(self), type(original_node))
+        method = _LEAVES.get(key, _LEAVES)
+        if method is _LEAVES:
+            method = _LEAVES[key] = getattr(type(self), f"leave_{type(original_node).__name__}", None)
+        if method is not None:
+            method(self, original_node)
 
     def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
         pass
@@ -78,12 +101,18 @@ def parents(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
 def parents_and_spans(module: cst.Module):
     """``parents(module)``, and node -> (its index in the walk, the index after its subtree),
     the nodes in the order of LibCST's walk (``_walk``)."""
+    return walk(module)[:2]
+
+
+def walk(module: cst.Module):
+    """``parents_and_spans(module)``, and node class -> the nodes of that class in the walk's
+    order (None if LibCST's internals moved and its own walk was taken)."""
     try:
         return _walk(module)
     except (AttributeError, TypeError):  # LibCST's internals moved: its own walk
         visitor = _Parents()
         module.visit(visitor)
-        return visitor.parents, visitor.spans
+        return visitor.parents, visitor.spans, None
 
 
 class _Fields(cst.CSTVisitor):
@@ -161,6 +190,7 @@ def _walk(module: cst.Module):
     same, in the same order, on every fixture."""
     parents: dict[cst.CSTNode, cst.CSTNode] = {}
     spans: dict[cst.CSTNode, tuple[int, int]] = {}
+    by_type: dict[type, list[cst.CSTNode]] = {}
     leave = object()
     # (node, its parent, 0) to enter a node; (node, leave, its index) once its subtree is done
     stack: list = [(module, None, 0)]
@@ -173,23 +203,48 @@ def _walk(module: cst.Module):
         if parent is not None:
             push((node, leave, len(parents)))
             parents[node] = parent
+            kind = type(node)
+            if kind in by_type:
+                by_type[kind].append(node)
+            else:
+                by_type[kind] = [node]
         for child in reversed(_children(node)):  # the last child first: the first is entered next
             push((child, node, 0))
-    return parents, spans
+    return parents, spans, by_type
 
 
 class _Contexts(LeanVisitor, ExpressionContextVisitor):
     pass
 
 
+def _assignment_like() -> Optional[frozenset[type]]:
+    """The node classes ScopeVisitor counts as assignments (``_ASSIGNMENT_LIKE_NODES``, with
+    their subclasses), or None if LibCST no longer names them."""
+    kinds = getattr(scope_provider, "_ASSIGNMENT_LIKE_NODES", None)
+    if not isinstance(kinds, tuple):
+        return None
+    return frozenset(c for c in vars(cst).values() if isinstance(c, type) and issubclass(c, kinds))
+
+
+_ASSIGNMENT_LIKE = _assignment_like()
+
+
 class _Scopes(LeanVisitor, ScopeVisitor):
-    pass
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        """ScopeVisitor's ``on_leave``, its ``isinstance`` against a tuple of abstract classes
+        (a tenth of the scope analysis) a set lookup of the node's class."""
+        self.provider._computed[original_node] = self.scope
+        if type(original_node) in _ASSIGNMENT_LIKE:
+            self.scope._assignment_count += 1
+        LeanVisitor.on_leave(self, original_node)
 
 
 def scopes(module: cst.Module) -> Mapping[cst.CSTNode, Any]:
     """node -> its scope (what ScopeProvider gives), LibCST's scope analysis run directly: what
     the two providers' ``visit_Module`` do, their visitors made lean (``LeanVisitor``: they have
     no per-field methods) and walking without copies (``_reading``)."""
+    if _ASSIGNMENT_LIKE is None:
+        raise AttributeError("LibCST's ScopeVisitor changed")  # Metadata takes the wrapper's way
     with _reading(_Contexts, _Scopes, ExpressionContextVisitor):
         contexts = ExpressionContextProvider()
         contexts.metadata = {}
@@ -241,11 +296,13 @@ class Metadata(dict):
         module = wrapper.module
         #: node -> its span in the parents' walk (codemod/facts_index.py); None the wrapper's way
         self.spans = None
+        #: node class -> its nodes in the walk's order (codemod/facts_index.py), or None
+        self.by_type: Optional[dict[type, list[cst.CSTNode]]] = None
         try:
-            self[ParentNodeProvider], self.spans = parents_and_spans(module)
+            self[ParentNodeProvider], self.spans, self.by_type = walk(module)
             self[ScopeProvider] = scopes(module)
         except (AttributeError, TypeError, KeyError):  # LibCST's internals moved: its own way
-            self.spans = None
+            self.spans = self.by_type = None
             self.update(wrapper.resolve_many([ParentNodeProvider, ScopeProvider]))
 
     def __missing__(self, provider):
