@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence, Union
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts_metadata import LeanVisitor
+from accelerate_rewrite.codemod.facts_metadata import LeanVisitor, read_tree
 
 if TYPE_CHECKING:
     from accelerate_rewrite.codemod.edits import EditSet
@@ -214,8 +214,7 @@ def plan_unused_imports(module: cst.Module, result: cst.Module, edits: EditSet,
                         names_of: Optional[Callable[[cst.Module], set[str]]] = None) -> bool:
     """Edits that drop the requested imports ``result`` no longer reads; whether there are any.
     ``names_of(result)``: the names it reads (``NamesRead``'s, by default its walk)."""
-    visitor = _Imports()
-    module.visit(visitor)
+    visitor = read_tree(module, _Imports)
     wanted = set(edits.unused_imports)
     candidates = []
     for stmt, block in visitor.found:
@@ -233,9 +232,7 @@ def plan_unused_imports(module: cst.Module, result: cst.Module, edits: EditSet,
     if names_of is not None:
         read = names_of(result)
     else:
-        names = NamesRead()
-        result.visit(names)
-        read = names.names
+        read = read_tree(result, NamesRead).names
     planned = False
     for stmt, block, imp, gone in candidates:
         unused = [a for a in gone if _binds(a, isinstance(imp, cst.ImportFrom)) not in read]

@@ -44,6 +44,7 @@ import libcst.matchers as m
 from accelerate_rewrite.codemod.edit_imports import (
     NamesRead, blank_line_after, bound_by, plan_imports, plan_unused_imports,
 )
+from accelerate_rewrite.codemod.facts_metadata import read_tree
 
 Replacement = Callable[[cst.CSTNode], cst.CSTNode]
 Wrapper = Callable[[list[cst.BaseStatement]], cst.BaseCompoundStatement]
@@ -344,9 +345,7 @@ def _apply(module: cst.Module, edits: EditSet, parent) -> cst.Module:
 
 def names_read(node: cst.CSTNode) -> frozenset[str]:
     """The names ``node`` reads or writes, outside import statements (``NamesRead``)."""
-    names = NamesRead()
-    node.visit(names)
-    return frozenset(names.names)
+    return frozenset(read_tree(node, NamesRead).names)
 
 
 def apply_edits(

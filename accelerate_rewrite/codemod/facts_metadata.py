@@ -284,6 +284,20 @@ def _reading(*kinds: type) -> Iterator[None]:
         cst.CSTNode.visit = original  # type: ignore[method-assign]
 
 
+def read_tree(node: cst.CSTNode, make: Callable[[], cst.CSTVisitor]) -> cst.CSTVisitor:
+    """A visitor ``make()`` makes, after ``node.visit`` of it the copy-free way (``_reading``):
+    for a LeanVisitor that reads the tree. Should LibCST's internals change, a fresh one
+    walks LibCST's way."""
+    visitor = make()
+    try:
+        with _reading(type(visitor)):
+            node.visit(visitor)
+    except (AttributeError, TypeError):  # LibCST's internals moved: its own walk
+        visitor = make()
+        node.visit(visitor)
+    return visitor
+
+
 class Metadata(dict):
     """provider -> its values for one tree: parents and scopes at once, positions one top-level
     statement at a time (codemod/layout.py) when first asked for, any other provider by the
