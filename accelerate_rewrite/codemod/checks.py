@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import builtins
 import symtable
+from bisect import bisect_right
 from typing import Callable, Optional
 
 import libcst as cst
@@ -96,13 +97,13 @@ def _new_unbound_reads(original: tuple[str, Callable[[], dict[tuple[str, str], l
 
     from accelerate_rewrite.codemod.flow import maybe_unbound
 
-    found = maybe_unbound(new_code)
-    if not found:
-        return []
     source, reads = original
-    before = reads()
     old_lines, new_lines = source.splitlines(), new_code.splitlines()
     blocks = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False).get_opcodes()
+    found = maybe_unbound(new_code, _kept(blocks))
+    if not found:
+        return []
+    before = reads()
     for (scope, name), lines in sorted(found.items(), key=lambda item: item[1]):
         known = set(before.get((scope, name), []))
         for line in lines:
@@ -122,6 +123,19 @@ def _new_unbound_reads(original: tuple[str, Callable[[], dict[tuple[str, str], l
     return []
 
 
+
+
+def _kept(blocks: list[tuple[str, int, int, int, int]]) -> Callable[[int, int], bool]:
+    """Whether lines ``first`` to ``last`` of the result (1-based) lie in one run of lines it
+    kept as they were (an ``equal`` block of the diff): a function or class there reads its
+    names on the same paths as in the input, so what it reads unbound was so already."""
+    kept = [(j1 + 1, j2) for tag, _, _, j1, j2 in blocks if tag == "equal"]
+    starts = [first for first, _ in kept]
+
+    def inside(first: int, last: int) -> bool:
+        at = bisect_right(starts, first) - 1
+        return at >= 0 and last <= kept[at][1]
+    return inside
 
 
 def _indent(text: str) -> int:
@@ -147,6 +161,7 @@ def _all_names_resolve(code: str) -> bool:
                     or s.is_namespace()}
     if "*" in module_names:
         return False
+    known = module_names | _IMPLICIT
     todo = [top]
     while todo:
         table = todo.pop()
@@ -158,7 +173,7 @@ def _all_names_resolve(code: str) -> bool:
                 global_read = not (symbol.is_assigned() or symbol.is_imported() or symbol.is_namespace())
             else:
                 global_read = symbol.is_global() or not (symbol.is_local() or symbol.is_free())
-            if global_read and symbol.get_name() not in module_names | _IMPLICIT:
+            if global_read and symbol.get_name() not in known:
                 return False
     return True
 
