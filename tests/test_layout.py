@@ -90,3 +90,24 @@ def test_the_result_of_the_edits_is_spliced_not_printed_again():
         whole.side_effect = AssertionError("the whole module printed again")
         result = rewrite(source, Options.create(), path="<string>")
     assert result.output != source and "Fabric" in result.output
+
+
+def test_a_module_read_with_aliases_is_printed_with_the_files_own_statements():
+    """A project's file read through a module (``E.train`` analysed as ``train``,
+    codemod/project.py): each statement's code is the file's own (``code_from``), so the result
+    reuses the file's text for the statements the edits kept, and reads through the module again
+    only in those they changed (the engine's ``apply_to``)."""
+    from accelerate_rewrite.codemod.project import Realias, _Dealias
+
+    source = "import engine as E\n\n\nE.train(model)  # one\nloss = E.evaluate(model)\nprint(loss)\n"
+    original = cst.parse_module(source)
+    aliases = {"train": "E", "evaluate": "E"}
+    view = original.visit(_Dealias(aliases))
+    assert "\ntrain(model)" in view.code
+    layout = Layout(view, code_from=original)
+    assert layout.code == source
+    body = list(view.body)
+    body[2] = cst.parse_statement("loss = evaluate(model, 2)\n")
+    new = view.with_changes(body=[s if id(s) in layout.statements else s.visit(Realias(aliases)) for s in body])
+    assert layout.code_of(new) == source.replace("E.evaluate(model)", "E.evaluate(model, 2)")
+    assert Layout(view, code_from=cst.parse_module("x = 1\n")).code == view.code  # not the same statements: its own

@@ -339,8 +339,9 @@ def _rewrite(
     def apply_to(unit: Unit, edit_sets, touched=None) -> str:
         new = apply_edits(unit.view, edit_sets, touched, imports_read=several, parent=unit.parent,
                           layout=unit.layout)
-        if unit.aliases:  # ``train`` read as ``E.train`` again
-            new = new.visit(Realias(unit.aliases))
+        if unit.aliases:  # ``train`` read as ``E.train`` again, in the statements the edits changed
+            kept = unit.layout.statements
+            new = new.with_changes(body=[s if id(s) in kept else s.visit(Realias(unit.aliases)) for s in new.body])
         code = unit.layout.code_of(new) if unit.layout is not None else new.code
         return restore(unit.head, unit.roundtrip, code)
 

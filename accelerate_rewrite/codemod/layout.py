@@ -39,10 +39,13 @@ def _same(these, those) -> bool:
 
 class Layout:
     """The code and first line of each top-level statement of ``module`` (one code generation,
-    when first asked for)."""
+    when first asked for). With ``code_from``, a module with as many statements (the file a
+    project's ``module`` reads with its aliases, codemod/project.py), each statement's code is
+    that of its statement there."""
 
-    def __init__(self, module: cst.Module) -> None:
+    def __init__(self, module: cst.Module, code_from: Optional[cst.Module] = None) -> None:
         self.module = module
+        self.code_from = code_from if code_from is not None and len(code_from.body) == len(module.body) else None
         self._names: dict[int, frozenset[str]] = {}
 
     def __getattr__(self, name: str):  # only for what is not there yet: the pieces, made once
@@ -60,9 +63,9 @@ class Layout:
         line_no = 1 + _lines_in(state.tokens)
         #: id(top-level statement) -> (its code, the line its code starts on)
         self.statements: dict[int, tuple[str, int]] = {}
-        for stmt in module.body:
+        for stmt, printed in zip(module.body, (self.code_from or module).body):
             start = len(state.tokens)
-            stmt._codegen(state)
+            printed._codegen(state)
             tokens = state.tokens[start:]
             self.statements[id(stmt)] = ("".join(tokens), line_no)
             line_no += _lines_in(tokens)

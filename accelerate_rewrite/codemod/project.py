@@ -435,8 +435,8 @@ class Unit:
     refusal: Optional[Callable[[str, str], Optional[str]]] = None
     aliases: dict[str, str] = field(default_factory=dict)  # Part.aliases
     first_read: Callable[[str], Optional[int]] = lambda name: None
-    #: the view's statements' code (codemod/layout.py), for a script alone: the result's code
-    #: reuses that of the statements the edits leave as they were
+    #: the view's statements' code (codemod/layout.py; the file's own, for a file read with
+    #: aliases): the result's code reuses that of the statements the edits leave as they were
     layout: Optional[object] = None
     #: a node of the analysed tree -> its parent: the edits are applied along the paths to the
     #: nodes they are keyed on only
@@ -464,7 +464,7 @@ def units_of(facts: "ScriptFacts", project: Project, scope: Scope) -> list[Unit]
         view = part.module.with_changes(body=body)
         unit = Unit(
             path=part.path, source=part.source, head=part.head, tail=part.tail, roundtrip=part.module.code,
-            view=view, layout=None if part.aliases else Layout(view),
+            view=view, layout=Layout(view, code_from=part.module if part.aliases else None),
             undefined={} if _all_names_resolve(part.head) else undefined_names(part.module),
             unbound=(part.head, lambda head=part.head: maybe_unbound(head)), where=where, index=p,
             refusal=(lambda before, after, path=part.path: scope.refusal(path, changed_names(before, after)))
