@@ -26,7 +26,7 @@ from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.codemod.project import Scope
 from accelerate_rewrite.options import Options
 from tests import processes
-from tests.goldens import (OPTION_SETS, PROJECT_SETS, PROJECTS, project_names, project_notes, project_outputs,
+from tests.goldens import (FIXTURES, OPTION_SETS, PROJECT_SETS, PROJECTS, project_names, project_notes, project_outputs,
                            run_project)
 
 CASES = [(name, option_set) for name in project_names() for option_set in PROJECT_SETS]
@@ -566,3 +566,34 @@ def test_changed_names_are_the_definitions_that_differ():
     assert changed_names(before, before.replace("X = 1", "X = 2")) == {"X"}
     assert changed_names(before, before + "print(X)\n") is None  # runs differently on import
     assert changed_names(before, "def (") is None
+
+
+def test_each_file_of_a_project_is_parsed_once(tmp_path, monkeypatch):
+    """The script is parsed to find its project's modules and then for its facts, and a module
+    may be asked for twice (followed, and read through): one parse of each text."""
+    import libcst
+
+    from accelerate_rewrite.codemod import engine
+
+    root = _engine_driver(tmp_path)
+    path = root / "train.py"
+    parsed: list[str] = []
+    real = libcst.parse_module
+    monkeypatch.setattr(libcst, "parse_module", lambda text, *a, **k: parsed.append(text) or real(text, *a, **k))
+    for text in (path.read_text(encoding="utf-8"), _whole(path.read_text(encoding="utf-8"))):
+        engine._analyse.cache_clear()
+        engine._parsed.cache_clear()
+        parsed.clear()
+        result = rewrite(text, Options.create(), path=str(path), scope=Scope(follow=True))
+        assert result.changed and result.members
+        assert len(parsed) == len(set(parsed)) >= 2
+    # a module of the script's folder it imports but does not train in: the script alone
+    solo = tmp_path / "solo"
+    solo.mkdir()
+    (solo / "helper.py").write_text("SEED = 0\n", encoding="utf-8")
+    alone = "import helper\n" + (FIXTURES / "module_loop" / "input.py").read_text(encoding="utf-8")
+    engine._analyse.cache_clear()
+    engine._parsed.cache_clear()
+    parsed.clear()
+    assert rewrite(alone, Options.create(), path=str(solo / "train.py"), scope=Scope(follow=True)).changed
+    assert alone in parsed and len(parsed) == len(set(parsed))

@@ -69,7 +69,15 @@ def _analyse(source: str, folder: Optional[Path] = None) -> ScriptFacts:
     """The facts of a source, kept for the next rewrites of the same text: the facts are read,
     never changed, by the rules (the plans they draw from them are memoised per options), and
     the test suite rewrites each fixture with many sets of options."""
-    return ScriptFacts(cst.parse_module(source), folder, fresh=True)  # no copy of a new tree
+    return ScriptFacts(_parsed(source), folder, fresh=True)  # no copy of a new tree
+
+
+@lru_cache(maxsize=2)
+def _parsed(text: str) -> cst.Module:
+    """``cst.parse_module(text)``, kept for the next parse of the same text: the script is parsed
+    to look for its project's modules and then for its facts, and a project may read a module
+    twice (a tree is never changed, only read and rebuilt)."""
+    return cst.parse_module(text)
 
 
 def _folder(path: str) -> Optional[Path]:
@@ -246,7 +254,14 @@ def _project(source: str, path: str, scope: Scope, sources: Optional[dict[str, s
     if not candidates(Path(path), source, text_of):
         return None
 
+    done: dict[Path, object] = {}
+
     def read(file: Path):
+        if file not in done:
+            done[file] = _read(file)
+        return done[file]
+
+    def _read(file: Path):
         text = text_of(file)
         if text is None:
             return None
@@ -256,7 +271,7 @@ def _project(source: str, path: str, scope: Scope, sources: Optional[dict[str, s
             return None
         return text, head, tail, module
 
-    module, head, _ = _parse(source, path, make=cst.parse_module)
+    module, head, _ = _parse(source, path, make=_parsed)
     return build(path, head, module, source, read, words=TRAINING_WORDS)
 
 
