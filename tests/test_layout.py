@@ -94,9 +94,9 @@ def test_the_result_of_the_edits_is_spliced_not_printed_again():
 
 def test_a_module_read_with_aliases_is_printed_with_the_files_own_statements():
     """A project's file read through a module (``E.train`` analysed as ``train``,
-    codemod/project.py): each statement's code is the file's own (``code_from``), so the result
-    reuses the file's text for the statements the edits kept, and reads through the module again
-    only in those they changed (the engine's ``apply_to``)."""
+    codemod/project.py): each statement's code is the file's own (``known``, from the file's
+    Layout), so the result reuses the file's text for the statements the edits kept, and reads
+    through the module again only in those they changed (the engine's ``apply_to``)."""
     from accelerate_rewrite.codemod.project import Realias, _Dealias
 
     source = "import engine as E\n\n\nE.train(model)  # one\nloss = E.evaluate(model)\nprint(loss)\n"
@@ -104,10 +104,34 @@ def test_a_module_read_with_aliases_is_printed_with_the_files_own_statements():
     aliases = {"train": "E", "evaluate": "E"}
     view = original.visit(_Dealias(aliases))
     assert "\ntrain(model)" in view.code
-    layout = Layout(view, code_from=original)
-    assert layout.code == source
+    own = Layout(original)
+    layout = Layout(view, known={id(v): own.piece(o) for v, o in zip(view.body, original.body)})
+    assert layout.code == source and layout.starts() == own.starts() == [1, 2, 5, 6, 7]
     body = list(view.body)
     body[2] = cst.parse_statement("loss = evaluate(model, 2)\n")
     new = view.with_changes(body=[s if id(s) in layout.statements else s.visit(Realias(aliases)) for s in body])
     assert layout.code_of(new) == source.replace("E.evaluate(model)", "E.evaluate(model, 2)")
-    assert Layout(view, code_from=cst.parse_module("x = 1\n")).code == view.code  # not the same statements: its own
+
+
+def test_a_project_is_printed_once_and_analysed_without_a_copy(tmp_path):
+    """The analysed module of a project is made of its files' statements: it is analysed as it
+    is (no node stands twice in it), each file's statements are printed once for the lines and
+    the splice, and a tree where a node does stand twice is copied for its analysis."""
+    from unittest import mock
+
+    from accelerate_rewrite.api import rewrite
+    from accelerate_rewrite.codemod.project import Scope
+    from accelerate_rewrite.options import Options
+    from tests.test_projects import _engine_driver
+
+    path = _engine_driver(tmp_path) / "train.py"
+    with mock.patch.object(cst.Module, "deep_clone", side_effect=AssertionError("a copy")), \
+            mock.patch.object(cst.Module, "code", new_callable=mock.PropertyMock) as whole:
+        whole.side_effect = AssertionError("a whole file printed")
+        result = rewrite(path.read_text(encoding="utf-8"), Options.create(), path=str(path), scope=Scope(follow=True))
+    assert result.changed and result.members
+    stmt = cst.parse_statement("x = 1\n")
+    twice = cst.Module(body=[stmt, stmt])
+    facts = ScriptFacts(twice, fresh=True)
+    assert facts.module is not twice and facts.module.code == "x = 1\nx = 1\n"
+    assert facts.parent(facts.module.body[1]) is facts.module

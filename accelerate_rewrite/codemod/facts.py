@@ -83,20 +83,28 @@ from accelerate_rewrite.codemod.syntax import (  # noqa: F401 (the rules import 
 
 class ScriptFacts(Index, Flow):
     def __init__(self, module: cst.Module, folder: Optional[Path] = None, *, fresh: bool = False,
-                 body_parts: Optional[list[int]] = None) -> None:
-        """``fresh``: ``module`` was just parsed and nothing else holds it, so it is analysed as
-        it is (LibCST's ``unsafe_skip_copy``); otherwise the analysis works on a copy, in which
-        no node is shared (copying a tree costs more than parsing it). ``body_parts``: for a
-        project, the file each top-level statement comes from (below)."""
+                 body_parts: Optional[list[int]] = None, known: Optional[dict[int, tuple[str, int]]] = None) -> None:
+        """``fresh``: no node stands twice in ``module`` (it was parsed, or made of the statements
+        of parsed trees), so it is analysed as it is (LibCST's ``unsafe_skip_copy``; the
+        parents' walk makes sure, and a tree where a node does stand twice is copied after all);
+        otherwise the analysis works on a copy, in which no node is shared (copying a tree costs
+        more than parsing it). ``body_parts``: for a project, the file each top-level statement
+        comes from (below); ``known``: the code of some of its statements (``layout``)."""
         #: the script's folder, where its own modules are (codemod/siblings.py); None for a
         #: source with no file
         self.folder = folder
+        self._known = known
         self.wrapper = MetadataWrapper(module, unsafe_skip_copy=fresh)
         self.module = self.wrapper.module
         #: parents and scopes now (the walk below reads them), positions when first asked for
         #: (a line for a note, the lines an edit touches): codemod/facts_metadata.py; qualified
         #: names are asked of the scopes, node by node (``qualnames``)
         self._meta = Metadata(self.wrapper, self.layout)
+        if self._meta.shared:  # a node twice in the tree: the analysis is of a copy
+            self._known = None
+            self.wrapper = MetadataWrapper(module)
+            self.module = self.wrapper.module
+            self._meta = Metadata(self.wrapper, self.layout)
         self._qualnames: dict[cst.CSTNode, frozenset[str]] = {}
         self.bindings: list[Binding] = []
         self.backward_sites: list[BackwardSite] = []
@@ -148,7 +156,7 @@ class ScriptFacts(Index, Flow):
         """Each top-level statement's code and first line (codemod/layout.py), made once."""
         from accelerate_rewrite.codemod.layout import Layout
 
-        return self.memo("layout", lambda: Layout(self.module))
+        return self.memo("layout", lambda: Layout(self.module, known=self._known))
 
     # ---- metadata accessors -------------------------------------------------------------
     def _get(self, provider, node, default=None):

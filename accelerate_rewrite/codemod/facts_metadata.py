@@ -181,6 +181,10 @@ def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
     return out
 
 
+class SharedNode(Exception):
+    """A node stands twice in the tree (``_walk``): its parent is not one node."""
+
+
 def _walk(module: cst.Module):
     """The parents and spans of ``_Parents``, without LibCST's visitor machinery: its walk
     builds a new copy of every node it passes (``_visit_and_replace_children``), which a walk that
@@ -201,6 +205,8 @@ def _walk(module: cst.Module):
             spans[node] = (start, len(parents))
             continue
         if parent is not None:
+            if node in parents:
+                raise SharedNode(node)
             push((node, leave, len(parents)))
             parents[node] = parent
             kind = type(node)
@@ -312,9 +318,13 @@ class Metadata(dict):
         self.spans = None
         #: node class -> its nodes in the walk's order (codemod/facts_index.py), or None
         self.by_type: Optional[dict[type, list[cst.CSTNode]]] = None
+        #: whether a node stands twice in the tree (ScriptFacts then analyses a copy)
+        self.shared = False
         try:
             self[ParentNodeProvider], self.spans, self.by_type = walk(module)
             self[ScopeProvider] = scopes(module)
+        except SharedNode:
+            self.shared = True
         except (AttributeError, TypeError, KeyError):  # LibCST's internals moved: its own way
             self.spans = self.by_type = None
             self.update(wrapper.resolve_many([ParentNodeProvider, ScopeProvider]))

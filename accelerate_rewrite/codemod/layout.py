@@ -39,17 +39,18 @@ def _same(these, those) -> bool:
 
 class Layout:
     """The code and first line of each top-level statement of ``module`` (one code generation,
-    when first asked for). With ``code_from``, a module with as many statements (the file a
-    project's ``module`` reads with its aliases, codemod/project.py), each statement's code is
-    that of its statement there."""
+    when first asked for). ``known``: id(statement) -> its code and the line breaks in it
+    (``piece``), where another Layout knows them already (a project's files, codemod/project.py:
+    the analysed module is made of their statements; a file read with aliases is printed with
+    its own)."""
 
-    def __init__(self, module: cst.Module, code_from: Optional[cst.Module] = None) -> None:
+    def __init__(self, module: cst.Module, known: Optional[Mapping[int, tuple[str, int]]] = None) -> None:
         self.module = module
-        self.code_from = code_from if code_from is not None and len(code_from.body) == len(module.body) else None
+        self.known = known or {}
         self._names: dict[int, frozenset[str]] = {}
 
     def __getattr__(self, name: str):  # only for what is not there yet: the pieces, made once
-        if name in ("header", "statements", "footer", "joins", "code"):
+        if name in ("header", "statements", "heights", "footer", "joins", "code"):
             self._build()
             return self.__dict__[name]
         raise AttributeError(name)
@@ -63,12 +64,21 @@ class Layout:
         line_no = 1 + _lines_in(state.tokens)
         #: id(top-level statement) -> (its code, the line its code starts on)
         self.statements: dict[int, tuple[str, int]] = {}
-        for stmt, printed in zip(module.body, (self.code_from or module).body):
-            start = len(state.tokens)
-            printed._codegen(state)
-            tokens = state.tokens[start:]
-            self.statements[id(stmt)] = ("".join(tokens), line_no)
-            line_no += _lines_in(tokens)
+        #: id(top-level statement) -> the line breaks in its code
+        self.heights: dict[int, int] = {}
+        for stmt in module.body:
+            known = self.known.get(id(stmt))
+            if known is None:
+                start = len(state.tokens)
+                stmt._codegen(state)
+                tokens = state.tokens[start:]
+                text, height = "".join(tokens), _lines_in(tokens)
+            else:
+                text, height = known
+                state.tokens.append(text)
+            self.statements[id(stmt)] = (text, line_no)
+            self.heights[id(stmt)] = height
+            line_no += height
         start = len(state.tokens)
         for line in module.footer:
             line._codegen(state)
@@ -77,6 +87,21 @@ class Layout:
         #: with nothing in it, is printed otherwise at its end)
         self.joins = module.has_trailing_newline and bool(module.body)
         self.code = "".join(state.tokens) if self.joins else module.code
+
+    def piece(self, stmt: cst.CSTNode) -> tuple[str, int]:
+        """A top-level statement's code and the line breaks in it (what ``known`` takes)."""
+        return self.statements[id(stmt)][0], self.heights[id(stmt)]
+
+    def starts(self) -> list[int]:
+        """The line each top-level statement starts on (its leading lines included), then the
+        line after the last one, counted as codemod/project.py's ``statement_starts`` counts."""
+        line = 1 + len(self.module.header)
+        out = []
+        for stmt in self.module.body:
+            out.append(line)
+            line += self.statements[id(stmt)][0].count("\n")
+        out.append(line)
+        return out
 
     def code_of(self, new: cst.Module) -> str:
         """``new.code``, for a module made from this one (the edits applied): the statements it

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 import libcst as cst
 
 from accelerate_rewrite.codemod.flow import maybe_unbound
+from accelerate_rewrite.codemod.layout import Layout
 # Scope and candidates are read with ast only: the runner reaches them without loading libcst
 from accelerate_rewrite.codemod.siblings import (  # noqa: F401
     MAX_MODULES,
@@ -70,6 +71,8 @@ class Part:
     #: ``import engine as E`` followed: name -> the alias it is read through (``train`` -> ``E``);
     #: the analysis reads ``E.train`` as ``train``, the file gets ``E.train`` back (``Realias``)
     aliases: dict[str, str] = field(default_factory=dict)
+    #: its statements' code (codemod/layout.py), printed once for every use
+    layout: Optional[Layout] = None
 
 
 @dataclass
@@ -80,6 +83,16 @@ class Project:
     origin: list[tuple[int, int]]
     #: modules the script imports that are not followed: (line in the script, why)
     unfollowed: list[tuple[int, str]] = field(default_factory=list)
+
+    def known(self) -> dict[int, tuple[str, int]]:
+        """id(statement of ``combined``) -> its code, for those that are a file's own (not read
+        through an alias): ``Layout(combined, known=...)`` prints only the others."""
+        out: dict[int, tuple[str, int]] = {}
+        for stmt, (p, i) in zip(self.combined.body, self.origin):
+            part = self.parts[p]
+            if part.layout is not None and stmt is part.module.body[i]:
+                out[id(stmt)] = part.layout.piece(stmt)
+        return out
 
     def locator(self, combined_starts: list[int]) -> Callable[[int], tuple[int, int]]:
         """combined line -> (part index, line in that part)."""
@@ -96,9 +109,12 @@ class Project:
 
 
 
-def statement_starts(module: cst.Module) -> list[int]:
+def statement_starts(module: cst.Module, layout: Optional[Layout] = None) -> list[int]:
     """The line each top-level statement of ``module`` starts on (its leading lines included),
-    then the line after the last one: from the code LibCST prints, as its positions are."""
+    then the line after the last one: from the code LibCST prints, as its positions are (that
+    ``layout``, of ``module``, has printed already)."""
+    if layout is not None and layout.module is module:
+        return layout.starts()
     line = 1 + len(module.header)
     out = []
     for stmt in module.body:
@@ -291,7 +307,8 @@ def build(path: str, head: str, module: cst.Module, source: str,
     def line_of(part: Part, index: int) -> int:
         return part.starts[index] + len(getattr(part.module.body[index], "leading_lines", ()))
 
-    script.starts = statement_starts(module)
+    script.layout = Layout(module)
+    script.starts = statement_starts(module, script.layout)
 
     def expand(part_index: int) -> list[tuple[int, int]]:
         part = parts[part_index]
@@ -396,7 +413,8 @@ def build(path: str, head: str, module: cst.Module, source: str,
             imports.setdefault(name, (index, meaning))
         part = Part(path=str(file) if os.path.isabs(path) else os.path.relpath(file), source=text,
                     head=m_head, tail=m_tail, module=m_module, dotted=dotted)
-        part.starts = statement_starts(m_module)
+        part.layout = Layout(m_module)
+        part.starts = statement_starts(m_module, part.layout)
         parts.append(part)
         included[dotted] = index
         return index
@@ -453,18 +471,20 @@ def units_of(facts: "ScriptFacts", project: Project, scope: Scope) -> list[Unit]
     that were replaced by a module's statements), what it read undefined or unbound already, and
     whether it may change (``scope``)."""
     from accelerate_rewrite.codemod.checks import _all_names_resolve, undefined_names
-    from accelerate_rewrite.codemod.layout import Layout
 
-    combined_starts = statement_starts(facts.module)
+    combined_starts = statement_starts(facts.module, facts.layout())
     where = project.locator(combined_starts)
     at: dict[tuple[int, int], int] = {o: k for k, o in enumerate(project.origin)}
     units = []
     for p, part in enumerate(project.parts):
         body = [facts.module.body[at[(p, i)]] if (p, i) in at else stmt for i, stmt in enumerate(part.module.body)]
         view = part.module.with_changes(body=body)
+        own = part.layout if part.layout is not None else Layout(part.module)
+        # each statement printed as the file's own (read through its aliases again, if it has any)
+        known = {id(v): own.piece(o) for v, o in zip(view.body, part.module.body)}
         unit = Unit(
-            path=part.path, source=part.source, head=part.head, tail=part.tail, roundtrip=part.module.code,
-            view=view, layout=Layout(view, code_from=part.module if part.aliases else None),
+            path=part.path, source=part.source, head=part.head, tail=part.tail, roundtrip=own.code,
+            view=view, layout=Layout(view, known=known),
             undefined={} if _all_names_resolve(part.head) else undefined_names(part.module),
             unbound=(part.head, lambda head=part.head: maybe_unbound(head)), where=where, index=p,
             refusal=(lambda before, after, path=part.path: scope.refusal(path, changed_names(before, after)))
@@ -505,6 +525,7 @@ def analyse(key: tuple, project: Project, folder: Optional[Path]) -> tuple[Scrip
     if key not in _PROJECTS:
         if len(_PROJECTS) >= 4:
             _PROJECTS.pop(next(iter(_PROJECTS)))
-        facts = ScriptFacts(project.combined, folder, body_parts=[part for part, _ in project.origin])
+        facts = ScriptFacts(project.combined, folder, fresh=True, body_parts=[part for part, _ in project.origin],
+                            known=project.known())
         _PROJECTS[key] = (facts, project)
     return _PROJECTS[key]
