@@ -675,7 +675,14 @@ def test_find_gives_what_matchers_find_in_the_same_order():
 
     questions = [m.For(), m.For() | m.While(), m.Name("fabric"), m.Call(),
                  m.Call(func=m.Name("len"), args=[m.Arg()]), m.ClassDef(), m.Attribute(attr=m.Name("module")),
-                 m.Subscript() | m.Call(), m.Name(), m.Return()]
+                 m.Subscript() | m.Call(), m.Name(), m.Return(),
+                 # the index's quick test (``_necessary``): text, nested node matchers, and fields it
+                 # does not test (OneOf, a predicate, a sequence, a metadata matcher)
+                 m.Call(func=m.Attribute(value=m.Name(), attr=m.Name("backward"))),
+                 m.Call(func=m.Attribute(attr=m.Name("step") | m.Name("zero_grad"))),
+                 m.Call(func=m.Attribute(attr=m.Name(value=m.MatchIfTrue(lambda v: v.startswith("to"))))),
+                 m.Call(func=m.Name("print"), args=[m.ZeroOrMore()]), m.Assign(value=m.Call(func=m.Attribute())),
+                 m.FunctionDef(name=m.Name("train")), m.SimpleString(), m.Integer(value="0")]
     files = sorted(FIXTURES.glob("*/input.py")) + sorted(FIXTURES.glob("projects/*/*.py"))
     assert len(files) > 20
     for path in files:

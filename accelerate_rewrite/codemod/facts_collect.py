@@ -155,7 +155,7 @@ class _Collector(OptimizerSearch, LeanVisitor):
                 return
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
-        if m.matches(node, m.Attribute(value=m.Name("self"), attr=m.Name())):
+        if isinstance(node.value, cst.Name) and node.value.value == "self":  # ``self.<name>``
             self.f._self_attrs.append(node)
         parent = self.f.parent(node)
         if isinstance(parent, cst.Attribute) and parent.value is node:

@@ -6,8 +6,9 @@ order on every fixture."""
 
 from __future__ import annotations
 
+import dataclasses
 from bisect import bisect_left
-from typing import Optional
+from typing import Callable, Optional
 
 import libcst as cst
 import libcst.matchers as m
@@ -41,6 +42,9 @@ class Index:
             first = bisect_left(nodes, start, key=at)
             runs.append(nodes[first:bisect_left(nodes, end, lo=first, key=at)])
         candidates = runs[0] if len(runs) == 1 else sorted((n for run in runs for n in run), key=at)
+        quick = _necessary(matcher)
+        if quick is not None:
+            return [n for n in candidates if quick(n) and m.matches(n, matcher)]
         return [n for n in candidates if m.matches(n, matcher)]
 
     def inside(self, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
@@ -96,3 +100,35 @@ def _node_types(matcher: object) -> Optional[list[type]]:
             and type(matcher).__module__.startswith("libcst.matchers"):
         return [cls]
     return None
+
+
+def _necessary(matcher: object) -> Optional[Callable[[object], bool]]:
+    """A cheap test that every node ``matcher`` matches passes (``m.matches`` is then asked only
+    of those that do): of a node matcher, its class, and of its fields, those given as text
+    (``m.Name("step")``) or as node matchers, in depth; a field given any other way (``OneOf``,
+    a sequence, a predicate) is not tested. None for anything but a node matcher."""
+    if not _is_node_matcher(matcher):
+        return None
+    name = type(matcher).__name__
+    tests: list[tuple[str, Callable[[object], bool]]] = []
+    for f in dataclasses.fields(matcher):  # type: ignore[arg-type]
+        if f.name in ("metadata", "_metadata"):
+            continue
+        wanted = getattr(matcher, f.name)
+        if isinstance(wanted, str):
+            tests.append((f.name, lambda value, wanted=wanted: value == wanted))
+        elif _is_node_matcher(wanted):
+            inner = _necessary(wanted)
+            if inner is not None:
+                tests.append((f.name, inner))
+
+    def test(node: object) -> bool:
+        return type(node).__name__ == name and all(ok(getattr(node, field)) for field, ok in tests)
+    return test
+
+
+def _is_node_matcher(matcher: object) -> bool:
+    """A matcher of libcst.matchers made for one node class (``m.Call(...)``), not a wildcard."""
+    cls = getattr(cst, type(matcher).__name__, None)
+    return isinstance(matcher, m.BaseMatcherNode) and type(matcher).__module__.startswith("libcst.matchers") \
+        and isinstance(cls, type) and issubclass(cls, cst.CSTNode) and dataclasses.is_dataclass(matcher)

@@ -41,13 +41,13 @@ def root_of(expr: cst.BaseExpression) -> cst.BaseExpression:
 
 def unwrap_moves(expr: cst.BaseExpression) -> cst.BaseExpression:
     """``Net().to(device).train()`` -> ``Net()``: strip method calls that return the object."""
-    while m.matches(
-        expr,
-        m.Call(func=m.Attribute(attr=m.Name("to") | m.Name("cuda") | m.Name("cpu") | m.Name("train")
-                                | m.Name("float") | m.Name("half") | m.Name("bfloat16") | m.Name("double"))),
-    ):
-        expr = expr.func.value  # type: ignore[union-attr]
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _MOVES:
+        expr = expr.func.value
     return expr
+
+
+#: methods that return the object they are called on (``unwrap_moves``)
+_MOVES = frozenset({"to", "cuda", "cpu", "train", "float", "half", "bfloat16", "double"})
 
 
 def positional_params(node: Union[cst.FunctionDef, cst.ClassDef]) -> list[cst.Param]:
