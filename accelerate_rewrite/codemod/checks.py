@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import builtins
 import symtable
-from bisect import bisect_right
 from typing import Callable, Optional
 
 import libcst as cst
@@ -97,13 +96,13 @@ def _new_unbound_reads(original: tuple[str, Callable[[], dict[tuple[str, str], l
 
     from accelerate_rewrite.codemod.flow import maybe_unbound
 
-    source, reads = original
-    old_lines, new_lines = source.splitlines(), new_code.splitlines()
-    blocks = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False).get_opcodes()
-    found = maybe_unbound(new_code, _kept(blocks))
+    found = maybe_unbound(new_code)
     if not found:
         return []
+    source, reads = original
     before = reads()
+    old_lines, new_lines = source.splitlines(), new_code.splitlines()
+    blocks = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False).get_opcodes()
     for (scope, name), lines in sorted(found.items(), key=lambda item: item[1]):
         known = set(before.get((scope, name), []))
         for line in lines:
@@ -123,19 +122,6 @@ def _new_unbound_reads(original: tuple[str, Callable[[], dict[tuple[str, str], l
     return []
 
 
-
-
-def _kept(blocks: list[tuple[str, int, int, int, int]]) -> Callable[[int, int], bool]:
-    """Whether lines ``first`` to ``last`` of the result (1-based) lie in one run of lines it
-    kept as they were (an ``equal`` block of the diff): a function or class there reads its
-    names on the same paths as in the input, so what it reads unbound was so already."""
-    kept = [(j1 + 1, j2) for tag, _, _, j1, j2 in blocks if tag == "equal"]
-    starts = [first for first, _ in kept]
-
-    def inside(first: int, last: int) -> bool:
-        at = bisect_right(starts, first) - 1
-        return at >= 0 and last <= kept[at][1]
-    return inside
 
 
 def _indent(text: str) -> int:

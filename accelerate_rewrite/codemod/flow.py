@@ -25,7 +25,7 @@ binding is reported too, and the rule that adds it is dropped: a refusal, never 
 from __future__ import annotations
 
 import ast
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Optional
 
 #: the set of every name: what is "bound" after a statement that never falls through
 _ALL = frozenset({"*"})
@@ -51,10 +51,8 @@ def _targets(node: ast.AST) -> Iterable[str]:
 
 
 class _Scope:
-    def __init__(self, path: str, body: list[ast.stmt], params: Iterable[str] = (),
-                 skip: Optional[Callable[[int, int], bool]] = None) -> None:
+    def __init__(self, path: str, body: list[ast.stmt], params: Iterable[str] = ()) -> None:
         self.path = path
-        self.skip = skip
         self.unbound: list[tuple[str, str, int]] = []  # (scope, name, line), one per read
         self.nested: list[_Scope] = []
         self.locals = self._locals(body)
@@ -145,18 +143,14 @@ class _Scope:
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             for node in s.decorator_list:
                 bound = self._read(node, bound)
-            first = min([s.lineno] + [d.lineno for d in s.decorator_list])
-            skipped = self.skip is not None and self.skip(first, s.end_lineno or s.lineno)
             if isinstance(s, ast.ClassDef):
                 for node in s.bases + [k.value for k in s.keywords]:
                     bound = self._read(node, bound)
-                if not skipped:
-                    self.nested.append(_Scope(f"{self.path}.{s.name}", s.body, skip=self.skip))
+                self.nested.append(_Scope(f"{self.path}.{s.name}", s.body))
             else:
                 for node in s.args.defaults + [d for d in s.args.kw_defaults if d]:
                     bound = self._read(node, bound)
-                if not skipped:
-                    self.nested.append(_Scope(f"{self.path}.{s.name}", s.body, _params(s.args), self.skip))
+                self.nested.append(_Scope(f"{self.path}.{s.name}", s.body, _params(s.args)))
             return bound | {s.name}
         if isinstance(s, (ast.Assign, ast.AnnAssign)):
             bound = self._read(s.value, bound)
@@ -260,18 +254,15 @@ def _as_store(node: ast.Delete) -> ast.AST:
     return ast.Tuple(node.targets, ast.Store())
 
 
-def maybe_unbound(source: str, skip: Optional[Callable[[int, int], bool]] = None
-                  ) -> dict[tuple[str, str], list[int]]:
+def maybe_unbound(source: str) -> dict[tuple[str, str], list[int]]:
     """(scope, name) -> the lines where a name of that scope is read at a point that some path
-    reaches without binding it (one per read). Empty for a source that does not parse.
-    ``skip(first, last)``: whether to leave out the body of a function or class on those lines
-    (checks.py: one the rewrite kept as it was)."""
+    reaches without binding it (one per read). Empty for a source that does not parse."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return {}
     out: dict[tuple[str, str], list[int]] = {}
-    todo = [_Scope("<module>", tree.body, skip=skip)]
+    todo = [_Scope("<module>", tree.body)]
     while todo:
         scope = todo.pop().run()
         for path, name, line in scope.unbound:
