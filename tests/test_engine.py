@@ -416,3 +416,36 @@ def test_a_failing_fabric_rule_takes_the_whole_conversion_with_it():
     assert result.output == source
     assert any(d.startswith("AR105") and "undefined_zzz" in d for d in result.dropped)
     assert not result.notes
+
+
+def test_a_rewrite_runs_the_garbage_collector_less_often_and_puts_its_thresholds_back():
+    """engine.fewer_collections: the collector's thresholds are raised during a rewrite (never
+    lowered: a caller's higher ones stay) and are what they were afterwards, even on an error."""
+    import gc
+
+    from accelerate_rewrite.api import rewrite
+    from accelerate_rewrite.codemod import engine
+    from accelerate_rewrite.options import Options
+
+    before = gc.get_threshold()
+    seen = []
+    real = engine._rewrite
+
+    def spy(*args, **kwargs):
+        seen.append(gc.get_threshold())
+        return real(*args, **kwargs)
+    try:
+        engine._rewrite = spy
+        rewrite("import torch\n", Options.create())
+        gc.set_threshold(1_000_000, 5, 5)
+        rewrite("import torch\n", Options.create())
+        assert gc.get_threshold() == (1_000_000, 5, 5)
+        engine._rewrite = lambda *a, **k: 1 / 0
+        with pytest.raises(ZeroDivisionError):
+            rewrite("import torch\n", Options.create())
+        assert gc.get_threshold() == (1_000_000, 5, 5)
+    finally:
+        engine._rewrite = real
+        gc.set_threshold(*before)
+    assert seen[0] == tuple(max(a, b) for a, b in zip(before, engine.GC_THRESHOLDS))
+    assert seen[1] == (1_000_000, 50, 100)

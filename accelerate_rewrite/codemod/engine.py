@@ -4,12 +4,14 @@ registry): nothing in codemod/ imports rules/."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
 
 import difflib
+import gc
 import os
 
 import libcst as cst
@@ -78,6 +80,26 @@ def _parsed(text: str) -> cst.Module:
     to look for its project's modules and then for its facts, and a project may read a module
     twice (a tree is never changed, only read and rebuilt)."""
     return cst.parse_module(text)
+
+
+#: the cyclic garbage collector's thresholds during a rewrite (CPython's are 700, 10, 10)
+GC_THRESHOLDS = (100_000, 50, 100)
+
+
+@contextmanager
+def fewer_collections():
+    """CPython's cyclic garbage collector run less often while inside. A rewrite makes hundreds
+    of thousands of objects that live as long as it does (the trees, the maps over their
+    nodes); at the default thresholds the collector goes through the young ones every 700
+    allocations and through every object, the whole tree, every hundred of those: a fifth of
+    a rewrite's time, and of LibCST's parse itself. Cycles are still collected, less often; the
+    thresholds are put back afterwards (and never lowered)."""
+    before = gc.get_threshold()
+    gc.set_threshold(*(max(a, b) for a, b in zip(before, GC_THRESHOLDS)))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 def _folder(path: str) -> Optional[Path]:
@@ -215,7 +237,8 @@ def rewrite(
     results are ``result.members``. ``sources``: the text of some of them (by path), instead of
     what is on disk."""
     scope = scope if scope is not None else Scope()
-    result = _rewrite(source, options, path=path, rules=rules, catalogue=catalogue, scope=scope, sources=sources)
+    with fewer_collections():
+        result = _rewrite(source, options, path=path, rules=rules, catalogue=catalogue, scope=scope, sources=sources)
     if check_idempotence is None:
         check_idempotence = os.environ.get(IDEMPOTENCE_ENV, "") == "1"
     changed = result.changed or any(m.changed for m in result.members)
