@@ -13,7 +13,9 @@ RSS, from ``os.wait4``.
    of ``libcst.parse_module`` over a corpus's files (the faster of two passes) and of
    ``accelerate_rewrite.api.rewrite`` over them (bf16-mixed on 2 devices, the cache out of it, the
    facts' memo cleared, after one warm-up rewrite), and their ratio; Python's ``ast.parse`` for
-   scale. Over the generated corpus below, and over the real corpus (benchmarks/real_corpus.py's
+   scale. Also the ratio to the parse of every distinct text the rewrites parsed (a script
+   that imports its project's modules reads them too), and LibCST's parse under the collector's
+   thresholds the rewrite runs with. Over the generated corpus below, and over the real corpus (benchmarks/real_corpus.py's
    scripts, extracted from the git mirrors in ``--mirrors`` when they are there).
 1. **Side by side**: the corpus of benchmarks/corpus.py (the fixtures and generated training
    scripts: 239 files, 38k lines) checked by ``accelerate-rewrite CORPUS --check --precision
@@ -118,16 +120,27 @@ def cpu(fn):
     return time.process_time() - start
 parse = min(cpu(lambda: [libcst.parse_module(s) for _, s in sources]) for _ in range(2))
 py = min(cpu(lambda: [ast.parse(s) for _, s in sources]) for _ in range(2))
+def fewer():
+    with engine.fewer_collections():
+        return [libcst.parse_module(s) for _, s in sources]
+parse_fewer = min(cpu(fewer) for _ in range(2))
 options = Options.create(precision="bf16-mixed", devices=2)
 rewrite(sources[0][1], options, path=sources[0][0])
 engine._analyse.cache_clear(); engine._parsed.cache_clear()
+read = []  # every text the rewrites parse: the scripts and the project's modules they read
+real_parse = libcst.parse_module
+libcst.parse_module = lambda text, *a, **k: read.append(text) or real_parse(text, *a, **k)
 def every():
     for path, source in sources:
         rewrite(source, options, path=path)
         engine._analyse.cache_clear(); engine._parsed.cache_clear()
 took = cpu(every)
+libcst.parse_module = real_parse
+texts = list(dict.fromkeys(read))
+parse_all = min(cpu(lambda: [real_parse(t) for t in texts]) for _ in range(2))
 print(json.dumps({"files": len(sources), "lines": sum(s.count("\n") for _, s in sources),
-                  "parse": parse, "ast": py, "rewrite": took}))
+                  "parse": parse, "ast": py, "rewrite": took, "parse_fewer": parse_fewer,
+                  "read": len(texts), "parse_all": parse_all, "parses": len(read)}))
 '''
 
 
@@ -280,11 +293,17 @@ def markdown(g: dict) -> str:
     if g.get("costs"):
         lines += ["", "Cost in parses (one process: `libcst.parse_module` of the files, then "
                   "`accelerate_rewrite.api.rewrite` of them at bf16-mixed on 2 devices; CPU seconds):", "",
-                  "| files | lines | LibCST parse | `ast.parse` | rewrite | rewrite / parse |",
-                  "| --- | --- | --- | --- | --- | --- |"]
+                  "| files | lines | LibCST parse | `ast.parse` | rewrite | rewrite / parse | texts the rewrites "
+                  "parse (distinct; parse calls) | their parse | rewrite / their parse |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for c in g["costs"]:
             lines.append(f"| {c['label']}: {c['files']} | {c['lines']} | {c['parse']:.2f} s | {c['ast']:.2f} s | "
-                         f"{c['rewrite']:.2f} s | **{c['rewrite'] / c['parse']:.1f}** |")
+                         f"{c['rewrite']:.2f} s | **{c['rewrite'] / c['parse']:.1f}** | {c['read']} ({c['parses']}) | "
+                         f"{c['parse_all']:.2f} s | **{c['rewrite'] / c['parse_all']:.1f}** |")
+        lines += ["", "LibCST's parse with the collector's thresholds the rewrite runs under "
+                  "(engine.fewer_collections): " + ", ".join(f"{c['label']} {c['parse_fewer']:.2f} s "
+                                                             f"({c['parse_fewer'] / c['parse']:.2f}x)" for c in g["costs"])
+                  + "; the ratios above count parses at CPython's default thresholds."]
     lines += ["", "Size curve (one generated training script, `--check --no-cache`, one process):", "",
               "| lines | seconds | lines/s | CPU s | peak RSS | KB a line |", "| --- | --- | --- | --- | --- | --- |"]
     for r in g["sizes"]:
