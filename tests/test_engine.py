@@ -449,3 +449,76 @@ def test_a_rewrite_runs_the_garbage_collector_less_often_and_puts_its_thresholds
         gc.set_threshold(*before)
     assert seen[0] == tuple(max(a, b) for a, b in zip(before, engine.GC_THRESHOLDS))
     assert seen[1] == (1_000_000, 50, 100)
+
+
+#: a model and its criterion's own parameters trained by one optimizer, built again while the
+#: training runs (awd-lstm-lm's shape), both made by a helper: the refusal names one of them
+_JOINT_REBUILT = '''import torch
+import torch.nn as nn
+
+
+class Loss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, out, y):
+        return ((out - y) ** 2).mean() * self.scale
+
+
+def make():
+    return nn.Linear(4, 1), Loss()
+
+
+model, criterion = make()
+params = list(model.parameters()) + list(criterion.parameters())
+optimizer = torch.optim.SGD(params, lr=0.1)
+
+
+def train():
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    loss = criterion(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+for epoch in range(3):
+    train()
+    if epoch == 1:
+        optimizer = torch.optim.ASGD(params, lr=0.1)
+'''
+
+
+def test_a_rewrite_does_not_depend_on_where_objects_lie_in_memory(tmp_path):
+    """LibCST's scopes keep assignments and accesses in sets, and the plan keeps some keys in
+    sets: in an order of memory addresses, which changes from one process to the next. The
+    rewrite (its output, its notes) does not: the same in processes that allocate differently."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(_JOINT_REBUILT, encoding="utf-8")
+    probe = ("import sys, json\njunk = [object() for _ in range(int(sys.argv[2]))]\n"
+             "from accelerate_rewrite.api import rewrite\nfrom accelerate_rewrite.options import Options\n"
+             "r = rewrite(open(sys.argv[1]).read(), Options.create(), path=sys.argv[1])\n"
+             "print(json.dumps([r.output, r.dropped, [n.message for n in r.notes]]))\n")
+    seen = {subprocess.run([sys.executable, "-c", probe, str(script), str(n)], capture_output=True, text=True,
+                           check=True).stdout for n in (0, 1000, 2000, 3000, 4000)}
+    assert len(seen) == 1
+    assert "trains `criterion` before it could be set up" in seen.pop()
+
+
+def test_a_names_assignments_and_references_come_in_the_files_order():
+    """``assignments`` and ``references`` (from LibCST's sets) in the order of the source."""
+    import libcst as cst
+
+    from accelerate_rewrite.codemod.facts import ScriptFacts
+
+    source = "".join(f"x = {i}\nprint(x, x)\n" for i in range(12))
+    facts = ScriptFacts(cst.parse_module(source), fresh=True)
+    name = facts.module.body[0].body[0].targets[0].target
+    lines = [facts.line(target) for target, _ in facts.assignments(name)]
+    assert lines == sorted(lines) and len(lines) == 12
+    reads = [(facts.line(n), facts.column(n)) for n in facts.references(facts.key_of(name))]
+    assert reads == sorted(reads) and len(reads) == 24

@@ -40,16 +40,19 @@ def undefined_names(module: cst.Module) -> dict[str, int]:
 
 
 def undefined_in(scopes, positions) -> dict[str, int]:
+    """name -> the first line that reads it undefined (the scopes' accesses are sets, in no
+    order of the file's: every read is placed)."""
     out: dict[str, int] = {}
     for scope in {s for s in scopes.values() if s is not None}:
         for access in scope.accesses:
             if access.referents:
                 continue
             name = access.node.value if isinstance(access.node, cst.Name) else None
-            if name is None or name in out:
+            if name is None:
                 continue
             pos = positions.get(access.node)
-            out[name] = pos.start.line if pos is not None else 0
+            line = pos.start.line if pos is not None else 0
+            out[name] = min(out.get(name, line), line)
     return out
 
 

@@ -15,7 +15,7 @@ device there.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, TypeVar, Union
 
 import libcst as cst
 import libcst.matchers as m
@@ -79,6 +79,9 @@ from accelerate_rewrite.codemod.syntax import (  # noqa: F401 (the rules import 
     is_device_expr,
     is_literal_device,
 )
+
+
+T = TypeVar("T")
 
 
 class ScriptFacts(Index, Flow):
@@ -325,7 +328,8 @@ class ScriptFacts(Index, Flow):
         a loop variable, an import, ...)."""
         scope = self.scope(name)
         out = []
-        for assignment in (scope[name.value] if scope is not None else ()):
+        for assignment in self.in_order(scope[name.value] if scope is not None else (),
+                                        lambda a: getattr(a, "node", None)):
             target = getattr(assignment, "node", None)
             parent = self.parent(target) if isinstance(target, cst.CSTNode) else None
             assign = self.parent(parent) if isinstance(parent, cst.AssignTarget) else None
@@ -459,11 +463,32 @@ class ScriptFacts(Index, Flow):
         if scope is None:
             return []
         out = []
+        seen: set[int] = set()
         for assignment in scope.assignments[path]:
             for access in assignment.references:
-                if access.node not in out:
+                if id(access.node) not in seen:
+                    seen.add(id(access.node))
                     out.append(access.node)
-        return out
+        return self.in_order(out)
+
+    def in_order(self, items: Iterable[T], node_of: Callable[[T], object] = lambda item: item) -> list[T]:
+        """``items`` in the order of their nodes in the source (the walk's), those with no node
+        in this tree last: LibCST's scopes keep assignments and accesses in sets, whose order
+        follows where they lie in memory, not in the file (a note naming "the first" of them
+        would change from one run to the next)."""
+        spans = getattr(self._meta, "spans", None)
+        items = list(items)
+        if spans is None:
+            positions = self._meta[PositionProvider]
+
+            def where(item: T) -> tuple:
+                pos = positions.get(node_of(item))
+                return (0, pos.start.line, pos.start.column) if pos is not None else (1, 0, 0)
+        else:
+            def where(item: T) -> tuple:
+                span = spans.get(node_of(item))
+                return (0, span[0]) if span is not None else (1, 0)
+        return sorted(items, key=where)
 
     def scope_of_owner(self, owner: Owner):
         if isinstance(owner, cst.Module):

@@ -342,8 +342,9 @@ class _Planner(Home, Loaders, Reach, Devices):
                 p.setup_skips.append((opts[-1].stmt, f"`{opts[-1].path}` is built where `fabric` can't be reached"))
                 continue
             firsts: dict[Key, Key] = {}  # one key of each model, as the optimizers name it
-            for key in sorted(models, key=lambda k: min((f.line(b.stmt) for b in f.bound_as(k, "module")),
-                                                        default=0)):
+            # (the keys are a set, in an order of memory: ties go by name and owner)
+            for key in sorted(models, key=lambda k: (min((f.line(b.stmt) for b in f.bound_as(k, "module")),
+                                                         default=0), k[1], f.line(k[0]))):
                 firsts.setdefault(f.object_of(key), key)
             for key in firsts.values():
                 unique: dict[str, Optimizer] = {}  # the same optimizer built in an if/else: once

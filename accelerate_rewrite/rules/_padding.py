@@ -54,7 +54,7 @@ def _static_tokenizations(f: ScriptFacts) -> list[cst.Call]:
 
 def _uses(f: ScriptFacts, stmt: cst.CSTNode, name: str) -> list[cst.CSTNode]:
     scope = f.scope(stmt)
-    return [a.node for a in scope.accesses[name]] if scope is not None else []
+    return f.in_order(a.node for a in scope.accesses[name]) if scope is not None else []
 
 
 def _analyse(f: ScriptFacts, call: cst.Call) -> PaddedSet:

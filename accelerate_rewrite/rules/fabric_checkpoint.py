@@ -78,7 +78,7 @@ def _opener(f, node) -> Optional[cst.Call]:
     if not isinstance(node, cst.Name):
         return None
     scope = f.scope(node)
-    for assignment in (scope[node.value] if scope is not None else ()):
+    for assignment in f.in_order(scope[node.value] if scope is not None else (), lambda a: getattr(a, "node", None)):
         target = getattr(assignment, "node", None)
         parent = f.parent(target) if isinstance(target, cst.CSTNode) else None
         if isinstance(parent, cst.AsName) and isinstance(f.parent(parent), cst.WithItem):

@@ -248,7 +248,7 @@ def _assignments(f: ScriptFacts, key) -> list[Binding]:
     if scope is None or path.startswith("self."):
         return []
     out = []
-    for assignment in scope.assignments[path]:
+    for assignment in f.in_order(scope.assignments[path], lambda a: getattr(a, "node", None)):
         node = getattr(assignment, "node", None)
         target = f.parent(node) if isinstance(node, cst.CSTNode) else None
         assign = f.parent(target) if isinstance(target, cst.AssignTarget) else None
