@@ -91,8 +91,8 @@ def fewer_collections():
     """CPython's cyclic garbage collector run less often while inside. A rewrite makes hundreds
     of thousands of objects that live as long as it does (the trees, the maps over their
     nodes); at the default thresholds the collector goes through the young ones every 700
-    allocations and through every object, the whole tree, every hundred of those: a fifth of
-    a rewrite's time, and of LibCST's parse itself. Cycles are still collected, less often; the
+    allocations and through every object, the whole tree, every hundred of those: a tenth to
+    a fifth of a rewrite's time, and a fifth of LibCST's parse itself (docs/benchmarks.md). Cycles are still collected, less often; the
     thresholds are put back afterwards (and never lowered)."""
     before = gc.get_threshold()
     gc.set_threshold(*(max(a, b) for a, b in zip(before, GC_THRESHOLDS)))
