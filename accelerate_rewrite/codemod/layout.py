@@ -94,7 +94,8 @@ class Layout:
 
     def starts(self) -> list[int]:
         """The line each top-level statement starts on (its leading lines included), then the
-        line after the last one, counted as codemod/project.py's ``statement_starts`` counts."""
+        line after the last one (the line breaks of the code LibCST prints, as its positions
+        count them: codemod/project.py maps the lines of a project's files by these)."""
         line = 1 + len(self.module.header)
         out = []
         for stmt in self.module.body:

@@ -108,22 +108,6 @@ class Project:
         return locate
 
 
-
-def statement_starts(module: cst.Module, layout: Optional[Layout] = None) -> list[int]:
-    """The line each top-level statement of ``module`` starts on (its leading lines included),
-    then the line after the last one: from the code LibCST prints, as its positions are (that
-    ``layout``, of ``module``, has printed already)."""
-    if layout is not None and layout.module is module:
-        return layout.starts()
-    line = 1 + len(module.header)
-    out = []
-    for stmt in module.body:
-        out.append(line)
-        line += module.code_for_node(stmt).count("\n")
-    out.append(line)
-    return out
-
-
 def _in_folders(folders: list[Path], dotted: str) -> Optional[Path]:
     return next((p for p in (_file(f, dotted) for f in folders) if p is not None), None)
 
@@ -308,7 +292,7 @@ def build(path: str, head: str, module: cst.Module, source: str,
         return part.starts[index] + len(getattr(part.module.body[index], "leading_lines", ()))
 
     script.layout = Layout(module)
-    script.starts = statement_starts(module, script.layout)
+    script.starts = script.layout.starts()
 
     def expand(part_index: int) -> list[tuple[int, int]]:
         part = parts[part_index]
@@ -414,7 +398,7 @@ def build(path: str, head: str, module: cst.Module, source: str,
         part = Part(path=str(file) if os.path.isabs(path) else os.path.relpath(file), source=text,
                     head=m_head, tail=m_tail, module=m_module, dotted=dotted)
         part.layout = Layout(m_module)
-        part.starts = statement_starts(m_module, part.layout)
+        part.starts = part.layout.starts()
         parts.append(part)
         included[dotted] = index
         return index
@@ -472,7 +456,7 @@ def units_of(facts: "ScriptFacts", project: Project, scope: Scope) -> list[Unit]
     whether it may change (``scope``)."""
     from accelerate_rewrite.codemod.checks import _all_names_resolve, undefined_names
 
-    combined_starts = statement_starts(facts.module, facts.layout())
+    combined_starts = facts.layout().starts()
     where = project.locator(combined_starts)
     at: dict[tuple[int, int], int] = {o: k for k, o in enumerate(project.origin)}
     units = []
