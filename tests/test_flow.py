@@ -104,3 +104,55 @@ def test_bound_on_every_path_converts():
                             "optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)")
     result = rewrite(source, Options())
     assert "model, optimizer = fabric.setup(model, optimizer)" in result.output and not result.dropped
+
+
+def test_a_name_bound_inside_a_function_is_not_a_local_of_the_module():
+    # ``len`` bound in f is f's: the module's read of the builtin is bound (it was reported)
+    assert maybe_unbound("def f():\n    len = 3\n    return len\nprint(len([1]))\n") == {}
+    # nor is a nested function's local the outer function's
+    source = "def outer():\n    def inner():\n        x = 1\n        return x\n    print(x)\n    return inner\n"
+    assert maybe_unbound(source) == {}
+
+
+def _every_source():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "fixtures"
+    inputs = sorted(root.glob("*/input.py"))  # and a result of each (the reads the rewrites add)
+    return inputs + [p for i in inputs for p in sorted(i.parent.glob("expected/*.py"))[:1]]
+
+
+def test_the_module_given_statement_by_statement_reads_as_the_whole():
+    """flow.unbound_in over a module's top-level statements (codemod/layout.py's pieces), each
+    parsed alone, finds what maybe_unbound finds in the whole file, line for line; asked only
+    into some statements, it finds the module's reads and theirs."""
+    import libcst as cst
+
+    from accelerate_rewrite.codemod.flow import unbound_in
+    from accelerate_rewrite.codemod.layout import Layout
+
+    compared = 0
+    for path in _every_source():
+        text = path.read_text(encoding="utf-8")
+        try:
+            layout = Layout(cst.parse_module(text))
+        except cst.ParserSyntaxError:
+            continue
+        if layout.code != text:
+            continue
+        pieces = layout.pieces()
+        whole = maybe_unbound(text)
+        assert unbound_in([(code, line, True) for code, line in pieces], {}) == whole, path
+        some = unbound_in([(code, line, i % 2 == 0) for i, (code, line) in enumerate(pieces)], {})
+        even = {line for i, (_, line) in enumerate(pieces) if i % 2 == 0}
+
+        def piece_of(line: int) -> int:
+            return max(start for _, start in pieces if start <= line)
+        expected = {}
+        for (scope, name), lines in whole.items():
+            kept = [n for n in lines if scope == "<module>" or piece_of(n) in even]
+            if kept:
+                expected[(scope, name)] = kept
+        assert some == expected, path
+        compared += bool(whole)
+    assert compared >= 5  # fixtures with reads that some path leaves unbound

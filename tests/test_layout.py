@@ -135,3 +135,40 @@ def test_a_project_is_printed_once_and_analysed_without_a_copy(tmp_path):
     facts = ScriptFacts(twice, fresh=True)
     assert facts.module is not twice and facts.module.code == "x = 1\nx = 1\n"
     assert facts.parent(facts.module.body[1]) is facts.module
+
+
+@pytest.mark.parametrize("name,source", _sources(), ids=[n for n, _ in _sources()])
+def test_a_splice_is_the_new_module_and_its_blocks_map_the_kept_lines(name, source):
+    """Layout.splice: the code of a module made from this one (statements replaced, removed,
+    added) is its ``code``; its blocks cover the lines of both texts in order, and those it
+    calls equal are equal (the flow check maps the result's lines to the input's by them)."""
+    from accelerate_rewrite.codemod.layout import line_list
+
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError:
+        pytest.skip("LibCST can't read it")
+    layout = Layout(module)
+    body = []
+    for i, stmt in enumerate(module.body):
+        if i % 3 == 1:
+            body.append(cst.parse_statement(f"replaced_{i} = {i}\n"))
+        elif i % 5 != 4:
+            body.append(stmt)
+    body.insert(len(body) // 2, cst.parse_statement("added = 1\n"))
+    new = module.with_changes(body=body)
+    splice = layout.splice(new)
+    if splice is None:
+        assert not layout.joins
+        return
+    assert splice.code == new.code
+    old_lines, new_lines = line_list(layout.code), line_list(new.code)
+    i = j = 0
+    for tag, i1, i2, j1, j2 in splice.blocks():
+        assert (i1, j1) == (i, j)
+        if tag == "equal":
+            assert old_lines[i1:i2] == new_lines[j1:j2]
+        i, j = i2, j2
+    assert (i, j) == (len(old_lines), len(new_lines))
+    moved = module.with_changes(body=list(reversed(module.body)))
+    assert len(module.body) < 2 or layout.splice(moved) is None

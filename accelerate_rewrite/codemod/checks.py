@@ -61,11 +61,16 @@ def check(
     new_code: str,
     locate: Callable[[str], Optional[int]] = lambda name: None,
     original_unbound: Optional[tuple[str, Callable[[], dict[tuple[str, str], list[int]]]]] = None,
+    splice=None,
+    trees: Optional[dict] = None,
 ) -> list[str]:
     """Problems of ``new_code`` that the original did not have; empty when all is well.
 
     ``locate(name)`` gives the line of the input where a name that is no longer defined is
-    read (the user's file, not the discarded result).
+    read (the user's file, not the discarded result). ``splice`` (codemod/layout.py), where
+    ``new_code`` is the input's top-level statements, some kept and some new: the flow check
+    goes into the scopes of the new ones only, and compares the lines between the kept ones
+    (``trees``: the statements it parsed, kept for the next attempt).
     """
     try:
         compile(new_code, "<rewritten>", "exec", dont_inherit=True)
@@ -86,30 +91,44 @@ def check(
             where_text = f"line {where}" if where is not None else f"line {line} of the result"
             problems.append(f"it uses `{name}` ({where_text}), which is no longer defined")
     if original_unbound is not None and not problems:
-        problems.extend(_new_unbound_reads(original_unbound, new_code))
+        problems.extend(_new_unbound_reads(original_unbound, new_code, splice,
+                                           trees if trees is not None else {}))
     return problems
 
 
 def _new_unbound_reads(original: tuple[str, Callable[[], dict[tuple[str, str], list[int]]]],
-                       new_code: str) -> list[str]:
+                       new_code: str, splice=None, trees: Optional[dict] = None) -> list[str]:
     """Reads of ``new_code`` at a point some path reaches without binding the name, that the
     input did not have: on a line the rewrite inserted, on a line it left as it was (a binding
     before it went), or on a line it changed whose input lines did not read the name so."""
+    import bisect
     import difflib
 
-    from accelerate_rewrite.codemod.flow import maybe_unbound
+    from accelerate_rewrite.codemod.flow import maybe_unbound, unbound_in
+    from accelerate_rewrite.codemod.layout import line_list
 
-    found = maybe_unbound(new_code)
-    if not found:
-        return []
     source, reads = original
-    before = reads()
-    old_lines, new_lines = source.splitlines(), new_code.splitlines()
-    blocks = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False).get_opcodes()
+    found = unbound_in(splice.new(), trees) if splice is not None else None
+    before = None
+    if found is not None:
+        if not found:
+            return []
+        before = unbound_in(splice.old(), trees)
+    if before is None:  # the whole file, parsed, and compared by difflib
+        found = maybe_unbound(new_code)
+        if not found:
+            return []
+        before = reads()
+        blocks = difflib.SequenceMatcher(None, line_list(source), line_list(new_code), autojunk=False).get_opcodes()
+    else:
+        blocks = splice.blocks()
+    old_lines, new_lines = line_list(source), line_list(new_code)
+    blocks = [b for b in blocks if b[4] > b[3]]  # those that hold lines of the result, in order
+    firsts = [b[3] for b in blocks]
     for (scope, name), lines in sorted(found.items(), key=lambda item: item[1]):
         known = set(before.get((scope, name), []))
         for line in lines:
-            tag, i1, i2, j1, _ = next(b for b in blocks if b[3] <= line - 1 < b[4])
+            tag, i1, i2, j1, _ = blocks[bisect.bisect_right(firsts, line - 1) - 1]
             if tag == "equal":
                 ok = i1 + (line - 1 - j1) + 1 in known
             elif tag == "replace":

@@ -21,6 +21,7 @@ from accelerate_rewrite.codemod.checks import check
 from accelerate_rewrite.codemod.edits import apply_edits
 from accelerate_rewrite.codemod.facts import ScriptFacts
 from accelerate_rewrite.codemod.flow import maybe_unbound
+from accelerate_rewrite.codemod.layout import Splice
 from accelerate_rewrite.codemod.result import Kind, Result  # noqa: F401 (plain data: codemod/result.py)
 from accelerate_rewrite.codemod.project import (Project, Realias, Scope, Unit, analyse, build, candidates, relocate,
                                                 units_of)
@@ -374,14 +375,17 @@ def _rewrite(
             result.dropped.append(f"{code}: not applied: {why}")
     active = [r for r in active if r.code not in gone]
 
-    def apply_to(unit: Unit, edit_sets, touched=None) -> str:
+    def apply_to(unit: Unit, edit_sets, touched=None) -> tuple[str, Optional[Splice]]:
+        """The unit's text with the edits applied, and its Splice (codemod/layout.py) where
+        that text is the statements' code joined."""
         new = apply_edits(unit.view, edit_sets, touched, imports_read=several, parent=unit.parent,
                           layout=unit.layout)
         if unit.aliases:  # ``train`` read as ``E.train`` again, in the statements the edits changed
             kept = unit.layout.statements
             new = new.with_changes(body=[s if id(s) in kept else s.visit(Realias(unit.aliases)) for s in new.body])
-        code = unit.layout.code_of(new) if unit.layout is not None else new.code
-        return restore(unit.head, unit.roundtrip, code)
+        splice = unit.layout.splice(new) if unit.layout is not None else None
+        code = restore(unit.head, unit.roundtrip, splice.code if splice is not None else new.code)
+        return code, (splice if unit.roundtrip == unit.head else None)
 
     for unit in units:
         protected = protected_lines(unit.source)
@@ -393,7 +397,7 @@ def _rewrite(
             edits = contexts[rule.code].edits
             if not edits:
                 continue
-            alone = apply_to(unit, [edits]) + unit.tail
+            alone = apply_to(unit, [edits])[0] + unit.tail
             hit = next(((n, c) for n in sorted(changed_lines(unit.source, alone))
                         for c in [applies_to(protected, n, rule.code)] if c is not None), None)
             if hit is None:
@@ -418,7 +422,7 @@ def _rewrite(
         outputs, problems = [], []
         regions: Optional[list[Region]] = None
         for unit in units:
-            head_code = apply_to(unit, edit_sets, touched if unit.index == 0 else None)
+            head_code, splice = apply_to(unit, edit_sets, touched if unit.index == 0 else None)
             code = head_code + unit.tail
             outputs.append(code)
             if code == unit.source:
@@ -427,7 +431,7 @@ def _rewrite(
             if why is not None:
                 problems.append(why)
                 continue
-            found = check(unit.undefined, head_code, unit.first_read, unit.unbound)
+            found = check(unit.undefined, head_code, unit.first_read, unit.unbound, splice, unit.trees)
             if not found and unit.tail:
                 try:
                     compile(code, "<rewritten>", "exec", dont_inherit=True)

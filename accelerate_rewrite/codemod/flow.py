@@ -50,34 +50,49 @@ def _targets(node: ast.AST) -> Iterable[str]:
         yield from _targets(node.value)
 
 
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+_OWN_SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
 class _Scope:
-    def __init__(self, path: str, body: list[ast.stmt], params: Iterable[str] = ()) -> None:
+    def __init__(self, path: str, body: list[ast.stmt], params: Iterable[str] = (), offset: int = 0,
+                 offsets: Optional[dict[int, int]] = None) -> None:
         self.path = path
         self.unbound: list[tuple[str, str, int]] = []  # (scope, name, line), one per read
         self.nested: list[_Scope] = []
         self.locals = self._locals(body)
         self.body = body
         self.start = frozenset(params)
+        #: what to add to the lines of the nodes (a module given as its statements, each
+        #: parsed alone: ``unbound_in``); ``offsets``: id(top-level statement) -> its offset
+        self.offset = offset
+        self.offsets = offsets
+        #: the top-level statement a scope stands in (id), for a module run by ``unbound_in``
+        self.origin = 0
+
+    def _nest(self, path: str, body: list[ast.stmt], params: Iterable[str] = ()) -> None:
+        scope = _Scope(path, body, params, self.offset)
+        scope.origin = self.origin
+        self.nested.append(scope)
 
     @staticmethod
     def _own(body: list[ast.stmt]) -> Iterable[ast.AST]:
         """The nodes of a scope's body, not of the functions, classes, lambdas and
-        comprehensions in it."""
+        comprehensions in it (of which a def or class binds its name here, and its
+        decorators, defaults and bases are read here)."""
         todo: list[ast.AST] = list(body)
         while todo:
             node = todo.pop()
             yield node
-            for child in ast.iter_child_nodes(node):
-                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    yield child  # its name is bound here; decorators and defaults are read here
-                    todo.extend(child.decorator_list)
-                    if not isinstance(child, ast.ClassDef):
-                        todo.extend(child.args.defaults + [d for d in child.args.kw_defaults if d])
-                    else:
-                        todo.extend(child.bases)
-                elif isinstance(child, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-                    continue
+            if isinstance(node, _DEFS):
+                todo.extend(node.decorator_list)
+                if not isinstance(node, ast.ClassDef):
+                    todo.extend(node.args.defaults + [d for d in node.args.kw_defaults if d])
                 else:
+                    todo.extend(node.bases)
+                continue
+            for child in ast.iter_child_nodes(node):
+                if not isinstance(child, _OWN_SCOPES):
                     todo.append(child)
 
     def _locals(self, body: list[ast.stmt]) -> frozenset:
@@ -112,13 +127,13 @@ class _Scope:
             if isinstance(current, ast.Name) and isinstance(current.ctx, ast.Load):
                 if current.id in self.locals and bound is not _ALL and current.id not in bound \
                         and current.id not in walrus:
-                    self.unbound.append((self.path, current.id, current.lineno))
+                    self.unbound.append((self.path, current.id, current.lineno + self.offset))
             elif isinstance(current, ast.NamedExpr):
                 todo.append(current.value)
                 walrus.update(_targets(current.target))
                 continue
             elif isinstance(current, ast.Lambda):
-                self.nested.append(_Scope(f"{self.path}.<lambda>", [ast.Return(current.body)], _params(current.args)))
+                self._nest(f"{self.path}.<lambda>", [ast.Return(current.body)], _params(current.args))
                 todo.extend(current.args.defaults)
                 continue
             elif isinstance(current, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
@@ -129,7 +144,15 @@ class _Scope:
 
     # ---- statements -----------------------------------------------------------------------
     def run(self) -> "_Scope":
-        self._block(self.body, self.start)
+        if self.offsets is None:
+            self._block(self.body, self.start)
+            return self
+        bound = self.start
+        for stmt in self.body:  # _block's, with each statement's own offset
+            if bound is _ALL:
+                break
+            self.offset, self.origin = self.offsets[id(stmt)], id(stmt)
+            bound = self._stmt(stmt, bound)
         return self
 
     def _block(self, body: list[ast.stmt], bound: frozenset) -> frozenset:
@@ -146,11 +169,11 @@ class _Scope:
             if isinstance(s, ast.ClassDef):
                 for node in s.bases + [k.value for k in s.keywords]:
                     bound = self._read(node, bound)
-                self.nested.append(_Scope(f"{self.path}.{s.name}", s.body))
+                self._nest(f"{self.path}.{s.name}", s.body)
             else:
                 for node in s.args.defaults + [d for d in s.args.kw_defaults if d]:
                     bound = self._read(node, bound)
-                self.nested.append(_Scope(f"{self.path}.{s.name}", s.body, _params(s.args)))
+                self._nest(f"{self.path}.{s.name}", s.body, _params(s.args))
             return bound | {s.name}
         if isinstance(s, (ast.Assign, ast.AnnAssign)):
             bound = self._read(s.value, bound)
@@ -261,12 +284,56 @@ def maybe_unbound(source: str) -> dict[tuple[str, str], list[int]]:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return {}
+    return _reads([_Scope("<module>", tree.body)])
+
+
+def _reads(todo: list[_Scope], wanted: Optional[set[int]] = None) -> dict[tuple[str, str], list[int]]:
+    """What ``maybe_unbound`` gives, from the scopes in ``todo`` and those nested in them (in
+    the module's, only those of the top-level statements in ``wanted``, if given)."""
     out: dict[tuple[str, str], list[int]] = {}
-    todo = [_Scope("<module>", tree.body)]
     while todo:
         scope = todo.pop().run()
         for path, name, line in scope.unbound:
             out.setdefault((path, name), []).append(line)
-        todo.extend(scope.nested)
+        if wanted is not None and scope.offsets is not None:
+            todo.extend(s for s in scope.nested if s.origin in wanted)
+        else:
+            todo.extend(scope.nested)
     return {key: sorted(lines) for key, lines in out.items()}
+
+
+#: what ``unbound_in`` keeps of the statements it parsed: their code -> the statements
+Trees = dict[str, Optional[list[ast.stmt]]]
+
+
+def unbound_in(pieces: Iterable[tuple[str, int, bool]], trees: Trees) -> Optional[dict[tuple[str, str], list[int]]]:
+    """``maybe_unbound`` of a module given as the code of its top-level statements (each with
+    the lines before it that are its own: codemod/layout.py), as ``(code, the line it starts
+    on, deep)``, in order: the module's scope whole, and the scopes inside a statement only
+    where ``deep`` (a function's scope depends on its own code alone, so the rewrite asks only
+    of those it changed). Each statement's code is parsed alone, once (``trees``, by its code:
+    a statement the rewrite kept is parsed for the input and not again for the result). None
+    if a statement does not parse alone."""
+    body: list[ast.stmt] = []
+    offsets: dict[int, int] = {}
+    wanted: set[int] = set()
+    for code, start, deep in pieces:
+        stmts = trees.get(code, _UNPARSED)
+        if stmts is _UNPARSED:
+            try:
+                stmts = ast.parse(code).body
+            except (SyntaxError, ValueError):
+                stmts = None
+            trees[code] = stmts
+        if stmts is None:
+            return None
+        for stmt in stmts:
+            offsets[id(stmt)] = start - 1
+            if deep:
+                wanted.add(id(stmt))
+        body.extend(stmts)
+    return _reads([_Scope("<module>", body, offsets=offsets)], wanted)
+
+
+_UNPARSED: list = []
 

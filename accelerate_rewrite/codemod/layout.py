@@ -24,6 +24,13 @@ from libcst._nodes.internal import CodegenState
 from libcst.metadata.position_provider import PositionProvider, PositionProvidingCodegenState
 
 _NEWLINE = re.compile(r"\r\n?|\n")
+_LINE = re.compile(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+$")
+
+
+def line_list(text: str) -> list[str]:
+    """The lines of ``text``, ends kept, cut where CPython and LibCST end a line (``\\r\\n``,
+    ``\\r``, ``\\n``; not at a form feed or the other breaks ``str.splitlines`` knows)."""
+    return _LINE.findall(text)
 
 
 def _lines_in(tokens: Iterable[str]) -> int:
@@ -107,17 +114,43 @@ class Layout:
     def code_of(self, new: cst.Module) -> str:
         """``new.code``, for a module made from this one (the edits applied): the statements it
         keeps as they were are not generated again."""
+        splice = self.splice(new)
+        return splice.code if splice is not None else new.code
+
+    def splice(self, new: cst.Module) -> Optional["Splice"]:
+        """``new`` as this module's statements, some kept and some new (``Splice``); None where
+        its code is not its statements' joined (another header or footer, no final newline)
+        or the statements it keeps are not in their order."""
         old = self.module
         if not (self.joins and new.has_trailing_newline and new.body and _same(new.header, old.header)
                 and _same(new.footer, old.footer) and new.default_indent == old.default_indent
                 and new.default_newline == old.default_newline):
-            return new.code
-        parts = [self.header]
+            return None
+        index = self._index
+        pieces: list[tuple[str, Optional[int]]] = []
+        last = -1
         for stmt in new.body:
             known = self.statements.get(id(stmt))
-            parts.append(known[0] if known is not None else new.code_for_node(stmt))
-        parts.append(self.footer)
-        return "".join(parts)
+            if known is None:
+                pieces.append((new.code_for_node(stmt), None))
+                continue
+            at = index[id(stmt)]
+            if at <= last:  # a statement moved, or kept twice
+                return None
+            last = at
+            pieces.append((known[0], at))
+        return Splice(self, pieces)
+
+    @property
+    def _index(self) -> dict[int, int]:
+        found = self.__dict__.get("_index_")
+        if found is None:
+            found = self.__dict__["_index_"] = {id(stmt): i for i, stmt in enumerate(self.module.body)}
+        return found
+
+    def pieces(self) -> list[tuple[str, int]]:
+        """Each top-level statement's code and the line it starts on, in order."""
+        return [self.statements[id(stmt)] for stmt in self.module.body]
 
     def names_in(self, new: cst.Module, names_of: Callable[[cst.CSTNode], frozenset[str]]) -> set[str]:
         """The union of ``names_of(stmt)`` over the statements of ``new`` (kept for the
@@ -132,6 +165,84 @@ class Layout:
             else:
                 found = names_of(stmt)
             out |= found
+        return out
+
+
+class Splice:
+    """A module made from a Layout's (the edits applied) as the code of its top-level
+    statements: ``pieces``, each with the index of the statement of the Layout's module it
+    keeps as it was, or None for a statement the edits made. What the checks of a result ask
+    of the statements the rewrite changed only (codemod/checks.py)."""
+
+    def __init__(self, layout: Layout, pieces: list[tuple[str, Optional[int]]]) -> None:
+        self.layout = layout
+        self.pieces = pieces
+
+    @property
+    def code(self) -> str:
+        layout = self.layout
+        return "".join([layout.header, *(code for code, _ in self.pieces), layout.footer])
+
+    def old(self) -> list[tuple[str, int, bool]]:
+        """The input's statements as ``flow.unbound_in`` takes them: deep where not kept."""
+        kept = {at for _, at in self.pieces if at is not None}
+        return [(code, line, i not in kept) for i, (code, line) in enumerate(self.layout.pieces())]
+
+    def new(self) -> list[tuple[str, int, bool]]:
+        """The result's statements so: deep where new."""
+        line = 1 + _lines_in([self.layout.header])
+        out = []
+        for code, at in self.pieces:
+            out.append((code, line, at is None))
+            line += _lines_in([code])
+        return out
+
+    def blocks(self) -> list[tuple[str, int, int, int, int]]:
+        """The opcodes of the input's lines against the result's (difflib's, 0-based, ends
+        excluded; lines as ``line_list`` cuts them), the statements kept ``equal`` and the
+        lines between them compared by difflib (a rewrite changes a few statements: the file
+        is not compared whole)."""
+        from difflib import SequenceMatcher
+
+        old_lines, new_lines = line_list(self.layout.code), line_list(self.code)
+        old = self.layout.pieces()
+        header = _lines_in([self.layout.header])
+        out: list[tuple[str, int, int, int, int]] = []
+
+        def equal(i: int, j: int, n: int) -> None:
+            if n <= 0:
+                return
+            if out and out[-1][0] == "equal" and out[-1][2] == i and out[-1][4] == j:
+                tag, i1, _, j1, _ = out.pop()
+                out.append((tag, i1, i + n, j1, j + n))
+            else:
+                out.append(("equal", i, i + n, j, j + n))
+
+        def region(i1: int, i2: int, j1: int, j2: int) -> None:
+            if i1 == i2 and j1 == j2:
+                return
+            if i1 == i2 or j1 == j2:
+                out.append(("insert" if i1 == i2 else "delete", i1, i2, j1, j2))
+                return
+            matcher = SequenceMatcher(None, old_lines[i1:i2], new_lines[j1:j2], autojunk=False)
+            for tag, a1, a2, b1, b2 in matcher.get_opcodes():
+                if tag == "equal":
+                    equal(i1 + a1, j1 + b1, a2 - a1)
+                else:
+                    out.append((tag, i1 + a1, i1 + a2, j1 + b1, j1 + b2))
+
+        equal(0, 0, header)
+        starts = [line - 1 for _, line in old] + [len(old_lines) - _lines_in([self.layout.footer])]
+        i = j = from_j = header  # the next line of the input, of the result; where the new ones began
+        for code, at in self.pieces:
+            height = _lines_in([code])
+            if at is not None:  # the input's lines from i to this statement were replaced by the new ones
+                region(i, starts[at], from_j, j)
+                equal(starts[at], j, height)
+                i, from_j = starts[at] + height, j + height
+            j += height
+        region(i, starts[-1], from_j, j)
+        equal(starts[-1], j, len(old_lines) - starts[-1])
         return out
 
 

@@ -443,6 +443,9 @@ class Unit:
     #: a node of the analysed tree -> its parent: the edits are applied along the paths to the
     #: nodes they are keyed on only
     parent: Optional[Callable[[cst.CSTNode], Optional[cst.CSTNode]]] = None
+    #: the statements of the file and of its results parsed by the flow check, by their code
+    #: (flow.unbound_in): a statement kept is parsed once for all the attempts at the edits
+    trees: dict = field(default_factory=dict)
 
     def local(self, line: int) -> Optional[int]:
         unit, local = self.where(line)
