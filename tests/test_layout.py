@@ -172,3 +172,34 @@ def test_a_splice_is_the_new_module_and_its_blocks_map_the_kept_lines(name, sour
     assert (i, j) == (len(old_lines), len(new_lines))
     moved = module.with_changes(body=list(reversed(module.body)))
     assert len(module.body) < 2 or layout.splice(moved) is None
+
+
+@pytest.mark.parametrize("name,source", _sources(), ids=[n for n, _ in _sources()])
+def test_the_trivia_of_the_statements_one_by_one_are_the_files(name, source):
+    """preserve.py tokenizes a spliced result's changed statements alone: their comments and
+    blank lines, put at their lines, are the whole file's; the checks by statements give the
+    whole files' answers."""
+    from accelerate_rewrite.codemod.preserve import (_trivia_of, lost_trivia, lost_trivia_spliced,
+                                                     removed_comments, removed_comments_spliced, trivia)
+
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError:
+        pytest.skip("LibCST can't read it")
+    layout = Layout(module)
+    if not layout.joins or layout.code != source:
+        return
+    header = [(layout.header, 1)] if layout.header else []
+    footer = [(layout.footer, len(source[:len(source) - len(layout.footer)].splitlines()) + 1)] if layout.footer else []
+    assert _trivia_of(header + layout.pieces() + footer, {}) == list(trivia(source))
+    # a statement with a comment over it removed, one replaced by one without comments
+    body = [s for i, s in enumerate(module.body) if i % 4 != 2]
+    body = [cst.parse_statement("x = 1\n") if i % 4 == 1 else s for i, s in enumerate(body)]
+    new = module.with_changes(body=body)
+    splice = layout.splice(new)
+    if splice is None:
+        return
+    for regions in ([], [(1, len(source.splitlines()))], [(1, 3)]):
+        assert lost_trivia_spliced(splice, regions, {}, source, new.code) == lost_trivia(source, new.code, regions)
+    assert removed_comments_spliced(splice, {}) == removed_comments(source, new.code) or \
+        len({t for _, t in trivia(source) if t}) < len([t for _, t in trivia(source) if t])  # a text twice

@@ -25,7 +25,8 @@ from accelerate_rewrite.codemod.layout import Splice
 from accelerate_rewrite.codemod.result import Kind, Result  # noqa: F401 (plain data: codemod/result.py)
 from accelerate_rewrite.codemod.project import (Project, Realias, Scope, Unit, analyse, build, candidates, relocate,
                                                 units_of)
-from accelerate_rewrite.codemod.preserve import Region, lost_trivia, removed_comments, restore, split_tail
+from accelerate_rewrite.codemod.preserve import (Region, lost_trivia, lost_trivia_spliced, removed_comments,
+                                                 removed_comments_spliced, restore, split_tail)
 from accelerate_rewrite.codemod.rule import Note, Rule, RuleContext
 from accelerate_rewrite.codemod.words import TRAINING_WORDS
 from accelerate_rewrite.codemod.suppress import applies_to, changed_lines, protected_lines, skip_file_line
@@ -299,6 +300,13 @@ def _project(source: str, path: str, scope: Scope, sources: Optional[dict[str, s
     return build(path, head, module, source, read, words=TRAINING_WORDS)
 
 
+def removed_in(unit: Unit, output: str, splice: Optional[Splice]) -> list[tuple[int, str]]:
+    """The comments of the unit that its ``output`` no longer has (preserve.removed_comments;
+    of the statements the rewrite replaced only, where the output is spliced)."""
+    found = removed_comments_spliced(splice, unit.trivia) if splice is not None else None
+    return found if found is not None else removed_comments(unit.source, output)
+
+
 def _rewrite(
     source: str,
     options: Options,
@@ -414,7 +422,10 @@ def _rewrite(
             ctx.notes = [n for n in ctx.notes if (lambda local: local is None or applies_to(
                 protected, local, n.rule) is None)(unit.local(n.line))]
 
+    splices: dict[int, Optional[Splice]] = {}  # of the last attempt: unit -> its result's Splice
+
     def attempt(chosen: Sequence[Rule]) -> tuple[list[str], list[str]]:
+        splices.clear()
         edit_sets = [contexts[r.code].edits for r in chosen]
         if not any(e or e.unused_imports for e in edit_sets):
             return [u.source for u in units], []  # no rule applied: the input itself
@@ -423,6 +434,7 @@ def _rewrite(
         regions: Optional[list[Region]] = None
         for unit in units:
             head_code, splice = apply_to(unit, edit_sets, touched if unit.index == 0 else None)
+            splices[unit.index] = splice
             code = head_code + unit.tail
             outputs.append(code)
             if code == unit.source:
@@ -443,7 +455,8 @@ def _rewrite(
                 mine = [r if r == (1, 1 << 30) else (unit.where(r[0])[1], unit.where(r[1])[1])
                         for r in regions if r == (1, 1 << 30)
                         or unit.where(r[0])[0] == unit.where(r[1])[0] == unit.index]
-                lost = lost_trivia(unit.source, code, mine)
+                lost = lost_trivia(unit.source, code, mine) if splice is None \
+                    else lost_trivia_spliced(splice, mine, unit.trivia, unit.source, code)
                 if lost is not None:
                     found.append(lost + " outside the statements the rules edit")
             problems.extend(f"in {unit.path}, {p}" if unit.index else p for p in found)
@@ -486,7 +499,7 @@ def _rewrite(
             per_unit[unit.index] += [
                 Note("comment", line, f"the comment `{text}` went with the statement it stood over, which the "
                                       "rewrite removed", kind=Kind.SAFE)
-                for line, text in removed_comments(unit.source, outputs[unit.index])]
+                for line, text in removed_in(unit, outputs[unit.index], splices.get(unit.index))]
     for i, notes in enumerate(per_unit):  # one note a place: a rule may reach a line twice
         per_unit[i] = sorted(dict.fromkeys(notes), key=lambda n: (n.line, n.rule))
     result.notes = per_unit[0]

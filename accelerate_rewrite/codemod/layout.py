@@ -197,6 +197,25 @@ class Splice:
             line += _lines_in([code])
         return out
 
+    def changed(self) -> list[tuple[list[tuple[str, int]], list[tuple[str, int]]]]:
+        """The runs of statements between those kept, as ``(input's, result's)``, each
+        statement as its code and the line it starts on."""
+        old = self.layout.pieces()
+        out = []
+        i, line = 0, 1 + _lines_in([self.layout.header])
+        new: list[tuple[str, int]] = []
+        for code, at in self.pieces:
+            if at is not None:
+                if i < at or new:
+                    out.append((old[i:at], new))
+                i, new = at + 1, []
+            else:
+                new.append((code, line))
+            line += _lines_in([code])
+        if i < len(old) or new:
+            out.append((old[i:], new))
+        return out
+
     def blocks(self) -> list[tuple[str, int, int, int, int]]:
         """The opcodes of the input's lines against the result's (difflib's, 0-based, ends
         excluded; lines as ``line_list`` cuts them), the statements kept ``equal`` and the

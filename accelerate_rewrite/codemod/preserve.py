@@ -24,7 +24,7 @@ from functools import lru_cache
 import io
 import tokenize
 from difflib import SequenceMatcher
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 #: a region of the input a rule edited: first and last line (1-based, inclusive)
 Region = tuple[int, int]
@@ -123,6 +123,10 @@ def removed_comments(source: str, output: str) -> list[tuple[int, str]]:
     before, after = trivia(source), trivia(output)
     if before is None or after is None:
         return []
+    return _gone(before, after)
+
+
+def _gone(before, after) -> list[tuple[int, str]]:
     left: dict[str, int] = {}
     for _, text in after:
         if text:
@@ -138,6 +142,65 @@ def removed_comments(source: str, output: str) -> list[tuple[int, str]]:
     return gone
 
 
+def _trivia_of(pieces: list[tuple[str, int]], cache: dict) -> Optional[list[tuple[int, str]]]:
+    """``trivia`` of the statements ``pieces`` (code, the line it starts on: codemod/layout.py),
+    each tokenized alone (once: ``cache``), in the file's lines."""
+    out: list[tuple[int, str]] = []
+    for code, start in pieces:
+        found = cache.get(code, cache)
+        if found is cache:
+            found = cache[code] = trivia.__wrapped__(code)
+        if found is None:
+            return None
+        out.extend((line + start - 1, text) for line, text in found)
+    return out
+
+
+def _embedded(wanted: list[tuple[int, str]], texts: list[str]) -> Optional[tuple[int, str]]:
+    """The first item of ``wanted`` whose text is not in ``texts`` in order, or None."""
+    k = 0
+    for item in wanted:
+        while k < len(texts) and texts[k] != item[1]:
+            k += 1
+        if k == len(texts):
+            return item
+        k += 1
+    return None
+
+
+def lost_trivia_spliced(splice, regions: Iterable[Region], cache: dict, source: str, output: str) -> Optional[str]:
+    """``lost_trivia(source, output, regions)`` for an output that is ``source``'s top-level
+    statements, some kept and some new (``splice``: codemod/layout.py): the kept ones keep
+    their comments and blank lines, so only the runs between them are tokenized and compared,
+    each with its own; where one falls short, the whole files are (a comment may have moved
+    to another run)."""
+    inside = _inside(regions)
+    for old, new in splice.changed():
+        before = _trivia_of(old, cache)
+        after = _trivia_of(new, cache)
+        if before is None or after is None:
+            return lost_trivia(source, output, regions)
+        wanted = [item for item in before if not inside(item[0])]
+        if wanted and _embedded(wanted, [text for _, text in after]) is not None:
+            return lost_trivia(source, output, regions)
+    return None
+
+
+def removed_comments_spliced(splice, cache: dict) -> Optional[list[tuple[int, str]]]:
+    """``removed_comments`` of a spliced result (``lost_trivia_spliced``): the comments of the
+    statements it replaced that the new ones do not have. None where a statement does not
+    tokenize alone."""
+    before: list[tuple[int, str]] = []
+    after: list[tuple[int, str]] = []
+    for old, new in splice.changed():
+        these, those = _trivia_of(old, cache), _trivia_of(new, cache)
+        if these is None or those is None:
+            return None
+        before += these
+        after += those
+    return _gone(before, after)
+
+
 def _describe(item: tuple[int, str]) -> str:
     line, text = item
     return f"the comment `{text}` (line {line})" if text else f"the blank line {line}"
@@ -149,6 +212,19 @@ def lost_trivia(source: str, output: str, regions: Iterable[Region]) -> Optional
     before = trivia(source)
     if before is None:
         return None
+    inside = _inside(regions)
+    wanted = [item for item in before if not inside(item[0])]
+    if not wanted:
+        return None
+    after = trivia(output)
+    if after is None:
+        return None
+    missing = _embedded(wanted, [text for _, text in after])
+    return f"it would lose {_describe(missing)}" if missing is not None else None
+
+
+def _inside(regions: Iterable[Region]) -> Callable[[int], bool]:
+    """Whether a line is in one of ``regions``."""
     merged: list[list[int]] = []  # the regions as disjoint spans, in order
     for a, b in sorted(regions):
         if merged and a <= merged[-1][1] + 1:
@@ -160,18 +236,4 @@ def lost_trivia(source: str, output: str, regions: Iterable[Region]) -> Optional
     def inside(line: int) -> bool:  # by bisection: a pass over every region per line is quadratic
         i = bisect.bisect_right(starts, line) - 1
         return i >= 0 and line <= merged[i][1]
-    wanted = [item for item in before if not inside(item[0])]
-    if not wanted:
-        return None
-    after = trivia(output)
-    if after is None:
-        return None
-    texts = [text for _, text in after]
-    k = 0
-    for item in wanted:
-        while k < len(texts) and texts[k] != item[1]:
-            k += 1
-        if k == len(texts):
-            return f"it would lose {_describe(item)}"
-        k += 1
-    return None
+    return inside

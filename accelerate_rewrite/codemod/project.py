@@ -446,6 +446,9 @@ class Unit:
     #: the statements of the file and of its results parsed by the flow check, by their code
     #: (flow.unbound_in): a statement kept is parsed once for all the attempts at the edits
     trees: dict = field(default_factory=dict)
+    #: the comments and blank lines of the statements the trivia checks tokenized, by their code
+    #: (codemod/preserve.py)
+    trivia: dict = field(default_factory=dict)
 
     def local(self, line: int) -> Optional[int]:
         unit, local = self.where(line)
