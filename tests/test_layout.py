@@ -44,8 +44,11 @@ def test_code_and_positions_are_libcsts(name, source):
     assert layout.code == module.code
     if layout.joins:
         assert layout.header + "".join(code for code, _ in layout.statements.values()) + layout.footer == module.code
+    cut = Layout(module, text=source)  # the statements' code cut from the text: LibCST's, line for line
+    assert (cut.code, cut.statements, cut.heights, cut.header, cut.footer, cut.joins) == (
+        layout.code, layout.statements, layout.heights, layout.header, layout.footer, layout.joins)
     theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
-    facts = ScriptFacts(module, fresh=True)
+    facts = ScriptFacts(module, fresh=True, text=source)
     mine = facts._meta[PositionProvider]
     for node, where in theirs.items():  # the statements' nodes first, one statement at a time
         if node is not module:

@@ -73,7 +73,7 @@ def _analyse(source: str, folder: Optional[Path] = None) -> ScriptFacts:
     """The facts of a source, kept for the next rewrites of the same text: the facts are read,
     never changed, by the rules (the plans they draw from them are memoised per options), and
     the test suite rewrites each fixture with many sets of options."""
-    return ScriptFacts(_parsed(source), folder, fresh=True)  # no copy of a new tree
+    return ScriptFacts(_parsed(source), folder, fresh=True, text=source)  # no copy of a new tree
 
 
 @lru_cache(maxsize=2)

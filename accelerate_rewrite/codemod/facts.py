@@ -86,17 +86,20 @@ T = TypeVar("T")
 
 class ScriptFacts(Index, Flow):
     def __init__(self, module: cst.Module, folder: Optional[Path] = None, *, fresh: bool = False,
-                 body_parts: Optional[list[int]] = None, known: Optional[dict[int, tuple[str, int]]] = None) -> None:
+                 body_parts: Optional[list[int]] = None, known: Optional[dict[int, tuple[str, int]]] = None,
+                 text: Optional[str] = None) -> None:
         """``fresh``: no node stands twice in ``module`` (it was parsed, or made of the statements
         of parsed trees), so it is analysed as it is (LibCST's ``unsafe_skip_copy``; the
         parents' walk makes sure, and a tree where a node does stand twice is copied after all);
         otherwise the analysis works on a copy, in which no node is shared (copying a tree costs
         more than parsing it). ``body_parts``: for a project, the file each top-level statement
-        comes from (below); ``known``: the code of some of its statements (``layout``)."""
+        comes from (below); ``known``: the code of some of its statements (``layout``);
+        ``text``: the text ``module`` was parsed from, which the statements' code is cut from."""
         #: the script's folder, where its own modules are (codemod/siblings.py); None for a
         #: source with no file
         self.folder = folder
         self._known = known
+        self._text = text
         self.wrapper = MetadataWrapper(module, unsafe_skip_copy=fresh)
         self.module = self.wrapper.module
         #: parents and scopes now (the walk below reads them), positions when first asked for
@@ -159,7 +162,7 @@ class ScriptFacts(Index, Flow):
         """Each top-level statement's code and first line (codemod/layout.py), made once."""
         from accelerate_rewrite.codemod.layout import Layout
 
-        return self.memo("layout", lambda: Layout(self.module, known=self._known))
+        return self.memo("layout", lambda: Layout(self.module, known=self._known, text=self._text))
 
     # ---- metadata accessors -------------------------------------------------------------
     def _get(self, provider, node, default=None):

@@ -16,6 +16,7 @@ PositionProvider's own, node for node, and tests/test_layout.py that the spliced
 
 from __future__ import annotations
 
+import ast
 import re
 from typing import Callable, Iterable, Mapping, Optional
 
@@ -51,9 +52,12 @@ class Layout:
     the analysed module is made of their statements; a file read with aliases is printed with
     its own)."""
 
-    def __init__(self, module: cst.Module, known: Optional[Mapping[int, tuple[str, int]]] = None) -> None:
+    def __init__(self, module: cst.Module, known: Optional[Mapping[int, tuple[str, int]]] = None,
+                 text: Optional[str] = None) -> None:
         self.module = module
         self.known = known or {}
+        #: the text ``module`` was parsed from: its statements' code is cut from it (``_cut``)
+        self.text = text
         self._names: dict[int, frozenset[str]] = {}
 
     def __getattr__(self, name: str):  # only for what is not there yet: the pieces, made once
@@ -69,6 +73,8 @@ class Layout:
             line._codegen(state)
         self.header = "".join(state.tokens)
         line_no = 1 + _lines_in(state.tokens)
+        if self.text is not None and not self.known and self._cut(state, line_no):
+            return
         #: id(top-level statement) -> (its code, the line its code starts on)
         self.statements: dict[int, tuple[str, int]] = {}
         #: id(top-level statement) -> the line breaks in its code
@@ -94,6 +100,62 @@ class Layout:
         #: with nothing in it, is printed otherwise at its end)
         self.joins = module.has_trailing_newline and bool(module.body)
         self.code = "".join(state.tokens) if self.joins else module.code
+
+    def _cut(self, state: CodegenState, line_no: int) -> bool:
+        """The pieces cut from ``text`` where LibCST would print them as they are there: each
+        statement starts ``len(leading_lines)`` lines above the first line of its code, which
+        Python's parser gives (its first decorator's); the lines before that are the statement
+        before's. LibCST does not print every text as it is (``except ValueError :`` loses its
+        space: codemod/preserve.py): a statement with ``except`` in it is printed. False (and
+        nothing kept) where the text and the tree do not agree so."""
+        module, text = self.module, self.text
+        if not (module.has_trailing_newline and module.body):
+            return False
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            return False
+        lines = line_list(text)
+        header = len(module.header)
+        if "".join(lines[:header]) != self.header:
+            return False
+        stmts, k, starts = tree.body, 0, []
+        for node in module.body:
+            first = stmts[k] if k < len(stmts) else None
+            k += len(node.body) if isinstance(node, cst.SimpleStatementLine) else 1
+            if first is None or k > len(stmts):
+                return False
+            decorators = getattr(first, "decorator_list", None)
+            line = decorators[0].lineno if decorators else first.lineno
+            if not (lines[line - 1].startswith("@") if decorators else first.col_offset == 0):
+                return False
+            starts.append(line - len(node.leading_lines))
+        footer = len(module.footer)
+        end = len(lines) - footer  # where the footer starts, 0-based
+        starts.append(end + 1)
+        if k != len(stmts) or starts[0] != line_no or any(b <= a for a, b in zip(starts, starts[1:])):
+            return False
+        start = len(state.tokens)
+        for line in module.footer:
+            line._codegen(state)
+        footer_code = "".join(state.tokens[start:])
+        if "".join(lines[end:]) != footer_code:
+            return False
+        statements: dict[int, tuple[str, int]] = {}
+        heights: dict[int, int] = {}
+        for node, a, b in zip(module.body, starts, starts[1:]):
+            code = "".join(lines[a - 1:b - 1])
+            if "except" in code:  # as LibCST prints it, if it prints it otherwise in as many lines
+                printed = module.code_for_node(node)
+                if printed != code and _lines_in([printed]) != b - a:
+                    return False
+                code = printed
+            statements[id(node)] = (code, a)
+            heights[id(node)] = b - a
+        self.statements, self.heights, self.footer = statements, heights, footer_code
+        self.joins = True
+        self.code = "".join([self.header, *(code for code, _ in statements.values()), footer_code])
+        return True
 
     def piece(self, stmt: cst.CSTNode) -> tuple[str, int]:
         """A top-level statement's code and the line breaks in it (what ``known`` takes)."""

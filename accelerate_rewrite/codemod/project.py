@@ -291,7 +291,7 @@ def build(path: str, head: str, module: cst.Module, source: str,
     def line_of(part: Part, index: int) -> int:
         return part.starts[index] + len(getattr(part.module.body[index], "leading_lines", ()))
 
-    script.layout = Layout(module)
+    script.layout = Layout(module, text=head)
     script.starts = script.layout.starts()
 
     def expand(part_index: int) -> list[tuple[int, int]]:
@@ -397,7 +397,7 @@ def build(path: str, head: str, module: cst.Module, source: str,
             imports.setdefault(name, (index, meaning))
         part = Part(path=str(file) if os.path.isabs(path) else os.path.relpath(file), source=text,
                     head=m_head, tail=m_tail, module=m_module, dotted=dotted)
-        part.layout = Layout(m_module)
+        part.layout = Layout(m_module, text=m_head)
         part.starts = part.layout.starts()
         parts.append(part)
         included[dotted] = index
