@@ -682,7 +682,13 @@ def test_find_gives_what_matchers_find_in_the_same_order():
                  m.Call(func=m.Attribute(attr=m.Name("step") | m.Name("zero_grad"))),
                  m.Call(func=m.Attribute(attr=m.Name(value=m.MatchIfTrue(lambda v: v.startswith("to"))))),
                  m.Call(func=m.Name("print"), args=[m.ZeroOrMore()]), m.Assign(value=m.Call(func=m.Attribute())),
-                 m.FunctionDef(name=m.Name("train")), m.SimpleString(), m.Integer(value="0")]
+                 m.FunctionDef(name=m.Name("train")), m.SimpleString(), m.Integer(value="0"),
+                 # OneOf: of node matchers (tested), and with a wildcard among them (not)
+                 m.Call(func=m.Name("iter") | m.Attribute(value=m.Name("itertools"), attr=m.Name("cycle"))),
+                 m.Call(func=m.Attribute(attr=m.Name("to")), args=[m.ZeroOrMore(), m.Arg(
+                     value=m.Attribute(attr=m.Name("float16") | m.Name("bfloat16"))), m.ZeroOrMore()])
+                 | m.Call(func=m.Attribute(attr=m.Name("half"))),
+                 m.Call(func=m.Name("print") | m.DoNotCare())]
     files = sorted(FIXTURES.glob("*/input.py")) + sorted(FIXTURES.glob("projects/*/*.py"))
     assert len(files) > 20
     for path in files:

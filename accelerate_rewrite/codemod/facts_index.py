@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from bisect import bisect_left
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 import libcst as cst
 import libcst.matchers as m
@@ -42,10 +42,7 @@ class Index:
             first = bisect_left(nodes, start, key=at)
             runs.append(nodes[first:bisect_left(nodes, end, lo=first, key=at)])
         candidates = runs[0] if len(runs) == 1 else sorted((n for run in runs for n in run), key=at)
-        quick = _necessary(matcher)
-        if quick is not None:
-            return [n for n in candidates if quick(n) and m.matches(n, matcher)]
-        return [n for n in candidates if m.matches(n, matcher)]
+        return matching(candidates, matcher)
 
     def inside(self, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
         """Whether ``outer`` is one of ``node``'s ancestors (``outer in ancestors(node)``), from the
@@ -102,11 +99,26 @@ def _node_types(matcher: object) -> Optional[list[type]]:
     return None
 
 
+def matching(nodes: Iterable[cst.CSTNode], matcher: m.BaseMatcherNode) -> list[cst.CSTNode]:
+    """``[n for n in nodes if m.matches(n, matcher)]``, ``m.matches`` asked only of the nodes that
+    pass the matcher's cheap test (``_necessary``)."""
+    quick = _necessary(matcher)
+    if quick is not None:
+        return [n for n in nodes if quick(n) and m.matches(n, matcher)]
+    return [n for n in nodes if m.matches(n, matcher)]
+
+
 def _necessary(matcher: object) -> Optional[Callable[[object], bool]]:
     """A cheap test that every node ``matcher`` matches passes (``m.matches`` is then asked only
     of those that do): of a node matcher, its class, and of its fields, those given as text
-    (``m.Name("step")``) or as node matchers, in depth; a field given any other way (``OneOf``,
-    a sequence, a predicate) is not tested. None for anything but a node matcher."""
+    (``m.Name("step")``), as node matchers or as a ``OneOf`` of them, in depth; a field given
+    any other way (a sequence, a predicate) is not tested. Of a ``OneOf`` of node matchers,
+    that one of theirs passes. None for anything else."""
+    if isinstance(matcher, m.OneOf):
+        options = [_necessary(option) for option in matcher.options]
+        if any(option is None for option in options):
+            return None
+        return lambda node: any(option(node) for option in options)  # type: ignore[misc]
     if not _is_node_matcher(matcher):
         return None
     name = type(matcher).__name__
@@ -117,7 +129,7 @@ def _necessary(matcher: object) -> Optional[Callable[[object], bool]]:
         wanted = getattr(matcher, f.name)
         if isinstance(wanted, str):
             tests.append((f.name, lambda value, wanted=wanted: value == wanted))
-        elif _is_node_matcher(wanted):
+        elif _is_node_matcher(wanted) or isinstance(wanted, m.OneOf):
             inner = _necessary(wanted)
             if inner is not None:
                 tests.append((f.name, inner))

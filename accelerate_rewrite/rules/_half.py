@@ -10,6 +10,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import MODEL, ScriptFacts, unwrap_moves
+from accelerate_rewrite.codemod.facts_index import matching
 
 
 
@@ -30,7 +31,7 @@ LOW_CAST = _cast("float16", "half", "bfloat16")
 
 def low_precision_model_cast(f: ScriptFacts) -> Optional[cst.Call]:
     """The first fp16/bf16 cast of a trained model, if the script has one."""
-    return next((c for c in f.attribute_calls if m.matches(c, LOW_CAST) and _casts_model(f, c)), None)
+    return next((c for c in matching(f.attribute_calls, LOW_CAST) if _casts_model(f, c)), None)
 
 
 @dataclass
@@ -65,11 +66,12 @@ def _find(f: ScriptFacts, cast) -> HalfCasts:
     out = HalfCasts()
     if not f.backward_sites:
         return out
+    casts = matching(f.attribute_calls, cast)
+    if not casts:  # (the lines below are asked only of a script that casts)
+        return out
     loops = {id(a) for s in f.backward_sites for a in f.ancestors(s.call) if isinstance(a, (cst.For, cst.While))}
     last_backward = max(f.line(s.call) for s in f.backward_sites)
-    for call in f.attribute_calls:
-        if not m.matches(call, cast):
-            continue
+    for call in casts:
         in_training = any(id(a) in loops for a in f.ancestors(call))
         if f.line(call) > last_backward and not in_training:
             continue  # after training: a smaller checkpoint, or inference
