@@ -206,3 +206,36 @@ def test_the_trivia_of_the_statements_one_by_one_are_the_files(name, source):
         assert lost_trivia_spliced(splice, regions, {}, source, new.code) == lost_trivia(source, new.code, regions)
     assert removed_comments_spliced(splice, {}) == removed_comments(source, new.code) or \
         len({t for _, t in trivia(source) if t}) < len([t for _, t in trivia(source) if t])  # a text twice
+
+
+@pytest.mark.parametrize("name,source", _sources(), ids=[n for n, _ in _sources()])
+def test_the_lines_python_tells_are_libcsts(name, source):
+    """Positions.line: a node's line without its statement's positions where Python's parser
+    tells it (``_line_in``), PositionProvider's line, for every node of every fixture it
+    answers for; and ``line`` is PositionProvider's for every node."""
+    from accelerate_rewrite.codemod.layout import _line_in
+
+    module = cst.parse_module(source)
+    theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    facts = ScriptFacts(module, fresh=True, text=source)
+    positions = facts._meta[PositionProvider]
+    told = 0
+    for node, where in theirs.items():
+        if node is module:
+            continue
+        chain = [node]
+        while facts.parent(chain[-1]) is not module and facts.parent(chain[-1]) is not None:
+            chain.append(facts.parent(chain[-1]))
+        if facts.parent(chain[-1]) is None or id(chain[-1]) not in positions.layout.statements:
+            continue  # the module's header or footer lines
+        lines = positions._lines_of(chain[-1])
+        found = _line_in(chain, lines) if lines is not None else None
+        if found is not None:
+            assert found == where.start.line, (name, type(node).__name__, [type(c).__name__ for c in chain])
+            told += 1
+        assert facts.line(node) == where.start.line, (name, type(node).__name__)
+    assert told or len(module.body) < 2
+    again = ScriptFacts(module, fresh=True, text=source)  # start and end, before any position is made
+    for node in [n for n in theirs if isinstance(n, (cst.SimpleStatementLine, cst.BaseCompoundStatement))]:
+        where = theirs[node]
+        assert again.lines(node) == (where.start.line, where.end.line), (name, type(node).__name__)

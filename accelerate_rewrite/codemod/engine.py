@@ -164,23 +164,23 @@ def _regions(facts: ScriptFacts, touched: Sequence[tuple[cst.CSTNode, bool]]) ->
             if isinstance(node, cst.IndentedBlock) and facts.parent(node) is not None:
                 todo.append((facts.parent(node), False))
             continue
-        pos = facts._get(PositionProvider, stmt)
-        if pos is None:
+        lines = facts.lines(stmt)
+        if lines is None:
             continue
-        start = pos.start.line - len(getattr(stmt, "leading_lines", ()))
+        start = lines[0] - len(getattr(stmt, "leading_lines", ()))
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and stmt.decorators:
             first = facts._get(PositionProvider, stmt.decorators[0])
             if first is not None:
                 start = min(start, first.start.line - len(stmt.leading_lines))
-        end = pos.end.line
+        end = lines[1]
         block = facts.parent(stmt)
         if gone and isinstance(block, (cst.Module, cst.IndentedBlock)):
             body = list(block.body)
             index = next((i for i, s in enumerate(body) if s is stmt), None)
             if index is not None and index + 1 < len(body):
-                following = facts._get(PositionProvider, body[index + 1])
+                following = facts.lines(body[index + 1])
                 if following is not None:
-                    end = max(end, following.start.line - 1)
+                    end = max(end, following[0] - 1)
             owner = facts.parent(block) if isinstance(block, cst.IndentedBlock) else None
             chain = _if_chain(facts, owner) if isinstance(owner, (cst.If, cst.Else)) else None
             if chain is not None and id(chain[0]) not in removed \

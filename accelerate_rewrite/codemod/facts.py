@@ -174,13 +174,25 @@ class ScriptFacts(Index, Flow):
     def line(self, node: Optional[cst.CSTNode]) -> int:
         if node is None:
             return 1
+        positions = self._meta[PositionProvider]
+        if hasattr(positions, "line"):  # codemod/layout.py: a statement's line without its positions
+            found = positions.line(node)
+            return found if found is not None else 1
         pos = self._get(PositionProvider, node)
         return pos.start.line if pos is not None else 1
 
+    def lines(self, node: cst.CSTNode) -> Optional[tuple[int, int]]:
+        """The lines ``node`` starts and ends on, or None where it has no position."""
+        positions = self._meta[PositionProvider]
+        if hasattr(positions, "lines"):  # codemod/layout.py: a statement on one line without its positions
+            return positions.lines(node)
+        pos = self._get(PositionProvider, node)
+        return (pos.start.line, pos.end.line) if pos is not None else None
+
     def end_line(self, node: Optional[cst.CSTNode]) -> int:
         """The line where ``node`` ends."""
-        pos = self._get(PositionProvider, node) if node is not None else None
-        return pos.end.line if pos is not None else 1
+        found = self.lines(node) if node is not None else None
+        return found[1] if found is not None else 1
 
     def column(self, node: cst.CSTNode) -> int:
         """The 0-based column where ``node`` starts."""
