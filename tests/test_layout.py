@@ -213,7 +213,7 @@ def test_the_lines_python_tells_are_libcsts(name, source):
     """Positions.line: a node's line without its statement's positions where Python's parser
     tells it (``_line_in``), PositionProvider's line, for every node of every fixture it
     answers for; and ``line`` is PositionProvider's for every node."""
-    from accelerate_rewrite.codemod.layout import _line_in
+    from accelerate_rewrite.codemod.positions import _line_in
 
     module = cst.parse_module(source)
     theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)

@@ -331,7 +331,7 @@ class Metadata(dict):
 
     def __missing__(self, provider):
         if provider is PositionProvider and self.layout is not None:
-            from accelerate_rewrite.codemod.layout import Positions
+            from accelerate_rewrite.codemod.positions import Positions
 
             parents = self[ParentNodeProvider]
             values = Positions(self.layout(), parents.get, lambda: resolve(self.wrapper, provider))

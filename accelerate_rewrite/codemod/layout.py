@@ -1,7 +1,8 @@
 """A parsed module's text, one top-level statement at a time: each statement's code and first
-line from one code generation of the tree, and from these the positions of the nodes of one
-statement (its own code generation, started at its line) and the code of a changed module,
-with the unchanged statements' code reused.
+line, cut from the text it was parsed from (or printed, where it can't be cut), and from these
+the code of a changed module, with the unchanged statements' code reused (``Splice``: what the
+checks ask of the statements a rewrite changed only); codemod/positions.py has the positions of
+one statement's nodes from its code and line.
 
 LibCST's PositionProvider generates the code of the whole module with positions (a pure-Python
 walk of every node) the first time any line is asked for; the rewrite asks for the lines of a
@@ -10,19 +11,17 @@ generates the whole module again for every attempt at the edits, where the edits
 statements. A top-level statement's code does not depend on what comes before it (its
 generation starts with no indentation, at column 0: the statement before it ends with a
 newline), so both can be done per statement; tests/test_facts.py checks the positions are
-PositionProvider's own, node for node, and tests/test_layout.py that the spliced code is
+PositionProvider's own, node for node, and tests/test_layout.py that the cut and spliced code is
 ``Module.code``, on every fixture.
 """
-
 from __future__ import annotations
 
 import ast
 import re
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState
-from libcst.metadata.position_provider import PositionProvider, PositionProvidingCodegenState
 
 _NEWLINE = re.compile(r"\r\n?|\n")
 _LINE = re.compile(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+$")
@@ -325,234 +324,3 @@ class Splice:
         region(i, starts[-1], from_j, j)
         equal(starts[-1], j, len(old_lines) - starts[-1])
         return out
-
-
-#: LibCST's compound statements -> Python's, and the fields of their one-line headers
-_HEADERS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    cst.If: (("If",), ("test",)),
-    cst.While: (("While",), ("test",)),
-    cst.For: (("For", "AsyncFor"), ("target", "iter")),
-    cst.With: (("With", "AsyncWith"), ("items", "lpar", "rpar")),
-}
-
-
-def _pair(stmts: Sequence[cst.CSTNode], body: list, offset: int, out: dict) -> bool:
-    """Pair LibCST's statements with Python's (``body``, lines less ``offset``) into ``out``
-    (``Positions._lines_of``); False where they do not pair up."""
-    k = 0
-    for stmt in stmts:
-        if isinstance(stmt, cst.SimpleStatementLine):
-            n = len(stmt.body)
-            if k + n > len(body):
-                return False
-            first, last = body[k], body[k + n - 1]
-            out[id(stmt)] = (first.lineno + offset, first.lineno == last.end_lineno)
-            k += n
-            continue
-        if k >= len(body):
-            return False
-        node = body[k]
-        k += 1
-        kind = type(node).__name__
-        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-            if kind not in ("FunctionDef", "AsyncFunctionDef", "ClassDef"):
-                return False
-            if not stmt.decorators:
-                out[id(stmt)] = (node.lineno + offset, False)
-            pairs = [(stmt.body, node.body)]
-        elif type(stmt) in _HEADERS:
-            kinds, fields = _HEADERS[type(stmt)]
-            if kind not in kinds:
-                return False
-            if isinstance(stmt, cst.If):
-                ends = [node.test.end_lineno]
-            elif isinstance(stmt, cst.While):
-                ends = [node.test.end_lineno]
-            elif isinstance(stmt, cst.For):
-                ends = [node.target.end_lineno, node.iter.end_lineno]
-            else:
-                ends = [e.end_lineno for item in node.items for e in (item.context_expr, item.optional_vars) if e]
-            out[id(stmt)] = (node.lineno + offset, all(e == node.lineno for e in ends))
-            pairs = [(stmt.body, node.body)]
-            orelse = getattr(stmt, "orelse", None)
-            if isinstance(orelse, cst.If):  # elif
-                if not _pair([orelse], node.orelse, offset, out):
-                    return False
-            elif orelse is not None:
-                pairs.append((orelse.body, node.orelse))
-        elif isinstance(stmt, (cst.Try, getattr(cst, "TryStar", cst.Try))):
-            if kind not in ("Try", "TryStar"):
-                return False
-            if len(stmt.handlers) != len(node.handlers):
-                return False
-            pairs = [(stmt.body, node.body)] + [(h.body, a.body) for h, a in zip(stmt.handlers, node.handlers)]
-            if stmt.orelse is not None:
-                pairs.append((stmt.orelse.body, node.orelse))
-            if stmt.finalbody is not None:
-                pairs.append((stmt.finalbody.body, node.finalbody))
-        elif isinstance(stmt, cst.Match):
-            if kind != "Match" or len(stmt.cases) != len(node.cases):
-                return False
-            pairs = [(c.body, a.body) for c, a in zip(stmt.cases, node.cases)]
-        else:
-            return False
-        for block, inner in pairs:
-            if isinstance(block, cst.IndentedBlock) and not _pair(block.body, inner, offset, out):
-                return False
-    return k == len(body)
-
-
-def _line_in(chain: list, lines: dict[int, tuple[int, bool]]) -> Optional[int]:
-    """The line of ``chain[0]`` (``chain``: a node and its ancestors up to a top-level
-    statement) where ``lines`` (``_pair``) tell it, or None."""
-    below = None
-    for node in chain:
-        if isinstance(node, cst.SimpleStatementLine):
-            known = lines.get(id(node))
-            if known is None or not (below is None or (known[1] and any(below is s for s in node.body))):
-                return None
-            return known[0]
-        if isinstance(node, cst.BaseCompoundStatement):
-            known = lines.get(id(node))
-            if known is None:
-                return None
-            if below is None:
-                return known[0]
-            fields = _HEADERS.get(type(node))
-            if fields is None or not known[1]:
-                return None
-            for name in fields[1]:
-                value = getattr(node, name, None)
-                if value is below or (isinstance(value, (list, tuple)) and any(v is below for v in value)):
-                    return known[0]
-            return None
-        if isinstance(node, (cst.IndentedBlock, cst.SimpleStatementSuite, cst.Else, cst.Finally,
-                             cst.ExceptHandler, cst.BaseSuite)):
-            return None
-        below = node
-    return None
-
-
-class Positions:
-    """node -> its CodeRange (what PositionProvider gives), computed one top-level statement at a
-    time, for the statements whose nodes are asked about; the module itself and its header and
-    footer lines by PositionProvider over the whole module."""
-
-    def __init__(self, layout: Layout, parent: Callable[[cst.CSTNode], Optional[cst.CSTNode]],
-                 whole: Callable[[], Mapping[cst.CSTNode, object]]) -> None:
-        self.layout = layout
-        self.parent = parent
-        self.whole = whole
-        self.found: dict[cst.CSTNode, object] = {}
-        self._done: set[int] = set()
-        self._all: Optional[Mapping[cst.CSTNode, object]] = None
-        #: id(top-level statement) -> its statements' lines by Python's parser (``_lines_of``)
-        self._lines: dict[int, Optional[dict[int, tuple[int, bool]]]] = {}
-
-    def line(self, node: cst.CSTNode) -> Optional[int]:
-        """The line ``node`` starts on (``get(node).start.line``), without generating the code
-        of its statement where Python's parser tells it: a statement on one line and every
-        node of its small statements, a compound statement (not decorated) and the nodes of
-        its header on one line (``if``, ``for``, ``while``, ``with``). Python gives the first
-        line of each statement; LibCST's structure says which of its statements it is."""
-        found = self.found.get(node)
-        if found is not None:
-            return found.start.line  # type: ignore[attr-defined]
-        told = self._told(node)
-        if told is not None:
-            quick = _line_in(*told)
-            if quick is not None:
-                return quick
-        found = self.get(node)
-        return found.start.line if found is not None else None  # type: ignore[attr-defined]
-
-    def lines(self, node: cst.CSTNode) -> Optional[tuple[int, int]]:
-        """The lines ``node`` starts and ends on (``get``'s); for a statement on one line, from
-        Python's parser (``line``)."""
-        if isinstance(node, cst.SimpleStatementLine) and node not in self.found:
-            told = self._told(node)
-            known = told[1].get(id(node)) if told is not None else None
-            if known is not None and known[1]:
-                return known[0], known[0]
-        found = self.get(node)
-        return (found.start.line, found.end.line) if found is not None else None  # type: ignore[attr-defined]
-
-    def _told(self, node: cst.CSTNode) -> Optional[tuple[list, dict[int, tuple[int, bool]]]]:
-        """``node`` and its ancestors up to its top-level statement, and what Python's parser
-        tells of that statement's statements (``_lines_of``); None where it can't tell or
-        the statement's positions are there already."""
-        if self._all is not None:
-            return None
-        chain = [node]
-        module = self.layout.module
-        while True:
-            above = self.parent(chain[-1])
-            if above is None:
-                return None
-            if above is module:
-                break
-            chain.append(above)
-        top = chain[-1]
-        if id(top) not in self.layout.statements or id(top) in self._done:
-            return None
-        lines = self._lines.get(id(top), self._lines)
-        if lines is self._lines:
-            lines = self._lines[id(top)] = self._lines_of(top)
-        return (chain, lines) if lines is not None else None
-
-    def _lines_of(self, top: cst.CSTNode) -> Optional[dict[int, tuple[int, bool]]]:
-        """id(statement) -> (its first line, whether it or its header is on that line alone),
-        for the statements of a top-level one, by Python's parse of its code; None where the
-        two parsers' statements do not pair up."""
-        code, start = self.layout.statements[id(top)]
-        try:
-            body = ast.parse(code).body
-        except (SyntaxError, ValueError, MemoryError, RecursionError):
-            return None
-        out: dict[int, tuple[int, bool]] = {}
-        return out if _pair([top], body, start - 1, out) else None
-
-    def get(self, node: cst.CSTNode, default=None):
-        found = self.found.get(node)
-        if found is not None:
-            return found
-        if self._all is None:
-            top = self._top(node)
-            if top is not None:
-                if id(top) not in self._done:
-                    self._generate(top)
-                return self.found.get(node, default)
-            self._all = self.whole()  # the module, a header or footer line, a node of no statement here
-        return self._all.get(node, default)
-
-    def _top(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
-        module = self.layout.module
-        current: Optional[cst.CSTNode] = node
-        while current is not None:
-            above = self.parent(current)
-            if above is module:
-                return current if id(current) in self.layout.statements else None
-            current = above
-        return None
-
-    def _generate(self, stmt: cst.CSTNode) -> None:
-        self._done.add(id(stmt))
-        module = self.layout.module
-        provider = PositionProvider()
-        provider._computed = self.found  # type: ignore[attr-defined]
-        state = PositionProvidingCodegenState(default_indent=module.default_indent,
-                                              default_newline=module.default_newline, provider=provider,
-                                              line=self.layout.statements[id(stmt)][1])
-        stmt._codegen(state)
-
-    # what ``dict(positions)`` asks: the whole map
-    def keys(self):
-        if self._all is None:
-            self._all = self.whole()
-        return self._all.keys()
-
-    def __getitem__(self, node):
-        found = self.get(node)
-        if found is None:
-            raise KeyError(node)
-        return found
