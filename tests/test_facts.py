@@ -739,3 +739,18 @@ def test_the_parents_walk_visits_the_nodes_in_libcsts_order():
         assert list(parents.items()) == list(visitor.parents.items())
         assert spans == visitor.spans
         assert by_type == {t: [n for n in parents if type(n) is t] for t in map(type, parents)}
+
+
+def test_the_first_node_inside_is_the_scans():
+    """``first_inside`` (bisection over the walk's spans) gives what a scan of every call gives,
+    for every function, loop and ``if`` of every fixture."""
+    import libcst.matchers as m
+
+    from tests.goldens import FIXTURES
+
+    for path in sorted(FIXTURES.glob("*/input.py")):
+        facts = ScriptFacts(cst.parse_module(path.read_text(encoding="utf-8")))
+        calls = facts.find(m.Call())
+        for outer in facts.find(m.FunctionDef() | m.For() | m.If()):
+            scan = next((i for i, c in enumerate(calls) if facts.inside(c, outer)), None)
+            assert facts.first_inside(calls, lambda c: c, outer, "calls") == scan, path

@@ -239,3 +239,27 @@ def test_the_lines_python_tells_are_libcsts(name, source):
     for node in [n for n in theirs if isinstance(n, (cst.SimpleStatementLine, cst.BaseCompoundStatement))]:
         where = theirs[node]
         assert again.lines(node) == (where.start.line, where.end.line), (name, type(node).__name__)
+
+
+@pytest.mark.parametrize("name,source", _sources(), ids=[n for n, _ in _sources()])
+def test_the_positions_of_a_statement_inside_are_libcsts(name, source):
+    """Positions.get generates the innermost statement around a node whose line Python's parser
+    tells, from that line and with its blocks' indentation: every position it makes so is
+    PositionProvider's, for each statement inside a top-level one (asked first)."""
+    from accelerate_rewrite.codemod.positions import Positions
+
+    module = cst.parse_module(source)
+    theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    facts = ScriptFacts(module, fresh=True, text=source)
+    layout = facts.layout()
+    inner = 0
+    for node in theirs:
+        if not isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) \
+                or facts.parent(node) is module:
+            continue
+        positions = Positions(layout, facts.parent, lambda: theirs)
+        assert positions.get(node) == theirs[node], (name, type(node).__name__)
+        for done, where in positions.found.items():
+            assert where == theirs[done], (name, type(node).__name__, type(done).__name__)
+        inner += bool(positions._inner_done)
+    assert inner or name not in ("train_function", "crlf", "tabs", "async")

@@ -91,17 +91,29 @@ def _pair(stmts: Sequence[cst.CSTNode], body: list, offset: int, out: dict) -> b
     return k == len(body)
 
 
+def _classes(base: type) -> frozenset[type]:
+    """LibCST's node classes that are ``base`` (a set lookup of a node's class is cheaper than
+    ``isinstance`` against an abstract class)."""
+    return frozenset(c for c in vars(cst).values() if isinstance(c, type) and issubclass(c, base))
+
+
+_COMPOUND = _classes(cst.BaseCompoundStatement)
+_BLOCKS = _classes(cst.BaseSuite) | {cst.Else, cst.Finally} | _classes(cst.ExceptHandler) \
+    | {getattr(cst, "ExceptStarHandler", cst.ExceptHandler)}
+
+
 def _line_in(chain: list, lines: dict[int, tuple[int, bool]]) -> Optional[int]:
     """The line of ``chain[0]`` (``chain``: a node and its ancestors up to a top-level
     statement) where ``lines`` (``_pair``) tell it, or None."""
     below = None
     for node in chain:
-        if isinstance(node, cst.SimpleStatementLine):
+        kind = type(node)
+        if kind is cst.SimpleStatementLine:
             known = lines.get(id(node))
             if known is None or not (below is None or (known[1] and any(below is s for s in node.body))):
                 return None
             return known[0]
-        if isinstance(node, cst.BaseCompoundStatement):
+        if kind in _COMPOUND:
             known = lines.get(id(node))
             if known is None:
                 return None
@@ -115,8 +127,7 @@ def _line_in(chain: list, lines: dict[int, tuple[int, bool]]) -> Optional[int]:
                 if value is below or (isinstance(value, (list, tuple)) and any(v is below for v in value)):
                     return known[0]
             return None
-        if isinstance(node, (cst.IndentedBlock, cst.SimpleStatementSuite, cst.Else, cst.Finally,
-                             cst.ExceptHandler, cst.BaseSuite)):
+        if kind in _BLOCKS:
             return None
         below = node
     return None
@@ -137,6 +148,11 @@ class Positions:
         self._all: Optional[Mapping[cst.CSTNode, object]] = None
         #: id(top-level statement) -> its statements' lines by Python's parser (``_lines_of``)
         self._lines: dict[int, Optional[dict[int, tuple[int, bool]]]] = {}
+        #: id(statement inside a top-level one) whose positions are generated (``_generate_inner``)
+        self._inner_done: set[int] = set()
+        #: id(node) -> its line, told so (a rule may ask of the same nodes over and over: by
+        #: id, a node's own hash is a Python call)
+        self._quick: dict[int, int] = {}
 
     def line(self, node: cst.CSTNode) -> Optional[int]:
         """The line ``node`` starts on (``get(node).start.line``), without generating the code
@@ -144,6 +160,9 @@ class Positions:
         node of its small statements, a compound statement (not decorated) and the nodes of
         its header on one line (``if``, ``for``, ``while``, ``with``). Python gives the first
         line of each statement; LibCST's structure says which of its statements it is."""
+        quick = self._quick.get(id(node))
+        if quick is not None:
+            return quick
         found = self.found.get(node)
         if found is not None:
             return found.start.line  # type: ignore[attr-defined]
@@ -151,6 +170,7 @@ class Positions:
         if told is not None:
             quick = _line_in(*told)
             if quick is not None:
+                self._quick[id(node)] = quick
                 return quick
         found = self.get(node)
         return found.start.line if found is not None else None  # type: ignore[attr-defined]
@@ -209,10 +229,40 @@ class Positions:
             top = self._top(node)
             if top is not None:
                 if id(top) not in self._done:
+                    if self._generate_inner(node):
+                        found = self.found.get(node)
+                        if found is not None:
+                            return found
                     self._generate(top)
                 return self.found.get(node, default)
             self._all = self.whole()  # the module, a header or footer line, a node of no statement here
         return self._all.get(node, default)
+
+    def _generate_inner(self, node: cst.CSTNode) -> bool:
+        """The positions of the innermost statement around ``node`` whose first line Python's
+        parser tells (not its whole top-level statement: a ``main()`` of a thousand lines for
+        one note), generated from that line with the indentation of the blocks around it.
+        False where there is none (a decorated function, an ``elif``, ...)."""
+        told = self._told(node)
+        if told is None:
+            return False
+        chain, lines = told
+        for i, above in enumerate(chain[:-1]):  # the top-level statement itself: ``_generate``
+            if type(above) is not cst.SimpleStatementLine and type(above) not in _HEADERS \
+                    and not (type(above) in (cst.FunctionDef, cst.ClassDef) and not above.decorators):
+                continue
+            known = lines.get(id(above))
+            if known is None or (type(above) is cst.If and isinstance(chain[i + 1], cst.If)):
+                return False  # an ``elif`` prints as an ``if`` alone
+            if id(above) in self._inner_done:
+                return True
+            self._inner_done.add(id(above))
+            module = self.layout.module
+            indents = [block.indent if block.indent is not None else module.default_indent
+                       for block in reversed(chain[i + 1:]) if type(block) is cst.IndentedBlock]
+            self._generate(above, known[0] - len(above.leading_lines), indents)
+            return True
+        return False
 
     def _top(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         module = self.layout.module
@@ -224,14 +274,19 @@ class Positions:
             current = above
         return None
 
-    def _generate(self, stmt: cst.CSTNode) -> None:
-        self._done.add(id(stmt))
+    def _generate(self, stmt: cst.CSTNode, line: Optional[int] = None, indents: Sequence[str] = ()) -> None:
+        """The positions of ``stmt``'s nodes: a top-level statement, or (``line``: where its code
+        starts, ``indents``: of the blocks it is in) one inside it."""
+        if line is None:
+            self._done.add(id(stmt))
+            line = self.layout.statements[id(stmt)][1]
         module = self.layout.module
         provider = PositionProvider()
         provider._computed = self.found  # type: ignore[attr-defined]
         state = PositionProvidingCodegenState(default_indent=module.default_indent,
                                               default_newline=module.default_newline, provider=provider,
-                                              line=self.layout.statements[id(stmt)][1])
+                                              line=line)
+        state.indent_tokens.extend(indents)
         stmt._codegen(state)
 
     # what ``dict(positions)`` asks: the whole map

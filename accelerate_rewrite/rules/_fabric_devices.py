@@ -84,6 +84,8 @@ class Devices:
             for site in f.backward_sites:
                 kept = next((a for a in site.call.args if a.keyword is not None
                              and a.keyword.value == "retain_graph" and code(a.value) != "False"), None)
+                if kept is None:
+                    continue
                 loop = next((a for a in f.ancestors(site.call) if isinstance(a, (cst.For, cst.While))), None)
                 # another backward after it in the same loop: through the same forward
                 again = loop is not None and any(

@@ -21,6 +21,7 @@ from accelerate_rewrite.codemod.facts import (
 from accelerate_rewrite.codemod.ddp import hand_ddp
 from accelerate_rewrite.codemod.ddp_places import PLACE_CALLS
 from accelerate_rewrite.codemod.facts_kinds import custom_steps, hand_updated
+from accelerate_rewrite.codemod.returns import _returns
 from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, Options
 from accelerate_rewrite.rules._fabric import (
@@ -280,7 +281,7 @@ class _Planner(Home, Loaders, Reach, Devices):
         fn = f.functions.get(func.name.value) if func is not None else None
         if fn is None or fn.node is not func or len(fn.calls) != 1 or fn.other_uses:
             return opt
-        returns = [r for r in f.returns if f.function(r) is func]
+        returns = _returns(f, func)  # (grouped by function once: a scan of every return per optimizer is quadratic)
         assign = f.parent(fn.calls[0])
         if not returns or not all(m.matches(r.value, m.Name(opt.path)) for r in returns) \
                 or not (isinstance(assign, cst.Assign) and len(assign.targets) == 1
@@ -394,16 +395,18 @@ class _Planner(Home, Loaders, Reach, Devices):
         the set-up would follow: the training runs before the set-up (an optimizer built again
         in the training loop puts the set-up after the loop)."""
         f = self.f
-        for site in f.backward_sites:
-            if group.after is site.stmt or f.inside(site.call, group.after):
-                return site.call
+        sites = f.backward_sites
+        first = f.memo("backward-by-statement", lambda: {
+            id(s.stmt): i for i, s in reversed(list(enumerate(sites)))}).get(id(group.after))
+        inside = f.first_inside(sites, lambda s: s.call, group.after, "backward-sites")
+        found = [i for i in (first, inside) if i is not None]
+        if found:
+            return sites[min(found)].call
         training = trains(f)
-        for fn in f.functions.values():
-            if id(fn.node) in training:
-                for call in fn.calls:
-                    if f.inside(call, group.after):
-                        return call
-        return None
+        calls = f.memo("training-calls", lambda: [call for fn in f.functions.values() if id(fn.node) in training
+                                                  for call in fn.calls])
+        at = f.first_inside(calls, lambda c: c, group.after, "training-calls")
+        return calls[at] if at is not None else None
 
     def _only_under_if(self, opts: list[Optimizer], built: list[cst.BaseStatement]) -> Optional[cst.If]:
         """``if args.use_optimizer: optimizer = ...`` (and no optimizer in its ``else``), the model
