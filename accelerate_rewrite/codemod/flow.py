@@ -14,7 +14,9 @@ cheap) and keeps the set of names bound on every path so far:
 - ``del`` unbinds; ``global`` / ``nonlocal`` names and names of other scopes are not followed
   (a read in a nested function happens when it is called, not where it stands).
 
-The engine (checks.py) compares the result with its input, line by line along their diff: a
+The engine (checks.py) compares the result with its input, line by line along their diff (the
+statements the rewrite kept, and difflib between them: ``unbound_in`` reads the module as its
+top-level statements, each parsed alone, and goes into the functions of the changed ones): a
 read on a line the rewrite inserted, on a line it kept whose read is no longer bound on every
 path, or on a changed line whose input did not read the name so, is a problem (a script's own
 ``while True: ... break`` patterns stay the script's). The analysis does not correlate conditions: two ``if

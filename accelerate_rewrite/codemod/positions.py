@@ -44,18 +44,15 @@ def _pair(stmts: Sequence[cst.CSTNode], body: list, offset: int, out: dict) -> b
         k += 1
         kind = type(node).__name__
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-            if kind not in ("FunctionDef", "AsyncFunctionDef", "ClassDef"):
+            if kind not in (("ClassDef",) if isinstance(stmt, cst.ClassDef) else ("FunctionDef", "AsyncFunctionDef")):
                 return False
             if not stmt.decorators:
                 out[id(stmt)] = (node.lineno + offset, False)
             pairs = [(stmt.body, node.body)]
         elif type(stmt) in _HEADERS:
-            kinds, fields = _HEADERS[type(stmt)]
-            if kind not in kinds:
+            if kind not in _HEADERS[type(stmt)][0]:
                 return False
-            if isinstance(stmt, cst.If):
-                ends = [node.test.end_lineno]
-            elif isinstance(stmt, cst.While):
+            if isinstance(stmt, (cst.If, cst.While)):
                 ends = [node.test.end_lineno]
             elif isinstance(stmt, cst.For):
                 ends = [node.target.end_lineno, node.iter.end_lineno]

@@ -14,7 +14,8 @@ file that ends in a line continuation (a backslash on the last line), which CPyt
   edited, LibCST's form stands.
 - ``lost_trivia(source, output, regions)``: every comment and blank line of ``source`` outside
   the edited line ranges must be in ``output``, in order (tokenized, so ``#`` in a string is no
-  comment); what is missing, with its line.
+  comment); what is missing, with its line. ``lost_trivia_spliced``: the same answer, from the
+  statements a rewrite changed only (codemod/layout.py's Splice), each tokenized alone.
 """
 
 from __future__ import annotations
@@ -174,6 +175,7 @@ def lost_trivia_spliced(splice, regions: Iterable[Region], cache: dict, source: 
     their comments and blank lines, so only the runs between them are tokenized and compared,
     each with its own; where one falls short, the whole files are (a comment may have moved
     to another run)."""
+    regions = list(regions)
     inside = _inside(regions)
     for old, new in splice.changed():
         before = _trivia_of(old, cache)
