@@ -114,15 +114,15 @@ def _new_unbound_reads(original: tuple[str, Callable[[], dict[tuple[str, str], l
         if not found:
             return []
         before = unbound_in(splice.old(), trees)
-    if before is None:  # the whole file, parsed, and compared by difflib
+    whole = before is None
+    if whole:  # the whole file, parsed, and compared by difflib
         found = maybe_unbound(new_code)
         if not found:
             return []
         before = reads()
-        blocks = difflib.SequenceMatcher(None, line_list(source), line_list(new_code), autojunk=False).get_opcodes()
-    else:
-        blocks = splice.blocks()
     old_lines, new_lines = line_list(source), line_list(new_code)
+    blocks = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False).get_opcodes() if whole \
+        else splice.blocks(old_lines, new_lines)
     blocks = [b for b in blocks if b[4] > b[3]]  # those that hold lines of the result, in order
     firsts = [b[3] for b in blocks]
     for (scope, name), lines in sorted(found.items(), key=lambda item: item[1]):

@@ -277,14 +277,16 @@ class Splice:
             out.append((old[i:], new))
         return out
 
-    def blocks(self) -> list[tuple[str, int, int, int, int]]:
+    def blocks(self, old_lines: Optional[list[str]] = None,
+               new_lines: Optional[list[str]] = None) -> list[tuple[str, int, int, int, int]]:
         """The opcodes of the input's lines against the result's (difflib's, 0-based, ends
-        excluded; lines as ``line_list`` cuts them), the statements kept ``equal`` and the
-        lines between them compared by difflib (a rewrite changes a few statements: the file
-        is not compared whole)."""
+        excluded; lines as ``line_list`` cuts them, or as given), the statements kept ``equal``
+        and the lines between them compared by difflib (a rewrite changes a few statements:
+        the file is not compared whole)."""
         from difflib import SequenceMatcher
 
-        old_lines, new_lines = line_list(self.layout.code), line_list(self.code)
+        old_lines = old_lines if old_lines is not None else line_list(self.layout.code)
+        new_lines = new_lines if new_lines is not None else line_list(self.code)
         old = self.layout.pieces()
         header = _lines_in([self.layout.header])
         out: list[tuple[str, int, int, int, int]] = []
