@@ -14,6 +14,8 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
+from accelerate_rewrite.codemod.facts_metadata import TOKENS
+
 
 class Index:
     """Mixed into ScriptFacts (codemod/facts.py), which gives ``module``, ``memo`` and ``_meta``."""
@@ -112,9 +114,9 @@ def _node_types(matcher: object) -> Optional[list[type]]:
         return out
     cls = getattr(cst, type(matcher).__name__, None)
     if isinstance(cls, type) and issubclass(cls, cst.CSTNode) and cls is not cst.Module \
-            and type(matcher).__module__.startswith("libcst.matchers"):
+            and cls not in TOKENS and type(matcher).__module__.startswith("libcst.matchers"):
         return [cls]
-    return None
+    return None  # a token (the walk goes past them), or no node class: LibCST's own walk
 
 
 def matching(nodes: Iterable[cst.CSTNode], matcher: m.BaseMatcherNode) -> list[cst.CSTNode]:

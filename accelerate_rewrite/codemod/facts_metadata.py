@@ -10,12 +10,19 @@ directly (expression contexts, then scopes: what the wrapper would run, without 
 and per-field lookups; the results are the same maps, which tests/test_facts.py checks).
 Positions are computed when first asked for, one top-level statement at a time
 (codemod/layout.py). Should LibCST's internals change, the wrapper's way is taken.
+
+These walks go past LibCST's tokens (``TOKENS``: whitespace, comments, blank lines, operators,
+brackets; two nodes in three of a script): they hold only each other, nothing here asks about
+them, and neither LibCST's scope analysis nor any visitor read here does anything at them. So the
+parents, spans and scopes name every node but the tokens (``matchers`` on a token class go
+LibCST's way: codemod/facts_index.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional
 
@@ -163,11 +170,59 @@ def _fields_of(node: cst.CSTNode) -> tuple[str, ...]:
     return out
 
 
-def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """The children of ``node``, in the order of LibCST's walk (the fields ``_walk`` reads)."""
-    order = _FIELDS.get(type(node), _children)
+def _token_classes() -> frozenset[type]:
+    """LibCST's token classes: its whitespace, comments, blank lines and operators (the modules
+    ``whitespace`` and ``op``, but ``import *``), and the brackets."""
+    brackets = (cst.LeftParen, cst.RightParen, cst.LeftSquareBracket, cst.RightSquareBracket,
+                cst.LeftCurlyBrace, cst.RightCurlyBrace)
+    return frozenset(c for c in vars(cst).values() if isinstance(c, type) and issubclass(c, cst.CSTNode) and (
+        c in brackets or c is not cst.ImportStar and c.__module__ in ("libcst._nodes.op", "libcst._nodes.whitespace")))
+
+
+#: the nodes the walks here go past (the module's docstring)
+TOKENS = _token_classes()
+_TOKEN_BASES = tuple(TOKENS)
+
+
+def _tokens_only(annotation: object) -> bool:
+    """Whether a field of this annotation can hold tokens and no other node (``Sequence[LeftParen]``,
+    ``Union[Comma, MaybeSentinel]``, ``BaseParenthesizableWhitespace``)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return True
+    if origin is not None:  # Union, Optional, Sequence
+        return all(_tokens_only(a) for a in typing.get_args(annotation))
+    if isinstance(annotation, type):
+        return annotation in (type(None), str, cst.MaybeSentinel) or issubclass(annotation, _TOKEN_BASES)
+    return False  # a forward reference: kept
+
+
+#: node class -> the fields of ``_FIELDS`` that may hold a node other than a token
+_INNER: dict[type, tuple[str, ...]] = {}
+#: node class -> its fields that hold tokens only
+_TOKEN_FIELDS: dict[type, frozenset[str]] = {}
+
+
+def _inner_fields(node: cst.CSTNode) -> tuple[str, ...]:
+    kind = type(node)
+    order = _FIELDS.get(kind, _children)
     if order is None or order is _children:
         order = _fields_of(node)
+    skip = _TOKEN_FIELDS.get(kind)
+    if skip is None:
+        skip = _TOKEN_FIELDS[kind] = frozenset(f.name for f in dataclasses.fields(node) if _tokens_only(f.type))
+    out = tuple(name for name in order if name not in skip)
+    if _FIELDS.get(kind) is not None:  # the class's fields are known once for all its nodes
+        _INNER[kind] = out
+    return out
+
+
+def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The children of ``node`` but its tokens, in the order of LibCST's walk (the fields
+    ``_walk`` reads)."""
+    order = _INNER.get(type(node))
+    if order is None:
+        order = _inner_fields(node)
     out: list[cst.CSTNode] = []
     for name in order:
         value = getattr(node, name)
@@ -190,8 +245,8 @@ def _walk(module: cst.Module):
     builds a new copy of every node it passes (``_visit_and_replace_children``), which a walk that
     reads the tree need not. The children of a node are those of the fields its own
     ``_visit_and_replace_children`` visits, in that order (recorded once per class), so the
-    nodes come in the order of LibCST's walk; tests/test_facts.py checks the two give the
-    same, in the same order, on every fixture."""
+    nodes come in the order of LibCST's walk, the tokens (``TOKENS``) left out; tests/test_facts.py
+    checks the two give the same, in the same order, on every fixture."""
     parents: dict[cst.CSTNode, cst.CSTNode] = {}
     spans: dict[cst.CSTNode, tuple[int, int]] = {}
     by_type: dict[type, list[cst.CSTNode]] = {}
