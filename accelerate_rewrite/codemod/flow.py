@@ -27,7 +27,7 @@ binding is reported too, and the rule that adds it is dropped: a refusal, never 
 from __future__ import annotations
 
 import ast
-from typing import Iterable, Optional
+from typing import Iterable, NamedTuple, Optional
 
 #: the set of every name: what is "bound" after a statement that never falls through
 _ALL = frozenset({"*"})
@@ -58,11 +58,11 @@ _OWN_SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.Generato
 
 class _Scope:
     def __init__(self, path: str, body: list[ast.stmt], params: Iterable[str] = (), offset: int = 0,
-                 offsets: Optional[dict[int, int]] = None) -> None:
+                 offsets: Optional[dict[int, int]] = None, names: Optional[frozenset] = None) -> None:
         self.path = path
         self.unbound: list[tuple[str, str, int]] = []  # (scope, name, line), one per read
         self.nested: list[_Scope] = []
-        self.locals = self._locals(body)
+        self._names = names
         self.body = body
         self.start = frozenset(params)
         #: what to add to the lines of the nodes (a module given as its statements, each
@@ -97,11 +97,26 @@ class _Scope:
                 if not isinstance(child, _OWN_SCOPES):
                     todo.append(child)
 
+    @property
+    def locals(self) -> frozenset:
+        """The names the scope binds (asked when the scope is run: the rewrite runs the scopes of
+        the functions it changed, and makes one for every function)."""
+        if self._names is None:
+            self._names = self._locals(self.body)
+        return self._names
+
     def _locals(self, body: list[ast.stmt]) -> frozenset:
         """The names the scope binds, less those it declares ``global`` or ``nonlocal``."""
+        out, declared = self._binds(body)
+        return frozenset(out - declared)
+
+    @classmethod
+    def _binds(cls, body: list[ast.stmt]) -> tuple[set[str], set[str]]:
+        """The names the statements bind in their scope, and those they declare ``global`` or
+        ``nonlocal``."""
         out: set[str] = set()
         declared: set[str] = set()
-        for node in self._own(body):
+        for node in cls._own(body):
             if isinstance(node, ast.Name):
                 if isinstance(node.ctx, (ast.Store, ast.Del)):
                     out.add(node.id)
@@ -115,7 +130,7 @@ class _Scope:
                 out.update(_targets(node.target))
             elif isinstance(node, (ast.Global, ast.Nonlocal)):
                 declared.update(node.names)
-        return frozenset(out - declared)
+        return out, declared
 
     # ---- reads ----------------------------------------------------------------------------
     def _read(self, node: Optional[ast.AST], bound: frozenset) -> frozenset:
@@ -304,8 +319,16 @@ def _reads(todo: list[_Scope], wanted: Optional[set[int]] = None) -> dict[tuple[
     return {key: sorted(lines) for key, lines in out.items()}
 
 
-#: what ``unbound_in`` keeps of the statements it parsed: their code -> the statements
-Trees = dict[str, Optional[list[ast.stmt]]]
+class Parsed(NamedTuple):
+    """A top-level statement's code parsed alone (``unbound_in``): its statements, and the names
+    they bind in the module's scope and declare ``global`` there (``_Scope._binds``)."""
+    stmts: list[ast.stmt]
+    binds: frozenset
+    declared: frozenset
+
+
+#: what ``unbound_in`` keeps of the statements it parsed: their code -> them (None: no parse)
+Trees = dict[str, Optional[Parsed]]
 
 
 def unbound_in(pieces: Iterable[tuple[str, int, bool]], trees: Trees) -> Optional[dict[tuple[str, str], list[int]]]:
@@ -319,23 +342,30 @@ def unbound_in(pieces: Iterable[tuple[str, int, bool]], trees: Trees) -> Optiona
     body: list[ast.stmt] = []
     offsets: dict[int, int] = {}
     wanted: set[int] = set()
+    binds: set[str] = set()
+    declared: set[str] = set()
     for code, start, deep in pieces:
-        stmts = trees.get(code, _UNPARSED)
-        if stmts is _UNPARSED:
+        parsed = trees.get(code, _UNPARSED)
+        if parsed is _UNPARSED:
             try:
                 stmts = ast.parse(code).body
             except (SyntaxError, ValueError):
-                stmts = None
-            trees[code] = stmts
-        if stmts is None:
+                parsed = None
+            else:
+                own, said = _Scope._binds(stmts)
+                parsed = Parsed(stmts, frozenset(own), frozenset(said))
+            trees[code] = parsed
+        if parsed is None:
             return None
-        for stmt in stmts:
+        for stmt in parsed.stmts:
             offsets[id(stmt)] = start - 1
             if deep:
                 wanted.add(id(stmt))
-        body.extend(stmts)
-    return _reads([_Scope("<module>", body, offsets=offsets)], wanted)
+        body.extend(parsed.stmts)
+        binds |= parsed.binds
+        declared |= parsed.declared
+    return _reads([_Scope("<module>", body, offsets=offsets, names=frozenset(binds - declared))], wanted)
 
 
-_UNPARSED: list = []
+_UNPARSED = Parsed([], frozenset(), frozenset())
 
