@@ -88,6 +88,9 @@ class _Collector(OptimizerSearch, LeanVisitor):
                 params = positional_params(stmt)
                 f.functions[stmt.name.value] = Function(stmt, stmt.name.value, params)
         self._find_module_classes()
+        #: the names an import binds somewhere in the script: only they may name an imported
+        #: thing (``visit_Name`` asks the others' qualified names for nothing)
+        self._imported = self._imported_names()
         self._walk()
         self._lifted: set[int] = set()
         self._unknown: list[tuple[Key, cst.BaseStatement, cst.BaseExpression, cst.Call]] = []
@@ -114,6 +117,16 @@ class _Collector(OptimizerSearch, LeanVisitor):
                 handler = handlers[kind] = getattr(self, f"visit_{kind.__name__}", None)
             if handler is not None:
                 handler(node)
+
+    def _imported_names(self) -> set[str]:
+        out: set[str] = set()
+        for node in self.f.find(m.Import() | m.ImportFrom()):
+            if isinstance(node.names, cst.ImportStar):
+                continue
+            for alias in node.names:
+                asname = alias.asname.name if alias.asname is not None else None
+                out.add(asname.value if isinstance(asname, cst.Name) else code(alias.name).split(".")[0])
+        return out
 
     def _find_module_classes(self) -> None:
         f = self.f
@@ -167,7 +180,7 @@ class _Collector(OptimizerSearch, LeanVisitor):
     # -- functions referenced other than by a call --
     def visit_Name(self, node: cst.Name) -> None:
         parent = self.f.parent(node)
-        if not (isinstance(parent, cst.Attribute) and parent.value is node):
+        if node.value in self._imported and not (isinstance(parent, cst.Attribute) and parent.value is node):
             for q in self.f.qualnames(node):
                 if "." in q:  # an imported name, e.g. ``autocast`` from torch.cuda.amp
                     self.f.qualified_refs.append((node, q))

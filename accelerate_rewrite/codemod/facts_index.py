@@ -84,9 +84,7 @@ class Index:
             return None
         if node is self.module:
             return (0, len(self._meta[ParentNodeProvider]))
-        if node not in spans:
-            return None
-        return spans[node]
+        return spans.get(node) if isinstance(node, cst.CSTNode) else None
 
     def _nodes_by_type(self) -> dict[type, list[cst.CSTNode]]:
         """node class -> its nodes in the walk's order (made by the parents' walk)."""

@@ -141,11 +141,11 @@ class OptimizerSearch:
         the keys of the arguments, as the call passes them."""
         f = self.f
         out: list[Key] = []
-        for call in m.findall(expr, m.Call(func=m.Name())):
+        for call in f.find_in(expr, m.Call(func=m.Name())):
             fn = f.functions.get(call.func.value)
             if fn is None or not isinstance(fn.node, cst.FunctionDef):
                 continue
-            read = {root_of(c.func.value).value for c in m.findall(fn.node.body, m.Call(
+            read = {root_of(c.func.value).value for c in f.find_in(fn.node.body, m.Call(
                 func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters"))))
                 if isinstance(root_of(c.func.value), cst.Name)}
             for index, arg in enumerate(call.args):
@@ -173,7 +173,7 @@ class OptimizerSearch:
         for target, value in bound:
             for parent in (f.ancestors(target) if value is None and isinstance(target, cst.CSTNode) else ()):
                 if isinstance(parent, (cst.For, cst.CompFor)):
-                    if any(t is target for t in m.findall(parent.target, m.Name())):
+                    if any(t is target for t in f.find_in(parent.target, m.Name())):
                         out.append(parent.iter)
                     break
                 if isinstance(parent, cst.BaseStatement):

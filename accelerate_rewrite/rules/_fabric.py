@@ -289,7 +289,7 @@ def names_rank(facts: ScriptFacts, p: "FabricPlan", node: cst.CSTNode) -> Option
             return None if parent.args else parent
         return n
 
-    worded = {code(asked(n)) for n in m.findall(node, m.Name() | m.Attribute())
+    worded = {code(asked(n)) for n in facts.find_in(node, m.Name() | m.Attribute())
               if (n.value if isinstance(n, cst.Name) else n.attr.value).lower().endswith("rank")
               and not (isinstance(facts.parent(n), cst.Attribute) and facts.parent(n).attr is n)
               and asked(n) is not None}
@@ -297,9 +297,9 @@ def names_rank(facts: ScriptFacts, p: "FabricPlan", node: cst.CSTNode) -> Option
     ranks = p.ddp.rank_names.get(id(func) if func is not None else None, set())
     cls = facts.enclosing_class(func) if func is not None else None
     attrs = p.ddp.rank_names.get(id(cls), set()) if cls is not None else set()
-    inside = {id(n) for n in m.findall(node, m.Call() | m.Subscript() | m.Attribute())}
-    named = sorted({n.value for n in m.findall(node, m.Name()) if n.value in ranks}
-                   | {code(a) for a in m.findall(node, m.Attribute()) if code(a) in attrs}
+    inside = {id(n) for n in facts.find_in(node, m.Call() | m.Subscript() | m.Attribute())}
+    named = sorted({n.value for n in facts.find_in(node, m.Name()) if n.value in ranks}
+                   | {code(a) for a in facts.find_in(node, m.Attribute()) if code(a) in attrs}
                    | {code(n) for n, attr in p.ddp.reads if id(n) in inside and attr in ("global_rank", "local_rank")}
                    | worded)
     return named[0] if named else None

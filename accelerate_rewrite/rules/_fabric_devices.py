@@ -60,15 +60,15 @@ class Devices:
             source = data_source(f, loop.iter)
             if not self._set_up(f.key_of(source), LOADER):
                 continue
-            names = {n.value for n in m.findall(loop.target, m.Name())}
+            names = {n.value for n in f.find_in(loop.target, m.Name())}
             for node in loop.body.body:  # names unpacked from a batch are batches too
                 if m.matches(node, m.SimpleStatementLine(body=[m.Assign()])):
                     assign = node.body[0]
-                    roots = {root_of(e).value for e in m.findall(assign.value, m.Name())
+                    roots = {root_of(e).value for e in f.find_in(assign.value, m.Name())
                              if isinstance(root_of(e), cst.Name)}
-                    if roots and roots <= names and not m.findall(assign.value, m.Call()):
+                    if roots and roots <= names and not f.find_in(assign.value, m.Call()):
                         for t in assign.targets:
-                            names |= {n.value for n in m.findall(t.target, m.Name())}
+                            names |= {n.value for n in f.find_in(t.target, m.Name())}
             for move in moves_in.get(id(loop), ()):
                 root = root_of(move.receiver)
                 if isinstance(root, cst.Name) and root.value in names:

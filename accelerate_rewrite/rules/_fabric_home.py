@@ -153,16 +153,16 @@ class Home:
             stmt = body[i]
             if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) or self._sets_environment(stmt):
                 break
-            if id(stmt) in printing or any(id(inner) in printing for inner in _inner_statements(stmt)):
+            if id(stmt) in printing or any(id(inner) in printing for inner in _inner_statements(f, stmt)):
                 chosen = i
         return body[chosen]
 
     def _sets_environment(self, stmt: cst.BaseStatement) -> bool:
         f = self.f
-        names = {q for node in m.findall(stmt, m.Name() | m.Attribute()) for q in f.qualnames(node)}
+        names = {q for node in f.find_in(stmt, m.Name() | m.Attribute()) for q in f.qualnames(node)}
         return any(q.startswith(("os.environ", "os.putenv", "torch.cuda.set_device", "torch.distributed",
                                  "torch.set_default_device", "torch.accelerator.set_device"))
-                   for q in names) or bool(m.findall(stmt, m.Import() | m.ImportFrom()))
+                   for q in names) or bool(f.find_in(stmt, m.Import() | m.ImportFrom()))
 
     def _trains_itself(self) -> bool:
         """A module whose own method builds its optimizer over ``self.parameters()`` (a layer that
@@ -314,6 +314,6 @@ def trains(f: ScriptFacts) -> dict[int, cst.FunctionDef]:
     return f.memo("training-functions-reached", compute)
 
 
-def _inner_statements(stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
+def _inner_statements(f: ScriptFacts, stmt: cst.BaseStatement) -> list[cst.BaseStatement]:
     """The statements nested in a compound one (an ``if``'s, a ``try``'s)."""
-    return [s for s in m.findall(stmt, m.SimpleStatementLine()) if s is not stmt]
+    return [s for s in f.find_in(stmt, m.SimpleStatementLine()) if s is not stmt]

@@ -114,7 +114,7 @@ class Reach:
 
     def _device_attr(self, cls: cst.ClassDef, param: cst.Param) -> Optional[str]:
         init = init_of(cls)
-        for node in m.findall(init, m.Assign(targets=[m.AssignTarget(m.Attribute(m.Name("self")))],
+        for node in self.f.find_in(init, m.Assign(targets=[m.AssignTarget(m.Attribute(m.Name("self")))],
                                              value=m.Name(param.name.value))):
             return code(node.targets[0].target)
         return None
@@ -146,7 +146,7 @@ class Reach:
                 if init is None or id(init) in p.threaded_params \
                         or any(x.name.value == NAME for x in positional_params(init)):
                     continue
-                if cls is not None and (m.findall(cls, m.Attribute(value=m.Name("self"), attr=m.Name(NAME)))
+                if cls is not None and (f.find_in(cls, m.Attribute(value=m.Name("self"), attr=m.Name(NAME)))
                                         or not self._plain_methods(cls)):
                     continue
                 if not all(p.ref_at(f, c) is not None and p.after_creation(f, c) for c in fn.calls):

@@ -87,7 +87,7 @@ class DataLoaderHints(Rule):
             literal = _int(workers.value) if workers is not None else 0
             has_workers = bool(literal)
             if workers is None or literal == 0:
-                lambdas = [a for a in call.args if m.findall(a.value, m.Lambda())]
+                lambdas = [a for a in call.args if f.find_in(a.value, m.Lambda())]
                 if f.function(call) is None or not guarded:
                     reasons.append(f"no num_workers: {SPAWN}; build and iterate the loader in a function "
                                    "called under `if __name__ == \"__main__\":` first")

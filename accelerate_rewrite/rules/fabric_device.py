@@ -158,7 +158,7 @@ def _flags_feeding(f, values):
         if id(value) in seen:
             continue
         seen.add(id(value))
-        for node in m.findall(value, m.Attribute(value=m.Name()) | m.Name()):
+        for node in f.find_in(value, m.Attribute(value=m.Name()) | m.Name()):
             if isinstance(node, cst.Attribute):
                 scope = f.scope(node.value)
                 imported = scope is not None and any(
@@ -179,6 +179,6 @@ def _attr_assignments(facts, cls_id: int, attr: str):
 
     for cls in facts.find(m.ClassDef()):
         if id(cls) == cls_id:
-            for node in m.findall(cls, m.Assign(targets=[m.AssignTarget(m.Attribute(m.Name("self")))])):
+            for node in facts.find_in(cls, m.Assign(targets=[m.AssignTarget(m.Attribute(m.Name("self")))])):
                 if code(node.targets[0].target) == attr and isinstance(node.value, cst.Name):
                     yield node
