@@ -667,6 +667,26 @@ def test_parents_scopes_and_qualified_names_are_libcsts(path):
         assert {q.name for q in names} == facts.qualnames(node)
 
 
+@pytest.mark.parametrize("path", FIXTURE_INPUTS[::4], ids=lambda p: p.parent.name)
+def test_the_qualified_references_are_every_imported_name(path):
+    """``qualified_refs`` holds every name's dotted qualified names, but those of names no import
+    binds (the collecting walk does not ask them): a local's (``train.<locals>.x``), a
+    comprehension's, a builtin's (``builtins.print``), a class attribute's."""
+    import libcst.matchers as m
+
+    facts = ScriptFacts(cst.parse_module(path.read_text(encoding="utf-8")))
+    refs = {(id(n), q) for n, q in facts.qualified_refs}
+    classes = {s.name.value for s in facts.module.body if isinstance(s, cst.ClassDef)}
+    for name in facts.find(m.Name()):
+        parent = facts.parent(name)
+        if isinstance(parent, cst.Attribute) and parent.value is name:
+            continue
+        for q in facts.qualnames(name):
+            if "." in q and (id(name), q) not in refs:
+                assert "<locals>" in q or "<comprehension>" in q or q.startswith("builtins.") \
+                    or q.split(".")[0] in classes, (path, q)
+
+
 def test_a_module_not_just_parsed_is_analysed_on_a_copy():
     module = cst.parse_module("import torch\nx = torch.ones(1)\n")
     assert ScriptFacts(module).module is not module
@@ -695,7 +715,9 @@ def test_find_gives_what_matchers_find_in_the_same_order():
                  m.Call(func=m.Attribute(attr=m.Name("to")), args=[m.ZeroOrMore(), m.Arg(
                      value=m.Attribute(attr=m.Name("float16") | m.Name("bfloat16"))), m.ZeroOrMore()])
                  | m.Call(func=m.Attribute(attr=m.Name("half"))),
-                 m.Call(func=m.Name("print") | m.DoNotCare())]
+                 m.Call(func=m.Name("print") | m.DoNotCare()),
+                 # tokens (the walks go past them): LibCST's walk answers
+                 m.Comma(), m.SimpleWhitespace() | m.Comment(), m.LeftParen()]
     files = sorted(FIXTURES.glob("*/input.py")) + sorted(FIXTURES.glob("projects/*/*.py"))
     assert len(files) > 20
     for path in files:
