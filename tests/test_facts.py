@@ -652,6 +652,8 @@ def test_parents_scopes_and_qualified_names_are_libcsts(path):
         == facts._meta[ParentNodeProvider]
     assert {n for n in theirs[ScopeProvider] if type(n) not in TOKENS} == set(facts._meta[ScopeProvider])
     mine = facts._meta[ScopeProvider]
+    parents = facts._meta[ParentNodeProvider]
+    compared: set[int] = set()
     # the scopes are other objects (two analyses), but the same shape: same names, same accesses
     for node, scope in theirs[ScopeProvider].items():
         if type(node) in TOKENS:
@@ -660,6 +662,13 @@ def test_parents_scopes_and_qualified_names_are_libcsts(path):
         if scope is not None:
             assert type(scope) is type(mine[node])
             assert sorted(a.name for a in scope.assignments) == sorted(a.name for a in mine[node].assignments)
+            if id(scope) not in compared:  # the accesses, and what they read
+                compared.add(id(scope))
+
+                def accesses(s):  # a string annotation is parsed anew by each analysis: its names are others
+                    return sorted((id(a.node) if a.node in parents else 0, a.is_annotation,
+                                   sorted(id(getattr(r, "node", None)) for r in a.referents)) for a in s.accesses)
+                assert accesses(scope) == accesses(mine[node])
     assert dict(MetadataWrapper(facts.module, unsafe_skip_copy=True).resolve(PositionProvider)) \
         == dict(facts._meta[PositionProvider])
     for node, names in theirs[QualifiedNameProvider].items():

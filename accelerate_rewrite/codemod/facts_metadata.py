@@ -300,22 +300,61 @@ class _Scopes(LeanVisitor, ScopeVisitor):
         LeanVisitor.on_leave(self, original_node)
 
 
-def scopes(module: cst.Module) -> Mapping[cst.CSTNode, Any]:
+def scopes(module: cst.Module, by_type: Optional[dict[type, list[cst.CSTNode]]] = None) -> Mapping[cst.CSTNode, Any]:
     """node -> its scope (what ScopeProvider gives), LibCST's scope analysis run directly: what
     the two providers' ``visit_Module`` do, their visitors made lean (``LeanVisitor``: they have
-    no per-field methods) and walking without copies (``_reading``)."""
+    no per-field methods) and walking without copies (``_reading``). Given the parents' walk's
+    nodes by class (``by_type``), the expression contexts are not walked for: ScopeVisitor asks
+    only whether a name is stored to (``_Stored``)."""
     if _ASSIGNMENT_LIKE is None:
         raise AttributeError("LibCST's ScopeVisitor changed")  # Metadata takes the wrapper's way
     with _reading(_Contexts, _Scopes, ExpressionContextVisitor):
-        contexts = ExpressionContextProvider()
-        contexts.metadata = {}
-        module.visit(_Contexts(contexts, ExpressionContext.LOAD))
+        if by_type is not None:
+            contexts: Mapping = _Stored(by_type)
+        else:
+            provider = ExpressionContextProvider()
+            provider.metadata = {}
+            module.visit(_Contexts(provider, ExpressionContext.LOAD))
+            contexts = provider._computed
         provider = ScopeProvider()
-        provider.metadata = {ExpressionContextProvider: contexts._computed}
+        provider.metadata = {ExpressionContextProvider: contexts}
         visitor = _Scopes(provider)
         module.visit(visitor)
     visitor.infer_accesses()
     return provider._computed
+
+
+#: the nodes that bind the names in one of their fields, and that field (ExpressionContextVisitor
+#: visits it with the STORE context)
+_TARGETS = {cst.AssignTarget: "target", cst.AnnAssign: "target", cst.AugAssign: "target",
+            cst.NamedExpr: "target", cst.AsName: "name", cst.CompFor: "target", cst.For: "target",
+            cst.ClassDef: "name", cst.FunctionDef: "name", cst.Param: "name"}
+
+
+class _Stored:
+    """What ExpressionContextProvider says of a name, as far as ScopeVisitor asks it: STORE for
+    the names it marks so, LOAD for any other (ScopeVisitor's ``visit_Name``, the one place that
+    asks, takes LOAD, DEL and no context alike). The names stored to are those of the targets
+    (``_TARGETS``), through tuples, lists and starred elements, not into an attribute or a
+    subscript (whose parts are read): found from the nodes by class, without a walk of the tree.
+    tests/test_facts.py checks the scopes against LibCST's on every fixture."""
+
+    def __init__(self, by_type: dict[type, list[cst.CSTNode]]) -> None:
+        todo = [getattr(node, field) for kind, field in _TARGETS.items() for node in by_type.get(kind, ())]
+        stored: set[int] = set()
+        while todo:
+            node = todo.pop()
+            kind = type(node)
+            if kind is cst.Name:
+                stored.add(id(node))
+            elif kind is not cst.Attribute and kind is not cst.Subscript:
+                todo.extend(_children(node))
+        self.stored = stored
+
+    def get(self, node: cst.CSTNode, default: Any = None) -> ExpressionContext:
+        return ExpressionContext.STORE if id(node) in self.stored else ExpressionContext.LOAD
+
+    __getitem__ = get
 
 
 @contextmanager
@@ -377,7 +416,7 @@ class Metadata(dict):
         self.shared = False
         try:
             self[ParentNodeProvider], self.spans, self.by_type = walk(module)
-            self[ScopeProvider] = scopes(module)
+            self[ScopeProvider] = scopes(module, self.by_type)
         except SharedNode:
             self.shared = True
         except (AttributeError, TypeError, KeyError):  # LibCST's internals moved: its own way
