@@ -30,6 +30,13 @@ ODD = {
     "only_comments": "# nothing\n\n# else\n",
     "empty": "",
     "async": "import asyncio\n\nasync def main():\n    async with x as y:\n        async for z in y:\n            await z\n",
+    "compound_ends": "if a:\n    b = 1\nelif c:\n    d = (1,\n         2)\n    # trailing\nelse:\n    pass\n"
+                     "for x in y:\n    pass\nelse:\n    z = 1\n\n    # after the else\nwhile a:\n    break\n"
+                     "try:\n    a()\nexcept E:\n    b()\nelse:\n    c()\nfinally:\n    d()\n"
+                     "@dec\nclass K:\n    def m(self):\n        return \"\"\"a\nb\"\"\"\n    # end of m\n"
+                     "with (open(a) as f,\n      open(b) as g):\n    pass\nx = [1,\n     2]; y = 3\n",
+    "parameters": "def f(a,\n      *\n      args, b=1, **kw): pass\ndef g(*, c,\n  d): pass\nclass A:\n"
+                  "    def h(self, /, x, *a, y, **k) -> int:\n        lambda q, r: q\n",
 }
 
 

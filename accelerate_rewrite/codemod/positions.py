@@ -16,6 +16,10 @@ from libcst.metadata.position_provider import PositionProvider, PositionProvidin
 from accelerate_rewrite.codemod.layout import Layout
 
 
+#: what Python's parser tells of a statement (``Positions._lines_of``): its first line, whether it
+#: (a compound statement: its header) is on that line alone, its last line (None: not told)
+Told = tuple[int, bool, Optional[int]]
+
 #: LibCST's compound statements -> Python's, and the fields of their one-line headers
 _HEADERS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {
     cst.If: (("If",), ("test",)),
@@ -35,7 +39,7 @@ def _pair(stmts: Sequence[cst.CSTNode], body: list, offset: int, out: dict) -> b
             if k + n > len(body):
                 return False
             first, last = body[k], body[k + n - 1]
-            out[id(stmt)] = (first.lineno + offset, first.lineno == last.end_lineno)
+            out[id(stmt)] = (first.lineno + offset, first.lineno == last.end_lineno, last.end_lineno + offset)
             k += n
             continue
         if k >= len(body):
@@ -47,7 +51,9 @@ def _pair(stmts: Sequence[cst.CSTNode], body: list, offset: int, out: dict) -> b
             if kind not in (("ClassDef",) if isinstance(stmt, cst.ClassDef) else ("FunctionDef", "AsyncFunctionDef")):
                 return False
             if not stmt.decorators:
-                out[id(stmt)] = (node.lineno + offset, False)
+                out[id(stmt)] = (node.lineno + offset, False, node.end_lineno + offset)
+            if isinstance(stmt, cst.FunctionDef):
+                _pair_params(stmt.params, node.args, offset, out)
             pairs = [(stmt.body, node.body)]
         elif type(stmt) in _HEADERS:
             if kind not in _HEADERS[type(stmt)][0]:
@@ -58,7 +64,7 @@ def _pair(stmts: Sequence[cst.CSTNode], body: list, offset: int, out: dict) -> b
                 ends = [node.target.end_lineno, node.iter.end_lineno]
             else:
                 ends = [e.end_lineno for item in node.items for e in (item.context_expr, item.optional_vars) if e]
-            out[id(stmt)] = (node.lineno + offset, all(e == node.lineno for e in ends))
+            out[id(stmt)] = (node.lineno + offset, all(e == node.lineno for e in ends), node.end_lineno + offset)
             pairs = [(stmt.body, node.body)]
             orelse = getattr(stmt, "orelse", None)
             if isinstance(orelse, cst.If):  # elif
@@ -88,6 +94,24 @@ def _pair(stmts: Sequence[cst.CSTNode], body: list, offset: int, out: dict) -> b
     return k == len(body)
 
 
+def _pair_params(params: cst.Parameters, args, offset: int, out: dict) -> None:
+    """The first line of each parameter of a ``def`` (a note on a parameter the rewrite
+    renamed): Python's ``arg`` starts at the name, as LibCST's Param does where there is no
+    star, or no line break after it."""
+    pairs = [(params.posonly_params, args.posonlyargs), (params.params, args.args),
+             (params.kwonly_params, args.kwonlyargs)]
+    for star, arg in ((params.star_arg, args.vararg), (params.star_kwarg, args.kwarg)):
+        if isinstance(star, cst.Param) and arg is not None:
+            pairs.append(([star], [arg]))
+    for ours, theirs in pairs:
+        if len(ours) != len(theirs):
+            continue
+        for param, arg in zip(ours, theirs):
+            after = param.whitespace_after_star
+            if not param.star or (type(after) is cst.SimpleWhitespace and "\n" not in after.value):
+                out[id(param)] = (arg.lineno + offset, True, None)
+
+
 def _classes(base: type) -> frozenset[type]:
     """LibCST's node classes that are ``base`` (a set lookup of a node's class is cheaper than
     ``isinstance`` against an abstract class)."""
@@ -99,9 +123,13 @@ _BLOCKS = _classes(cst.BaseSuite) | {cst.Else, cst.Finally} | _classes(cst.Excep
     | {getattr(cst, "ExceptStarHandler", cst.ExceptHandler)}
 
 
-def _line_in(chain: list, lines: dict[int, tuple[int, bool]]) -> Optional[int]:
+def _line_in(chain: list, lines: dict[int, Told]) -> Optional[int]:
     """The line of ``chain[0]`` (``chain``: a node and its ancestors up to a top-level
     statement) where ``lines`` (``_pair``) tell it, or None."""
+    if type(chain[0]) is cst.Param:  # a def's parameter (``_pair_params``)
+        known = lines.get(id(chain[0]))
+        if known is not None:
+            return known[0]
     below = None
     for node in chain:
         kind = type(node)
@@ -144,7 +172,7 @@ class Positions:
         self._done: set[int] = set()
         self._all: Optional[Mapping[cst.CSTNode, object]] = None
         #: id(top-level statement) -> its statements' lines by Python's parser (``_lines_of``)
-        self._lines: dict[int, Optional[dict[int, tuple[int, bool]]]] = {}
+        self._lines: dict[int, Optional[dict[int, Told]]] = {}
         #: id(statement inside a top-level one) whose positions are generated (``_generate_inner``)
         self._inner_done: set[int] = set()
         #: id(node) -> its line, told so (a rule may ask of the same nodes over and over: by
@@ -173,17 +201,18 @@ class Positions:
         return found.start.line if found is not None else None  # type: ignore[attr-defined]
 
     def lines(self, node: cst.CSTNode) -> Optional[tuple[int, int]]:
-        """The lines ``node`` starts and ends on (``get``'s); for a statement on one line, from
-        Python's parser (``line``)."""
-        if isinstance(node, cst.SimpleStatementLine) and node not in self.found:
+        """The lines ``node`` starts and ends on (``get``'s); for a statement, from Python's parser
+        where it tells them (``_pair``: Python's last line of a statement is LibCST's, which
+        leaves a block's trailing comments out of its statement as well)."""
+        if (type(node) is cst.SimpleStatementLine or type(node) in _COMPOUND) and node not in self.found:
             told = self._told(node)
             known = told[1].get(id(node)) if told is not None else None
-            if known is not None and known[1]:
-                return known[0], known[0]
+            if known is not None:
+                return known[0], known[2]
         found = self.get(node)
         return (found.start.line, found.end.line) if found is not None else None  # type: ignore[attr-defined]
 
-    def _told(self, node: cst.CSTNode) -> Optional[tuple[list, dict[int, tuple[int, bool]]]]:
+    def _told(self, node: cst.CSTNode) -> Optional[tuple[list, dict[int, Told]]]:
         """``node`` and its ancestors up to its top-level statement, and what Python's parser
         tells of that statement's statements (``_lines_of``); None where it can't tell or
         the statement's positions are there already."""
@@ -206,16 +235,16 @@ class Positions:
             lines = self._lines[id(top)] = self._lines_of(top)
         return (chain, lines) if lines is not None else None
 
-    def _lines_of(self, top: cst.CSTNode) -> Optional[dict[int, tuple[int, bool]]]:
-        """id(statement) -> (its first line, whether it or its header is on that line alone),
-        for the statements of a top-level one, by Python's parse of its code; None where the
-        two parsers' statements do not pair up."""
+    def _lines_of(self, top: cst.CSTNode) -> Optional[dict[int, Told]]:
+        """id(statement) -> (its first line, whether it or its header is on that line alone, its
+        last line), for the statements of a top-level one, by Python's parse of its code; None
+        where the two parsers' statements do not pair up."""
         code, start = self.layout.statements[id(top)]
         try:
             body = ast.parse(code).body
         except (SyntaxError, ValueError, MemoryError, RecursionError):
             return None
-        out: dict[int, tuple[int, bool]] = {}
+        out: dict[int, Told] = {}
         return out if _pair([top], body, start - 1, out) else None
 
     def get(self, node: cst.CSTNode, default=None):

@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 
 
 def code(node: cst.CSTNode) -> str:
-    """The source text of a node."""
+    """The source text of a node (of a name without brackets, its value: most nodes asked)."""
+    if type(node) is cst.Name and not node.lpar:
+        return node.value
     return cst.Module([]).code_for_node(node)
 
 
