@@ -110,7 +110,7 @@ class OptimizerSearch:
                 params = arg.value
         if params is None:
             return keys
-        optimizers = {b.key for b in self.f.bindings if isinstance(b, Optimizer)}
+        optimizers = self._optimizer_keys()
         # the names it is made of, followed to their values: ``groups = [{"params": [p for n, p in
         # param_optimizer if ...]}, ...]`` with ``param_optimizer = list(model.named_parameters())``
         todo, seen = [params], set()
@@ -133,6 +133,18 @@ class OptimizerSearch:
                 if self.f.key_of(name) in optimizers:
                     continue  # a scheduler over an optimizer is not over its parameters
                 todo.extend(self._sources(name))
+        return keys
+
+    def _optimizer_keys(self) -> set[Key]:
+        """The keys of the optimizers bound so far (the walk appends to ``bindings`` while it
+        asks: a set kept up with the list, not made anew for each optimizer of a long script)."""
+        bindings = self.f.bindings
+        known = getattr(self, "_optimizers_seen", None)
+        if known is None or known[0] is not bindings or known[1] > len(bindings):
+            known = (bindings, 0, set())
+        keys = known[2]
+        keys.update(b.key for b in bindings[known[1]:] if isinstance(b, Optimizer))
+        self._optimizers_seen = (bindings, len(bindings), keys)
         return keys
 
     def _given_to_helpers(self, expr: cst.BaseExpression) -> list[Key]:
