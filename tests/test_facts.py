@@ -696,6 +696,22 @@ def test_the_qualified_references_are_every_imported_name(path):
                     or q.split(".")[0] in classes, (path, q)
 
 
+def test_the_stored_names_agree_with_libcsts_expression_contexts():
+    """The scope analysis takes whether a name is stored to from the targets (``_Stored``) where
+    a probe shows it gives LibCST's scopes (else it walks the expression contexts): with the
+    LibCST of the constraints it does, and the names it marks are those LibCST marks STORE."""
+    from libcst.metadata import ExpressionContext, ExpressionContextProvider, MetadataWrapper
+
+    from accelerate_rewrite.codemod.facts_metadata import _PROBE, _Stored, _stored_agrees, walk
+
+    assert _stored_agrees()
+    module = cst.parse_module(_PROBE)
+    contexts = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ExpressionContextProvider)
+    stored = _Stored(walk(module)[2]).stored
+    names = [n for n in walk(module)[0] if isinstance(n, cst.Name)]
+    assert {id(n) for n in names if contexts.get(n) == ExpressionContext.STORE} == stored
+
+
 def test_a_module_not_just_parsed_is_analysed_on_a_copy():
     module = cst.parse_module("import torch\nx = torch.ones(1)\n")
     assert ScriptFacts(module).module is not module

@@ -21,6 +21,7 @@ LibCST's way: codemod/facts_index.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import typing
 from contextlib import contextmanager
@@ -306,16 +307,19 @@ def scopes(module: cst.Module, by_type: Optional[dict[type, list[cst.CSTNode]]] 
     no per-field methods) and walking without copies (``_reading``). Given the parents' walk's
     nodes by class (``by_type``), the expression contexts are not walked for: ScopeVisitor asks
     only whether a name is stored to (``_Stored``)."""
+    return _scopes(module, _Stored(by_type) if by_type is not None and _stored_agrees() else None)
+
+
+def _scopes(module: cst.Module, contexts: Optional[Mapping]) -> Mapping[cst.CSTNode, Any]:
+    """``scopes``, the expression contexts given (``_Stored``), or walked for as LibCST does."""
     if _ASSIGNMENT_LIKE is None:
         raise AttributeError("LibCST's ScopeVisitor changed")  # Metadata takes the wrapper's way
     with _reading(_Contexts, _Scopes, ExpressionContextVisitor):
-        if by_type is not None:
-            contexts: Mapping = _Stored(by_type)
-        else:
-            provider = ExpressionContextProvider()
-            provider.metadata = {}
-            module.visit(_Contexts(provider, ExpressionContext.LOAD))
-            contexts = provider._computed
+        if contexts is None:
+            walked = ExpressionContextProvider()
+            walked.metadata = {}
+            module.visit(_Contexts(walked, ExpressionContext.LOAD))
+            contexts = walked._computed
         provider = ScopeProvider()
         provider.metadata = {ExpressionContextProvider: contexts}
         visitor = _Scopes(provider)
@@ -355,6 +359,50 @@ class _Stored:
         return ExpressionContext.STORE if id(node) in self.stored else ExpressionContext.LOAD
 
     __getitem__ = get
+
+
+#: binds and reads every way ``_Stored`` knows of (``_stored_agrees``)
+_PROBE = """import a.b as c
+from d import e as f, g
+x, (y, *z) = w = v
+x.attr, x[k] = 1, 2
+n += 1
+m: int = 2
+for i, (j, *l) in q:
+    del i
+with o as (r, s):
+    pass
+try:
+    pass
+except E as t:
+    pass
+print([u for u, uu in p if (h := u)], lambda aa, *bb, cc=dd, **ee: aa)
+def ff(gg, /, hh: int = ii, *jj, kk, **ll) -> mm:
+    global nn
+    nn = gg
+class KK(LL):
+    oo = pp
+"""
+
+
+@functools.cache
+def _stored_agrees() -> bool:
+    """Whether the scopes made with ``_Stored`` are LibCST's own on a probe that binds names every
+    way ``_Stored`` knows of (once a process: should a later LibCST's ScopeVisitor ask the
+    expression contexts otherwise, the contexts are walked for as LibCST does)."""
+    try:
+        module = cst.parse_module(_PROBE)
+        ours = _scopes(module, _Stored(walk(module)[2]))
+        theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ScopeProvider)
+
+        def shape(scope) -> tuple:
+            return (sorted((a.name, id(getattr(a, "node", None))) for a in scope.assignments),
+                    sorted((id(a.node), sorted(id(getattr(r, "node", None)) for r in a.referents))
+                           for a in scope.accesses))
+        return all(shape(ours[node]) == shape(scope) for node, scope in theirs.items()
+                   if scope is not None and node in ours)
+    except Exception:  # noqa: BLE001 (LibCST's internals moved: its own way)
+        return False
 
 
 @contextmanager
