@@ -641,7 +641,7 @@ def test_parents_scopes_and_qualified_names_are_libcsts(path):
     from libcst.metadata import (MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider,
                                  ScopeProvider)
 
-    from accelerate_rewrite.codemod.facts_metadata import TOKENS
+    from accelerate_rewrite.codemod.facts_walk import TOKENS
 
     facts = ScriptFacts(cst.parse_module(path.read_text(encoding="utf-8")), fresh=True)
     wrapper = MetadataWrapper(facts.module, unsafe_skip_copy=True)
@@ -778,7 +778,8 @@ def test_the_parents_walk_visits_the_nodes_in_libcsts_order():
     walk visits recorded per class) gives the parents and spans LibCST's own walk gives, in the
     same order, and the nodes of each class in that order, on every fixture (the inputs and the goldens) and on odd sources: f-strings with
     and without a format spec (a class whose walk leaves an empty field out), star imports."""
-    from accelerate_rewrite.codemod.facts_metadata import TOKENS, _Parents, _walk
+    from accelerate_rewrite.codemod.facts_metadata import _Parents
+    from accelerate_rewrite.codemod.facts_walk import TOKENS, _walk
     from tests.goldens import FIXTURES
     from tests.test_layout import ODD
 

@@ -14,7 +14,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
-from accelerate_rewrite.codemod.facts_metadata import TOKENS
+from accelerate_rewrite.codemod.facts_walk import TOKENS
 
 
 class Index:

@@ -1,0 +1,167 @@
+"""LibCST's tree read without its visitor machinery: a node's children in the order of LibCST's
+walk (the fields its own ``_visit_and_replace_children`` visits, recorded once per class), past
+the tokens (``TOKENS``: whitespace, comments, blank lines, operators, brackets; two nodes in three
+of a script), which hold only each other and which no analysis here asks about; and the parents'
+walk over them (``_walk``: parents, spans and nodes by class, in the walk's order). Used by
+codemod/facts_metadata.py (the parents, the scopes) and codemod/facts_index.py (matchers)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from typing import Optional
+
+import libcst as cst
+
+
+class _Fields(cst.CSTVisitor):
+    """Records the fields ``_visit_and_replace_children`` visits, in its order, without going
+    into them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fields: list[str] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return False
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        pass
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        if attribute not in self.fields:
+            self.fields.append(attribute)
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        pass
+
+
+#: node class -> the fields a walk visits, in its order (asked of LibCST once per class; None:
+#: asked for each node of the class)
+_FIELDS: dict[type, Optional[tuple[str, ...]]] = {}
+#: a field value's type -> 1 a node, 2 a sequence, 0 neither
+_KINDS: dict[type, int] = {tuple: 2, list: 2, type(None): 0, str: 0}
+
+
+#: a field's type that holds text, never a node (``Newline.value``, ``IndentedBlock.indent``)
+_TEXT = re.compile(r"(typing\.Optional\[str\]|<class 'str'>|str|Optional\[str\])")
+
+
+def _fields_of(node: cst.CSTNode) -> tuple[str, ...]:
+    """The fields LibCST's walk visits in ``node``, in its order; kept for the class when the
+    fields it leaves out hold no node here (a class whose walk leaves out an empty field, such
+    as a FormattedStringExpression's ``format_spec``, is asked again for each node)."""
+    recorder = _Fields()
+    node._visit_and_replace_children(recorder)  # builds one copy of the node
+    out = tuple(recorder.fields)
+    if all(getattr(node, f.name) is not None or _TEXT.fullmatch(str(f.type))
+           for f in dataclasses.fields(node) if f.name not in out):
+        _FIELDS[type(node)] = out
+    else:
+        _FIELDS[type(node)] = None
+    return out
+
+
+def _token_classes() -> frozenset[type]:
+    """LibCST's token classes: its whitespace, comments, blank lines and operators (the modules
+    ``whitespace`` and ``op``, but ``import *``), and the brackets."""
+    brackets = (cst.LeftParen, cst.RightParen, cst.LeftSquareBracket, cst.RightSquareBracket,
+                cst.LeftCurlyBrace, cst.RightCurlyBrace)
+    return frozenset(c for c in vars(cst).values() if isinstance(c, type) and issubclass(c, cst.CSTNode) and (
+        c in brackets or c is not cst.ImportStar and c.__module__ in ("libcst._nodes.op", "libcst._nodes.whitespace")))
+
+
+#: the nodes the walks here go past (the module's docstring)
+TOKENS = _token_classes()
+_TOKEN_BASES = tuple(TOKENS)
+
+
+def _tokens_only(annotation: object) -> bool:
+    """Whether a field of this annotation can hold tokens and no other node (``Sequence[LeftParen]``,
+    ``Union[Comma, MaybeSentinel]``, ``BaseParenthesizableWhitespace``)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return True
+    if origin is not None:  # Union, Optional, Sequence
+        return all(_tokens_only(a) for a in typing.get_args(annotation))
+    if isinstance(annotation, type):
+        return annotation in (type(None), str, cst.MaybeSentinel) or issubclass(annotation, _TOKEN_BASES)
+    return False  # a forward reference: kept
+
+
+#: node class -> the fields of ``_FIELDS`` that may hold a node other than a token
+_INNER: dict[type, tuple[str, ...]] = {}
+#: node class -> its fields that hold tokens only
+_TOKEN_FIELDS: dict[type, frozenset[str]] = {}
+
+
+def _inner_fields(node: cst.CSTNode) -> tuple[str, ...]:
+    kind = type(node)
+    order = _FIELDS.get(kind, _children)
+    if order is None or order is _children:
+        order = _fields_of(node)
+    skip = _TOKEN_FIELDS.get(kind)
+    if skip is None:
+        skip = _TOKEN_FIELDS[kind] = frozenset(f.name for f in dataclasses.fields(node) if _tokens_only(f.type))
+    out = tuple(name for name in order if name not in skip)
+    if _FIELDS.get(kind) is not None:  # the class's fields are known once for all its nodes
+        _INNER[kind] = out
+    return out
+
+
+def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The children of ``node`` but its tokens, in the order of LibCST's walk (the fields
+    ``_walk`` reads)."""
+    order = _INNER.get(type(node))
+    if order is None:
+        order = _inner_fields(node)
+    out: list[cst.CSTNode] = []
+    for name in order:
+        value = getattr(node, name)
+        kind = _KINDS.get(type(value))
+        if kind is None:
+            kind = _KINDS[type(value)] = 1 if isinstance(value, cst.CSTNode) else 0
+        if kind == 1:
+            out.append(value)
+        elif kind == 2:
+            out.extend(value)
+    return out
+
+
+class SharedNode(Exception):
+    """A node stands twice in the tree (``_walk``): its parent is not one node."""
+
+
+def _walk(module: cst.Module):
+    """The parents and spans of ``_Parents``, without LibCST's visitor machinery: its walk
+    builds a new copy of every node it passes (``_visit_and_replace_children``), which a walk that
+    reads the tree need not. The children of a node are those of the fields its own
+    ``_visit_and_replace_children`` visits, in that order (recorded once per class), so the
+    nodes come in the order of LibCST's walk, the tokens (``TOKENS``) left out; tests/test_facts.py
+    checks the two give the same, in the same order, on every fixture."""
+    parents: dict[cst.CSTNode, cst.CSTNode] = {}
+    spans: dict[cst.CSTNode, tuple[int, int]] = {}
+    by_type: dict[type, list[cst.CSTNode]] = {}
+    leave = object()
+    # (node, its parent, 0) to enter a node; (node, leave, its index) once its subtree is done
+    stack: list = [(module, None, 0)]
+    push = stack.append
+    while stack:
+        node, parent, start = stack.pop()
+        if parent is leave:
+            spans[node] = (start, len(parents))
+            continue
+        if parent is not None:
+            if node in parents:
+                raise SharedNode(node)
+            push((node, leave, len(parents)))
+            parents[node] = parent
+            kind = type(node)
+            if kind in by_type:
+                by_type[kind].append(node)
+            else:
+                by_type[kind] = [node]
+        for child in reversed(_children(node)):  # the last child first: the first is entered next
+            push((child, node, 0))
+    return parents, spans, by_type
