@@ -119,6 +119,8 @@ class _Collector(OptimizerSearch, LeanVisitor):
                 handler(node)
 
     def _imported_names(self) -> set[str]:
+        """The names the script's imports bind, anywhere in it (``import a.b``: ``a``; ``from a
+        import b as c``: ``c``)."""
         out: set[str] = set()
         for node in self.f.find(m.Import() | m.ImportFrom()):
             if isinstance(node.names, cst.ImportStar):
