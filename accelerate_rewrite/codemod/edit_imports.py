@@ -202,7 +202,8 @@ def bound_by(wanted: tuple[str, Optional[str], Optional[str]]) -> str:
     return asname or obj or module.split(".")[0]
 
 
-def _binds(alias: cst.ImportAlias, is_from: bool) -> str:
+def binds(alias: cst.ImportAlias, is_from: bool) -> str:
+    """The name an import's alias binds (``import a.b``: ``a``; ``from a import b as c``: ``c``)."""
     name = _alias_name(alias)
     if name is not None:
         return name
@@ -235,11 +236,11 @@ def plan_unused_imports(module: cst.Module, result: cst.Module, edits: EditSet,
         read = read_tree(result, NamesRead).names
     planned = False
     for stmt, block, imp, gone in candidates:
-        unused = [a for a in gone if _binds(a, isinstance(imp, cst.ImportFrom)) not in read]
+        unused = [a for a in gone if binds(a, isinstance(imp, cst.ImportFrom)) not in read]
         if not unused:
             continue
         planned = True
-        drop = {_binds(a, isinstance(imp, cst.ImportFrom)) for a in unused}
+        drop = {binds(a, isinstance(imp, cst.ImportFrom)) for a in unused}
         if len(unused) < len(imp.names) or id(imp) in edits.replacements:  # keeps names, or gets some
             edits.replace(stmt, lambda u, drop=drop: _without_aliases(u, drop))
         elif isinstance(block, cst.IndentedBlock) and len(block.body) == 1:
@@ -255,7 +256,7 @@ def _without_aliases(line: cst.SimpleStatementLine, drop: set[str]) -> cst.Simpl
     if not isinstance(imp, (cst.Import, cst.ImportFrom)) or isinstance(imp.names, cst.ImportStar):
         return line
     is_from = isinstance(imp, cst.ImportFrom)
-    kept = [a for a in imp.names if _binds(a, is_from) not in drop]
+    kept = [a for a in imp.names if binds(a, is_from) not in drop]
     if not kept:
         return line
     if kept[-1] is not imp.names[-1]:  # the old last name's trailing comma (if any) stays with it

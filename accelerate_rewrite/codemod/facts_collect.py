@@ -10,6 +10,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import ParentNodeProvider
 
+from accelerate_rewrite.codemod.edit_imports import binds
 from accelerate_rewrite.codemod.facts_kinds import (
     DATALOADERS,
     DEVICE,
@@ -119,16 +120,9 @@ class _Collector(OptimizerSearch, LeanVisitor):
                 handler(node)
 
     def _imported_names(self) -> set[str]:
-        """The names the script's imports bind, anywhere in it (``import a.b``: ``a``; ``from a
-        import b as c``: ``c``)."""
-        out: set[str] = set()
-        for node in self.f.find(m.Import() | m.ImportFrom()):
-            if isinstance(node.names, cst.ImportStar):
-                continue
-            for alias in node.names:
-                asname = alias.asname.name if alias.asname is not None else None
-                out.add(asname.value if isinstance(asname, cst.Name) else code(alias.name).split(".")[0])
-        return out
+        """The names the script's imports bind, anywhere in it."""
+        return {binds(alias, isinstance(node, cst.ImportFrom)) for node in self.f.find(m.Import() | m.ImportFrom())
+                if not isinstance(node.names, cst.ImportStar) for alias in node.names}
 
     def _find_module_classes(self) -> None:
         f = self.f
