@@ -11,6 +11,8 @@ from typing import Callable, Optional
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider, ScopeProvider
 
+from accelerate_rewrite.codemod.parse import parse_module
+
 
 class _Positions:
     """The positions of a tree's nodes, computed when a line is first asked for (a result with
@@ -81,7 +83,7 @@ def check(
         undefined = {}
     else:  # LibCST's scope analysis, on the result parsed again
         try:
-            module = cst.parse_module(new_code)
+            module = parse_module(new_code)
         except cst.ParserSyntaxError as exc:
             return [f"the result does not parse ({exc.message})"]
         undefined = undefined_names(module)

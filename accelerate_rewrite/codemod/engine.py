@@ -22,6 +22,7 @@ from accelerate_rewrite.codemod.edits import apply_edits
 from accelerate_rewrite.codemod.facts import ScriptFacts
 from accelerate_rewrite.codemod.flow import maybe_unbound
 from accelerate_rewrite.codemod.layout import Splice
+from accelerate_rewrite.codemod.parse import parse_module
 from accelerate_rewrite.codemod.result import Kind, Result  # noqa: F401 (plain data: codemod/result.py)
 from accelerate_rewrite.codemod.project import (Project, Realias, Scope, Unit, analyse, build, candidates, relocate,
                                                 units_of)
@@ -78,10 +79,11 @@ def _analyse(source: str, folder: Optional[Path] = None) -> ScriptFacts:
 
 @lru_cache(maxsize=2)
 def _parsed(text: str) -> cst.Module:
-    """``cst.parse_module(text)``, kept for the next parse of the same text: the script is parsed
-    to look for its project's modules and then for its facts, and a project may read a module
-    twice (a tree is never changed, only read and rebuilt)."""
-    return cst.parse_module(text)
+    """LibCST's parse of the text (in pieces where it is long: codemod/parse.py), kept for the
+    next parse of the same text: the script is parsed to look for its project's modules and then
+    for its facts, and a project may read a module twice (a tree is never changed, only read and
+    rebuilt)."""
+    return parse_module(text)
 
 
 #: the cyclic garbage collector's thresholds during a rewrite (CPython's are 700, 10, 10)
@@ -291,7 +293,7 @@ def _project(source: str, path: str, scope: Scope, sources: Optional[dict[str, s
         if text is None:
             return None
         try:
-            module, head, tail = _parse(text, str(file), make=cst.parse_module)
+            module, head, tail = _parse(text, str(file), make=parse_module)
         except RewriteError:
             return None
         return text, head, tail, module

@@ -1,0 +1,86 @@
+"""codemod/parse.py: a long module parsed in pieces (and a long function's or class's body in
+pieces of its own) is the tree LibCST's parse of the whole text makes, node for node, and prints
+the same code. Pieces of a line or two put a cut between every two statements."""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from accelerate_rewrite.codemod import parse
+from accelerate_rewrite.codemod.parse import parse_module
+from tests.test_layout import _sources
+
+#: where the pieces meet: what LibCST gives a piece's end and what it gives the whole parse
+PIECES = {
+    "block_footers": "def f():\n    x = 1\n        # deeper\n    # the block's\n  # between\n# top\n\n"
+                     "def g():\n    if x:\n        y = 2\n\n        # inner\n    # outer\n\n\nz = 3\n",
+    "decorated": "import a\n\n\n# about f\n@a.b\n# between\n@a.c(\n    1)\ndef f():\n    pass\n@a.d\nclass K:\n    pass\n",
+    "semicolons": "a = 1; b = 2\nc = 3; d = 4\nif a: b = 5\nx = [\n1]\ny = \\\n  2\nz = 1\n",
+    "top_level_else": "if a:\n    b = 1\nelse:\n    b = 2\ntry:\n    c = 1\nexcept E:\n    pass\nd = 1\n",
+    "coding_cookie": "# -*- coding: latin-1 -*-\nx = 'é'\n\ndef f():\n    return x\ny = f()\n",
+    "indent_mixed": "def f():\n\treturn 1\n\n\ndef g():\n    return 2\n\n\ndef h():\n  return 3\n",
+    "indent_late": "import a\nimport b\nx = 1\n\ndef f():\n\tif a:\n\t\treturn b\n",
+    "newline_mixed": "import a\r\nx = 1\r\ny = 2\nz = 3\n\ndef f():\r\n    return z\r\n",
+    "trailing_spaces_no_newline": "import a\nx = 1\n\n   \n   ",
+    "body_comments": "def main():\n    a = 1\n\n    # c\n        # d\n\n# e\n    \n\n    b = 2\n    if a:\n        c = 3\n\n"
+                     "        # inner\n  # odd\n    # outer\n    d = 4\n\t\n\n\nx = 1\n",
+    "class_body": "class K:\n    \"\"\"doc\"\"\"\n\n    @staticmethod\n    # between\n    def f():\n        pass\n\n"
+                  "    x = 1; y = 2\n    z = (\n1)\n    def g(self): return 1\n",
+    "tab_body": "def f():\n\ta = 1\n\n\tb = 2\n\t# c\n\treturn a\n",
+    "crlf_body": "def f():\r\n    a = 1\r\n\r\n    # c\r\n    return a\r\n\r\nx = f()\r\n",
+    "one_line_bodies": "def f(a,\n      b): return a; b\nclass K: x = 1\nasync def g():\n    await f()\n    return 1\n",
+    "strings": "s = '''\ndef not_a_cut():\n'''\nt = 1\nu = \"\"\"a\n\nb\"\"\"\n",
+}
+
+
+def _all():
+    return _sources() + sorted(PIECES.items())
+
+
+@pytest.mark.parametrize("name,source", _all(), ids=[n for n, _ in _all()])
+def test_the_pieces_make_the_whole_parse(name, source):
+    whole = cst.parse_module(source)
+    for piece_lines in (1, 2, 7):
+        pieced = parse_module(source, piece_lines=piece_lines)
+        assert pieced.deep_equals(whole), (name, piece_lines)
+        assert pieced.code == whole.code
+        assert (pieced.encoding, pieced.default_indent, pieced.default_newline, pieced.has_trailing_newline) == (
+            whole.encoding, whole.default_indent, whole.default_newline, whole.has_trailing_newline)
+
+
+def _parses(monkeypatch, source: str, piece_lines: int) -> int:
+    calls = []
+    real = cst.parse_module
+    monkeypatch.setattr(parse.cst, "parse_module", lambda text: calls.append(text) or real(text))
+    parse_module(source, piece_lines=piece_lines)
+    monkeypatch.setattr(parse.cst, "parse_module", real)
+    return len(calls)
+
+
+def test_a_long_module_is_parsed_in_pieces_and_a_short_one_whole(monkeypatch):
+    source = "".join(f"def f{i}():\n    return {i}\n\n\n" for i in range(40))
+    assert _parses(monkeypatch, source, 40) == 4  # 160 lines in pieces of 40
+    assert _parses(monkeypatch, source, 81) == 1  # under two pieces' worth
+
+
+def test_a_long_function_is_parsed_in_pieces_of_its_body(monkeypatch):
+    long = "def main():\n" + "".join(f"    x{i} = {i}\n" for i in range(100)) + "\n\nmain()\n"
+    assert _parses(monkeypatch, long, 10) == 12  # main in pieces of 10 lines (11), then the call
+    assert parse_module(long, piece_lines=10).deep_equals(cst.parse_module(long))
+
+
+@pytest.mark.parametrize("name,statements", [("indent_mixed", 3), ("newline_mixed", 5)])
+def test_pieces_that_detect_other_defaults_give_way_to_the_whole_parse(monkeypatch, name, statements):
+    source = PIECES[name]
+    assert _parses(monkeypatch, source, 1) == statements + 1  # a piece each, then the whole
+    assert parse_module(source, piece_lines=1).deep_equals(cst.parse_module(source))
+
+
+def test_what_python_or_libcst_cannot_read_is_parsed_whole_for_libcsts_error():
+    bad = "x = 1\n" * 10 + "def f(:\n    pass\n"
+    with pytest.raises(cst.ParserSyntaxError) as pieced:
+        parse_module(bad, piece_lines=1)
+    with pytest.raises(cst.ParserSyntaxError) as whole:
+        cst.parse_module(bad)
+    assert str(pieced.value) == str(whole.value)
