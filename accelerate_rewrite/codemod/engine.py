@@ -86,6 +86,11 @@ def _parsed(text: str) -> cst.Module:
     return parse_module(text)
 
 
+#: a script this long is not kept for another rewrite (``_analyse``), and its scope analysis
+#: goes once the rules have run: the checks of its results use that memory (docs/benchmarks.md)
+LONG_SCRIPT_LINES = 10_000
+
+
 #: the cyclic garbage collector's thresholds during a rewrite (CPython's are 700, 10, 10)
 GC_THRESHOLDS = (100_000, 50, 100)
 
@@ -464,6 +469,10 @@ def _rewrite(
             problems.extend(f"in {unit.path}, {p}" if unit.index else p for p in found)
         return outputs, problems
 
+    if not several and source.count("\n") >= LONG_SCRIPT_LINES:
+        # the checks of the results below don't read the scopes, and take their memory
+        _analyse.cache_clear()
+        facts.release()
     outputs, problems = attempt(active)
     while problems:
         # the first rule whose edits break the result (the shortest failing prefix, found by

@@ -158,6 +158,13 @@ class ScriptFacts(Places, Index, Flow):
             self._memo[key] = compute()
         return self._memo[key]
 
+    def release(self) -> None:
+        """Let the scope analysis go once the rules have run (a long script: the engine then
+        keeps these facts for no other rewrite). What is asked of the scopes afterwards (the
+        first read of a name a result no longer defines) is asked of a new analysis: keys are
+        nodes and names, never scopes, so nothing kept refers to the old one."""
+        self._meta.release_scopes()
+
     def layout(self) -> "Layout":
         """Each top-level statement's code and first line (codemod/layout.py), made once."""
         from accelerate_rewrite.codemod.layout import Layout

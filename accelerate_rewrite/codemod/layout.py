@@ -16,12 +16,13 @@ PositionProvider's own, node for node, and tests/test_layout.py that the cut and
 """
 from __future__ import annotations
 
-import ast
 import re
 from typing import Callable, Iterable, Mapping, Optional
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState
+
+from accelerate_rewrite.codemod.toplevel import statements as python_statements
 
 _NEWLINE = re.compile(r"\r\n?|\n")
 _LINE = re.compile(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+$")
@@ -110,23 +111,21 @@ class Layout:
         module, text = self.module, self.text
         if not (module.has_trailing_newline and module.body):
             return False
-        try:
-            tree = ast.parse(text)
-        except (SyntaxError, ValueError, MemoryError, RecursionError):
+        stmts = python_statements(text)  # Python's reading of the text (codemod/parse.py)
+        if stmts is None:
             return False
         lines = line_list(text)
         header = len(module.header)
         if "".join(lines[:header]) != self.header:
             return False
-        stmts, k, starts = tree.body, 0, []
+        k, starts = 0, []
         for node in module.body:
             first = stmts[k] if k < len(stmts) else None
             k += len(node.body) if isinstance(node, cst.SimpleStatementLine) else 1
             if first is None or k > len(stmts):
                 return False
-            decorators = getattr(first, "decorator_list", None)
-            line = decorators[0].lineno if decorators else first.lineno
-            if not (lines[line - 1].startswith("@") if decorators else first.col_offset == 0):
+            line = first.first
+            if not (lines[line - 1].startswith("@") if first.decorated else first.column == 0):
                 return False
             starts.append(line - len(node.leading_lines))
         footer = len(module.footer)

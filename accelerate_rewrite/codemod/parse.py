@@ -23,10 +23,11 @@ errors are LibCST's own."""
 
 from __future__ import annotations
 
-import ast
 from typing import NamedTuple, Optional
 
 import libcst as cst
+
+from accelerate_rewrite.codemod.toplevel import Top, statements
 
 #: about how many lines a piece of a long module has; a module shorter than twice this is
 #: parsed whole
@@ -70,9 +71,8 @@ def _plan(text: str, lines: list[str], piece_lines: int) -> Optional[list[_Piece
     its lines are not the ones Python counts, or it is one piece."""
     if len(lines) != text.count("\n") + (not text.endswith("\n")):
         return None  # a lone "\r", a form feed or a line separator ends a line for splitlines
-    try:
-        body = ast.parse(text).body
-    except (SyntaxError, ValueError):
+    body = statements(text)
+    if body is None:
         return None
     cuts = _cuts(body, 0, piece_lines)
     pieces: list[_Piece] = []
@@ -82,31 +82,29 @@ def _plan(text: str, lines: list[str], piece_lines: int) -> Optional[list[_Piece
     return pieces if len(pieces) > 1 or pieces[0].inner else None
 
 
-def _cuts(body: list[ast.stmt], column: int, piece_lines: int,
-          start: int = 0) -> list[tuple[int, Optional[ast.stmt]]]:
+def _cuts(body: tuple[Top, ...], column: int, piece_lines: int,
+          start: int = 0) -> list[tuple[int, Optional[Top]]]:
     """Where the pieces of these statements start (0-based lines; the first piece at ``start``),
     each with its statement where that is a piece of its own (a long one)."""
-    cuts: list[tuple[int, Optional[ast.stmt]]] = [(start, None)]
+    cuts: list[tuple[int, Optional[Top]]] = [(start, None)]
     last_end = 0
     for stmt in body:
-        first = min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", ())]) - 1
-        own = first >= last_end and stmt.col_offset == column  # starts a line of its own
-        long = own and (stmt.end_lineno or stmt.lineno) - first >= 2 * piece_lines
+        first = stmt.first - 1
+        own = first >= last_end and stmt.column == column  # starts a line of its own
+        long = own and stmt.end - first >= 2 * piece_lines
         if own and last_end and (long or cuts[-1][1] is not None or first - cuts[-1][0] >= piece_lines):
             cuts.append((first, None))
         if long:
             cuts[-1] = (cuts[-1][0], stmt)
-        last_end = stmt.end_lineno or stmt.lineno
+        last_end = stmt.end
     return cuts
 
 
-def _body_cuts(stmt: ast.stmt, piece_lines: int) -> tuple[int, ...]:
+def _body_cuts(stmt: Top, piece_lines: int) -> tuple[int, ...]:
     """Where the pieces of a long ``def``'s or ``class``'s body start, after the first."""
-    if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return ()
-    if stmt.body[0].lineno == stmt.lineno:
-        return ()  # ``def f(): ...`` on one line
-    cuts = _cuts(stmt.body, stmt.body[0].col_offset, piece_lines, stmt.lineno - 1)
+    if not stmt.body:
+        return ()  # not a ``def`` or ``class``, or ``def f(): ...`` on one line
+    cuts = _cuts(stmt.body, stmt.body[0].column, piece_lines, stmt.first - 1)
     return tuple(start for start, _ in cuts[1:])
 
 

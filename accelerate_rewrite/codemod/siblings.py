@@ -21,6 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Optional
 
+from accelerate_rewrite.codemod.toplevel import top_level_imports
+
 
 def _file(folder: Path, dotted: str) -> Optional[Path]:
     if not dotted or dotted.startswith(".") or not all(part.isidentifier() for part in dotted.split(".")):
@@ -420,9 +422,8 @@ def candidates(path: Path, source: str, text_of: Callable[[Path], Optional[str]]
         text = todo.pop(0)
         if text is None or "import" not in text:
             continue
-        try:
-            tree = ast.parse(text)
-        except (SyntaxError, ValueError):
+        tree = top_level_imports(text)  # what imported_modules reads (codemod/parse.py)
+        if tree is None:
             continue
         for dotted, file in imported_modules(folder, tree):
             if dotted in seen or os.path.realpath(file) == os.path.realpath(path):
