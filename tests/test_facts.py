@@ -798,7 +798,8 @@ def test_the_parents_walk_visits_the_nodes_in_libcsts_order():
         before = [0]  # before[i]: how many of the walk's first i nodes are kept
         for n in visitor.parents:
             before.append(before[-1] + (type(n) not in TOKENS))
-        assert spans == {n: (before[visitor.spans[n][0]], before[visitor.spans[n][1]]) for n in kept}
+        assert len(spans) == len(kept)
+        assert {n: spans[n] for n in kept} == {n: (before[visitor.spans[n][0]], before[visitor.spans[n][1]]) for n in kept}
         assert by_type == {t: [n for n in parents if type(n) is t] for t in map(type, parents)}
 
 

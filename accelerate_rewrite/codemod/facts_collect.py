@@ -403,10 +403,10 @@ class _Collector(OptimizerSearch, LeanVisitor):
     # -- calls --
     def visit_Call(self, node: cst.Call) -> None:
         f = self.f
-        names = f.qualnames(node)
+        names = f.qualname_set(node)
         qual = min(names) if names else None
         if qual:
-            f.calls.append(CallSite(node, qual, frozenset(names)))
+            f.calls.append(CallSite(node, qual, names))
         if qual == "builtins.print":
             f.prints.append(node)
         func = node.func

@@ -34,10 +34,7 @@ class Index:
             return list(m.findall(node, matcher))
         start, end = span
         index = self._nodes_by_type()
-        spans = self._meta.spans
-
-        def at(n: cst.CSTNode) -> int:
-            return spans[n][0]
+        at = self._meta.spans.index.__getitem__  # a node's index in the walk
         runs = []
         for t in types:
             nodes = index.get(t, ())
@@ -51,12 +48,13 @@ class Index:
         walk's spans: a node's subtree is the run of nodes from it to the end of its span."""
         spans = getattr(self._meta, "spans", None)
         if spans is not None:
-            at = spans.get(node)
+            index = spans.index
+            at = index.get(node)
             if outer is self.module:
                 return at is not None
-            span = spans.get(outer)
-            if at is not None and span is not None:
-                return span[0] < at[0] < span[1]
+            start = index.get(outer)
+            if at is not None and start is not None:
+                return start < at < spans.ends[start]
         return any(above is outer for above in self.ancestors(node))
 
     def first_inside(self, items: list, node_of: Callable[[object], cst.CSTNode], outer: cst.CSTNode,
@@ -70,7 +68,8 @@ class Index:
             return next((i for i, item in enumerate(items) if self.inside(node_of(item), outer)), None)
 
         def compute() -> tuple[list[int], list[int]]:
-            order = sorted((spans[n][0], i) for i, n in enumerate(map(node_of, items)) if n in spans)
+            index = spans.index
+            order = sorted((index[n], i) for i, n in enumerate(map(node_of, items)) if n in index)
             return [start for start, _ in order], [i for _, i in order]
         starts, indices = self.memo(("by-span", key), compute)
         lo = bisect_right(starts, span[0])

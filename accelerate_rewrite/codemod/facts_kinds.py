@@ -138,7 +138,7 @@ class DeviceMove:
     removable: bool  # no other argument than the device and non_blocking/copy
 
 
-@dataclass
+@dataclass(slots=True)
 class CallSite:
     call: cst.Call
     qualname: str  # the first of ``names``

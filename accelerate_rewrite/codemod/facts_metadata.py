@@ -38,7 +38,7 @@ from libcst.metadata import scope_provider
 from libcst.metadata.expression_context_provider import ExpressionContext, ExpressionContextVisitor
 from libcst.metadata.scope_provider import ScopeVisitor
 
-from accelerate_rewrite.codemod.facts_walk import SharedNode, _children, _walk
+from accelerate_rewrite.codemod.facts_walk import SharedNode, Spans, _children, _walk
 
 if TYPE_CHECKING:
     from accelerate_rewrite.codemod.layout import Layout
@@ -84,20 +84,23 @@ class _Parents(LeanVisitor):
         self.stack: list[cst.CSTNode] = []
         self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
         #: node -> (its index in the walk's order, the index of the first node after its subtree)
-        self.spans: dict[cst.CSTNode, tuple[int, int]] = {}
+        self.spans = Spans()
         self._starts: list[int] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self.stack:
-            self._starts.append(len(self.parents))
+            at = len(self.parents)
+            self._starts.append(at)
             self.parents[node] = self.stack[-1]
+            self.spans.index[node] = at
+            self.spans.ends.append(0)
         self.stack.append(node)
         return True
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         self.stack.pop()
         if self.stack:
-            self.spans[original_node] = (self._starts.pop(), len(self.parents))
+            self.spans.ends[self._starts.pop()] = len(self.parents)
 
 
 def parents(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:

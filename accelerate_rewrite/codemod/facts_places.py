@@ -10,6 +10,9 @@ from typing import Iterator, Optional, Union
 import libcst as cst
 from libcst.metadata import ParentNodeProvider, PositionProvider, ScopeProvider
 
+#: the sets of qualified names ``qualnames`` has given, each kept once (shared by every script)
+_ANSWERS: dict[frozenset[str], frozenset[str]] = {}
+
 
 class Places:
     def _get(self, provider, node, default=None):
@@ -56,16 +59,21 @@ class Places:
             node = self.parent(node)
 
     def qualnames(self, node: cst.CSTNode) -> set[str]:
+        return set(self.qualname_set(node))
+
+    def qualname_set(self, node: cst.CSTNode) -> frozenset[str]:
+        """``qualnames``, the set shared (not to be changed)."""
         names = self._qualnames.get(node)
         if names is None:  # as LibCST's QualifiedNameProvider has it, for this node only
             scope = self.scope(node)
             names = frozenset(q.name for q in scope.get_qualified_names_for(node)) if scope is not None \
                 else frozenset()
-            self._qualnames[node] = names
-        return set(names)
+            # one set for each answer (a set takes 216 bytes; most answers are none, or repeat)
+            self._qualnames[node] = names = _ANSWERS.setdefault(names, names)
+        return names
 
     def qualname(self, node: cst.CSTNode) -> Optional[str]:
-        names = self.qualnames(node)
+        names = self.qualname_set(node)
         return min(names) if names else None
 
     def scope(self, node: cst.CSTNode):

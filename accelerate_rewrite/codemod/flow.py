@@ -320,14 +320,26 @@ def _reads(todo: list[_Scope], wanted: Optional[set[int]] = None) -> dict[tuple[
 
 
 class Parsed(NamedTuple):
-    """A top-level statement's code parsed alone (``unbound_in``): its statements, and the names
-    they bind in the module's scope and declare ``global`` there (``_Scope._binds``)."""
+    """A top-level statement's code parsed alone (``unbound_in``): its statements, the names
+    they bind in the module's scope and declare ``global`` there (``_Scope._binds``), and
+    whether its functions and classes keep their bodies (``_shallow``)."""
     stmts: list[ast.stmt]
     binds: frozenset
     declared: frozenset
+    whole: bool = True
 
 
-#: what ``unbound_in`` keeps of the statements it parsed: their code -> them (None: no parse)
+def _shallow(stmts: list[ast.stmt]) -> None:
+    """The bodies of the functions and classes the module's scope defines, let go: a statement
+    the rewrite kept is read for the module's scope only (its names, its decorators, defaults
+    and bases), never inside, and a long script's kept functions are most of its parse."""
+    for node in _Scope._own(stmts):
+        if isinstance(node, _DEFS):
+            node.body = []
+
+
+#: what ``unbound_in`` keeps of the statements it parsed for the module's scope: their code ->
+#: them (None: no parse)
 Trees = dict[str, Optional[Parsed]]
 
 
@@ -336,9 +348,12 @@ def unbound_in(pieces: Iterable[tuple[str, int, bool]], trees: Trees) -> Optiona
     the lines before it that are its own: codemod/layout.py), as ``(code, the line it starts
     on, deep)``, in order: the module's scope whole, and the scopes inside a statement only
     where ``deep`` (a function's scope depends on its own code alone, so the rewrite asks only
-    of those it changed). Each statement's code is parsed alone, once (``trees``, by its code:
-    a statement the rewrite kept is parsed for the input and not again for the result). None
-    if a statement does not parse alone."""
+    of those it changed). Each statement's code is parsed alone. A statement read for the
+    module's scope only (one the rewrite kept) is parsed once (``trees``, by its code: for the
+    input and not again for the result, nor in the next attempt), its functions' bodies let go
+    (``_shallow``); one read deep (one it changed) is parsed each time and let go once read: a
+    long script's changed functions, the input's and the result's, were most of its memory at
+    this point. None if a statement does not parse alone."""
     body: list[ast.stmt] = []
     offsets: dict[int, int] = {}
     wanted: set[int] = set()
@@ -346,15 +361,18 @@ def unbound_in(pieces: Iterable[tuple[str, int, bool]], trees: Trees) -> Optiona
     declared: set[str] = set()
     for code, start, deep in pieces:
         parsed = trees.get(code, _UNPARSED)
-        if parsed is _UNPARSED:
+        if parsed is _UNPARSED or (deep and parsed is not None and not parsed.whole):
             try:
                 stmts = ast.parse(code).body
             except (SyntaxError, ValueError):
                 parsed = None
             else:
                 own, said = _Scope._binds(stmts)
-                parsed = Parsed(stmts, frozenset(own), frozenset(said))
-            trees[code] = parsed
+                if not deep:
+                    _shallow(stmts)
+                parsed = Parsed(stmts, frozenset(own), frozenset(said), deep)
+            if parsed is None or not deep:
+                trees[code] = parsed
         if parsed is None:
             return None
         for stmt in parsed.stmts:

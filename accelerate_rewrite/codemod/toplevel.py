@@ -7,6 +7,7 @@ here: codemod/siblings.py reads it on the hook's path."""
 from __future__ import annotations
 
 import ast
+from array import array
 from functools import lru_cache
 from typing import NamedTuple, Optional
 
@@ -31,15 +32,42 @@ class _Read(NamedTuple):
 @lru_cache(maxsize=32)
 def _read(text: str) -> Optional[_Read]:
     """What is kept of Python's parse of ``text`` (None where it can't parse it): one parse for
-    the pieces of codemod/parse.py, codemod/layout.py's cut of the text and codemod/siblings.py's look for the
-    project's modules. The parse itself is not kept: a long script's parse in Python objects
-    takes about twice the memory of its LibCST tree."""
+    the pieces of codemod/parse.py, codemod/layout.py's cut of the text and codemod/siblings.py's
+    look for the project's modules. The parse itself is let go before the statements are made:
+    its nodes fill memory that small objects made while it is alive would keep from going back
+    (a long script's parse takes about twice the memory of its LibCST tree)."""
     try:
-        body = ast.parse(text).body
+        tree = ast.parse(text)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None
-    tops = tuple(_top(stmt, deep=True) for stmt in body)
-    return _Read(tops, ast.Module([s for s in body if isinstance(s, (ast.Import, ast.ImportFrom, ast.Expr))], []))
+    count, numbers = len(tree.body), array("q")  # the statements as numbers: no object each
+    _numbers(tree.body, numbers, deep=True)
+    imports = ast.Module([s for s in tree.body if isinstance(s, (ast.Import, ast.ImportFrom, ast.Expr))], [])
+    del tree
+    return _Read(_tops(numbers, 0, count)[0], imports)
+
+
+def _numbers(body: list[ast.stmt], out: array, deep: bool = False) -> None:
+    """Each statement's ``Top`` as numbers: first line, column, decorated, last line, how many
+    statements its body has here, then theirs (for a ``def`` or ``class`` at the top level
+    whose body starts on a line below)."""
+    for stmt in body:
+        decorators = getattr(stmt, "decorator_list", None)
+        inner = stmt.body if deep and isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+            and stmt.body[0].lineno != stmt.lineno else []
+        out.extend((decorators[0].lineno if decorators else stmt.lineno, stmt.col_offset, bool(decorators),
+                    stmt.end_lineno or stmt.lineno, len(inner)))
+        _numbers(inner, out)
+
+
+def _tops(numbers: array, at: int, count: int) -> tuple[tuple[Top, ...], int]:
+    """``count`` statements that ``_numbers`` wrote from ``at`` on, and where they end."""
+    out = []
+    for _ in range(count):
+        first, column, decorated, last, inner = numbers[at : at + 5]
+        body, at = _tops(numbers, at + 5, inner)
+        out.append(Top(first, column, bool(decorated), last, body))
+    return tuple(out), at
 
 
 def statements(text: str) -> Optional[tuple[Top, ...]]:
@@ -54,13 +82,3 @@ def top_level_imports(text: str) -> Optional[ast.Module]:
     codemod/siblings.py reads of a module."""
     read = _read(text)
     return read.imports if read is not None else None
-
-
-def _top(stmt: ast.stmt, deep: bool = False) -> Top:
-    decorators = getattr(stmt, "decorator_list", None)
-    body = ()
-    if deep and isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
-            and stmt.body[0].lineno != stmt.lineno:
-        body = tuple(_top(inner) for inner in stmt.body)
-    return Top(decorators[0].lineno if decorators else stmt.lineno, stmt.col_offset, bool(decorators),
-               stmt.end_lineno or stmt.lineno, body)
