@@ -4,14 +4,18 @@ it reads no name that some path leaves unbound where the input bound it on every
 
 from __future__ import annotations
 
+import __future__
 import builtins
+import functools
+import operator
+import re
 import symtable
 from typing import Callable, Optional
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider, ScopeProvider
 
-from accelerate_rewrite.codemod.parse import parse_module
+from accelerate_rewrite.codemod.parse import PIECE_LINES, parse_module
 
 
 class _Positions:
@@ -74,12 +78,13 @@ def check(
     goes into the scopes of the new ones only, and compares the lines between the kept ones
     (``trees``: the statements it parsed, kept for the next attempt).
     """
+    pieces = _pieces(new_code, splice)
     try:
-        compile(new_code, "<rewritten>", "exec", dont_inherit=True)
+        _compile(pieces if pieces is not None else [new_code])
     except SyntaxError as exc:
         return [f"the result does not compile ({exc.msg})"]
     problems = []
-    if _all_names_resolve(new_code):
+    if _all_names_resolve(pieces if pieces is not None else [new_code]):
         undefined = {}
     else:  # LibCST's scope analysis, on the result parsed again
         try:
@@ -96,6 +101,50 @@ def check(
         problems.extend(_new_unbound_reads(original_unbound, new_code, splice,
                                            trees if trees is not None else {}))
     return problems
+
+
+#: a module-level ``global`` or ``nonlocal`` statement (an error Python tells from what comes
+#: before it in the module)
+_MODULE_DECLARATION = re.compile(r"^(?:global|nonlocal)\b", re.MULTILINE)
+
+#: the compiler flags of every future feature (``from __future__ import ...``)
+_FUTURE_FLAGS = functools.reduce(operator.or_, (getattr(__future__, name).compiler_flag
+                                                for name in __future__.all_feature_names), 0)
+
+
+def _pieces(new_code: str, splice, piece_lines: int = PIECE_LINES) -> Optional[list[str]]:
+    """A long result spliced from its top-level statements (codemod/layout.py) in pieces of whole
+    statements, about ``piece_lines`` lines each, which Python compiles one at a time (the
+    compiler's own memory for a long script is a fifth of the rewrite's); None to take it whole:
+    a short one, one not spliced, and one with a ``from __future__`` import or a module-level
+    ``global`` past its first piece (Python tells those apart by what comes before them)."""
+    if splice is None or new_code.count("\n") < 2 * piece_lines:
+        return None
+    layout = splice.layout
+    parts = [layout.header, *(code for code, _ in splice.pieces), layout.footer]
+    pieces, current, lines = [], [], 0
+    for part in parts:
+        current.append(part)
+        lines += part.count("\n")
+        if lines >= piece_lines:
+            pieces.append("".join(current))
+            current, lines = [], 0
+    if current:
+        pieces.append("".join(current))
+    if len(pieces) < 2 or "".join(pieces) != new_code \
+            or any("__future__" in piece or _MODULE_DECLARATION.search(piece) for piece in pieces[1:]):
+        return None
+    return pieces
+
+
+def _compile(pieces: list[str]) -> None:
+    """Python's compile of the pieces of a module, in order, each under the future features the
+    first turns on; a SyntaxError as the whole module's compile raises it."""
+    flags = 0
+    for i, piece in enumerate(pieces):
+        code = compile(piece, "<rewritten>", "exec", flags=flags, dont_inherit=True)
+        if i == 0:
+            flags = code.co_flags & _FUTURE_FLAGS
 
 
 def _new_unbound_reads(original: tuple[str, Callable[[], dict[tuple[str, str], list[int]]]],
@@ -158,32 +207,36 @@ _IMPLICIT = frozenset(dir(builtins)) | {"__file__", "__name__", "__doc__", "__sp
                                         "__dict__", "__cached__"}
 
 
-def _all_names_resolve(code: str) -> bool:
-    """Whether every name ``code`` reads is bound in its scope, an enclosing one, the module or
-    the builtins, by Python's own symbol tables (the compiler's, in C: much cheaper than
-    LibCST's scope analysis, which then runs only when this can't show it). False when unsure
-    (``from x import *``, a name that may be unbound)."""
-    try:
-        top = symtable.symtable(code, "<rewritten>", "exec")
-    except (SyntaxError, ValueError):
-        return False
-    module_names = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()
-                    or s.is_namespace()}
+def _all_names_resolve(pieces: list[str]) -> bool:
+    """Whether every name the module (given as the pieces of its text, ``_pieces``) reads is
+    bound in its scope, an enclosing one, the module or the builtins, by Python's own symbol
+    tables (the compiler's, in C: much cheaper than LibCST's scope analysis, which then runs
+    only when this can't show it). False when unsure (``from x import *``, a name that may be
+    unbound). A function's symbols are its piece's alone; the module's are those of every
+    piece, and a name a piece reads of the module is looked for among them all."""
+    module_names: set[str] = set()
+    global_reads: set[str] = set()
+    for piece in pieces:
+        try:
+            top = symtable.symtable(piece, "<rewritten>", "exec")
+        except (SyntaxError, ValueError):
+            return False
+        module_names.update(s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()
+                            or s.is_namespace())
+        todo = [top]
+        while todo:
+            table = todo.pop()
+            todo.extend(table.get_children())
+            for symbol in table.get_symbols():
+                if not symbol.is_referenced():
+                    continue
+                if table is top:
+                    global_read = not (symbol.is_assigned() or symbol.is_imported() or symbol.is_namespace())
+                else:
+                    global_read = symbol.is_global() or not (symbol.is_local() or symbol.is_free())
+                if global_read:
+                    global_reads.add(symbol.get_name())
     if "*" in module_names:
         return False
-    known = module_names | _IMPLICIT
-    todo = [top]
-    while todo:
-        table = todo.pop()
-        todo.extend(table.get_children())
-        for symbol in table.get_symbols():
-            if not symbol.is_referenced():
-                continue
-            if table is top:
-                global_read = not (symbol.is_assigned() or symbol.is_imported() or symbol.is_namespace())
-            else:
-                global_read = symbol.is_global() or not (symbol.is_local() or symbol.is_free())
-            if global_read and symbol.get_name() not in known:
-                return False
-    return True
+    return global_reads <= module_names | _IMPLICIT
 
