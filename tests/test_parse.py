@@ -84,3 +84,72 @@ def test_what_python_or_libcst_cannot_read_is_parsed_whole_for_libcsts_error():
     with pytest.raises(cst.ParserSyntaxError) as whole:
         cst.parse_module(bad)
     assert str(pieced.value) == str(whole.value)
+
+
+# ---- a long result's checks in pieces (codemod/checks.py) ----------------------------------
+
+def _spliced(source: str):
+    from accelerate_rewrite.codemod.layout import Layout
+
+    module = cst.parse_module(source)
+    return Layout(module, text=source).splice(module)
+
+
+def _results():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "fixtures"
+    return [(str(p.relative_to(root)), p.read_text(encoding="utf-8"))
+            for p in sorted(root.glob("*/expected/*")) if p.is_file() and not p.name.endswith(".notes")][::3] + _all()
+
+
+@pytest.mark.parametrize("name,source", _results(), ids=[n for n, _ in _results()])
+def test_a_result_in_pieces_compiles_and_resolves_as_the_whole(name, source):
+    from accelerate_rewrite.codemod.checks import _all_names_resolve, _compile, _pieces
+
+    splice = _spliced(source)
+    for piece_lines in (1, 3):
+        pieces = _pieces(source, splice, piece_lines)
+        if pieces is None:
+            continue
+        assert "".join(pieces) == source
+        future = _compile(pieces)  # every fixture's result compiles
+        assert _all_names_resolve(pieces, future) == _all_names_resolve([source]), (name, piece_lines)
+
+
+@pytest.mark.parametrize("source,error", [
+    ("import os\n\ndef f():\n    return 1\n\nreturn 2\n", "'return' outside function"),
+    ("from __future__ import annotations\nx = 1\n\ndef f(a: Undefined) -> None:\n    yield from ()\n"
+     "y = 2\nawait f()\n", "'await' outside function"),
+])
+def test_a_result_in_pieces_fails_to_compile_as_the_whole(source, error):
+    from accelerate_rewrite.codemod.checks import _compile, _pieces
+
+    pieces = _pieces(source, _spliced(source), 1)
+    assert pieces is not None and len(pieces) > 2
+    with pytest.raises(SyntaxError) as whole:
+        compile(source, "<rewritten>", "exec", dont_inherit=True)
+    with pytest.raises(SyntaxError) as pieced:
+        _compile(pieces)
+    assert pieced.value.msg == whole.value.msg == error
+
+
+@pytest.mark.parametrize("source", [
+    "x = 1\ny = 2\nfrom __future__ import annotations\n",  # an error only after the first piece
+    "x = 1\ny = 2\nglobal x\n",  # an error after an assignment before it
+])
+def test_a_result_whose_errors_need_what_comes_before_is_compiled_whole(source):
+    from accelerate_rewrite.codemod.checks import _pieces
+
+    assert _pieces(source, _spliced(source), 1) is None
+
+
+def test_the_future_features_of_the_first_piece_hold_in_the_others():
+    from accelerate_rewrite.codemod.checks import _all_names_resolve, _compile, _pieces
+
+    source = "from __future__ import annotations\nimport os\n\n\ndef f(a: Undefined) -> None:\n    return os\n"
+    pieces = _pieces(source, _spliced(source), 1)
+    assert pieces is not None and len(pieces) > 1
+    future = _compile(pieces)
+    assert _all_names_resolve(pieces, future) == _all_names_resolve([source]) is True
+    assert _all_names_resolve(pieces) is False  # the annotation read as a read, without the feature

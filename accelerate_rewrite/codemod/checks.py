@@ -78,13 +78,13 @@ def check(
     goes into the scopes of the new ones only, and compares the lines between the kept ones
     (``trees``: the statements it parsed, kept for the next attempt).
     """
-    pieces = _pieces(new_code, splice)
+    pieces = _pieces(new_code, splice) or [new_code]
     try:
-        _compile(pieces if pieces is not None else [new_code])
+        future = _compile(pieces)
     except SyntaxError as exc:
         return [f"the result does not compile ({exc.msg})"]
     problems = []
-    if _all_names_resolve(pieces if pieces is not None else [new_code]):
+    if _all_names_resolve(pieces, future):
         undefined = {}
     else:  # LibCST's scope analysis, on the result parsed again
         try:
@@ -129,7 +129,7 @@ def _pieces(new_code: str, splice, piece_lines: int = PIECE_LINES) -> Optional[l
         if lines >= piece_lines:
             pieces.append("".join(current))
             current, lines = [], 0
-    if current:
+    if "".join(current):
         pieces.append("".join(current))
     if len(pieces) < 2 or "".join(pieces) != new_code \
             or any("__future__" in piece or _MODULE_DECLARATION.search(piece) for piece in pieces[1:]):
@@ -137,14 +137,16 @@ def _pieces(new_code: str, splice, piece_lines: int = PIECE_LINES) -> Optional[l
     return pieces
 
 
-def _compile(pieces: list[str]) -> None:
+def _compile(pieces: list[str]) -> int:
     """Python's compile of the pieces of a module, in order, each under the future features the
-    first turns on; a SyntaxError as the whole module's compile raises it."""
+    first turns on (their compiler flags, returned); a SyntaxError as the whole module's compile
+    raises it."""
     flags = 0
     for i, piece in enumerate(pieces):
         code = compile(piece, "<rewritten>", "exec", flags=flags, dont_inherit=True)
         if i == 0:
             flags = code.co_flags & _FUTURE_FLAGS
+    return flags
 
 
 def _new_unbound_reads(original: tuple[str, Callable[[], dict[tuple[str, str], list[int]]]],
@@ -207,16 +209,21 @@ _IMPLICIT = frozenset(dir(builtins)) | {"__file__", "__name__", "__doc__", "__sp
                                         "__dict__", "__cached__"}
 
 
-def _all_names_resolve(pieces: list[str]) -> bool:
+def _all_names_resolve(pieces: list[str], future: int = 0) -> bool:
     """Whether every name the module (given as the pieces of its text, ``_pieces``) reads is
     bound in its scope, an enclosing one, the module or the builtins, by Python's own symbol
     tables (the compiler's, in C: much cheaper than LibCST's scope analysis, which then runs
     only when this can't show it). False when unsure (``from x import *``, a name that may be
     unbound). A function's symbols are its piece's alone; the module's are those of every
-    piece, and a name a piece reads of the module is looked for among them all."""
+    piece, and a name a piece reads of the module is looked for among them all. ``future``: the
+    future features the first piece turns on (``_compile``), of which postponed annotations
+    change what the others read."""
     module_names: set[str] = set()
     global_reads: set[str] = set()
-    for piece in pieces:
+    postponed = "from __future__ import annotations\n" if future & __future__.annotations.compiler_flag else ""
+    for i, piece in enumerate(pieces):
+        if i and postponed:
+            piece = postponed + piece
         try:
             top = symtable.symtable(piece, "<rewritten>", "exec")
         except (SyntaxError, ValueError):
