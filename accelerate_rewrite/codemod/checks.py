@@ -76,7 +76,7 @@ def check(
     read (the user's file, not the discarded result). ``splice`` (codemod/layout.py), where
     ``new_code`` is the input's top-level statements, some kept and some new: the flow check
     goes into the scopes of the new ones only, and compares the lines between the kept ones
-    (``trees``: the statements it parsed, kept for the next attempt).
+    (``trees``: the statements it parsed for the module's scope, kept for the next attempt).
     """
     pieces = _pieces(new_code, splice) or [new_code]
     try:
@@ -115,7 +115,7 @@ _FUTURE_FLAGS = functools.reduce(operator.or_, (getattr(__future__, name).compil
 def _pieces(new_code: str, splice, piece_lines: int = PIECE_LINES) -> Optional[list[str]]:
     """A long result spliced from its top-level statements (codemod/layout.py) in pieces of whole
     statements, about ``piece_lines`` lines each, which Python compiles one at a time (the
-    compiler's own memory for a long script is a fifth of the rewrite's); None to take it whole:
+    compiler's own memory for the whole of a 50k-line script is about 120 MiB); None to take it whole:
     a short one, one not spliced, and one with a ``from __future__`` import or a module-level
     ``global`` past its first piece (Python tells those apart by what comes before them)."""
     if splice is None or new_code.count("\n") < 2 * piece_lines:

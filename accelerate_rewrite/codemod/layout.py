@@ -111,7 +111,7 @@ class Layout:
         module, text = self.module, self.text
         if not (module.has_trailing_newline and module.body):
             return False
-        stmts = python_statements(text)  # Python's reading of the text (codemod/parse.py)
+        stmts = python_statements(text)  # Python's reading of the text (codemod/toplevel.py)
         if stmts is None:
             return False
         lines = line_list(text)

@@ -422,7 +422,7 @@ def candidates(path: Path, source: str, text_of: Callable[[Path], Optional[str]]
         text = todo.pop(0)
         if text is None or "import" not in text:
             continue
-        tree = top_level_imports(text)  # what imported_modules reads (codemod/parse.py)
+        tree = top_level_imports(text)  # what imported_modules reads (codemod/toplevel.py)
         if tree is None:
             continue
         for dotted, file in imported_modules(folder, tree):
