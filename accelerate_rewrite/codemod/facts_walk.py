@@ -150,9 +150,6 @@ class Spans:
         at = self.index[node]
         return (at, self.ends[at])
 
-    def __contains__(self, node) -> bool:
-        return node in self.index
-
     def __len__(self) -> int:
         return len(self.index)
 

@@ -55,10 +55,9 @@ def parse_module(text: str, piece_lines: int = PIECE_LINES) -> cst.Module:
     if plan is None:
         return cst.parse_module(text)
     try:
-        joined = _join([_parse(lines, piece) for piece in plan])
+        return _join([_parse(lines, piece) for piece in plan])
     except (cst.ParserSyntaxError, _Whole):
-        joined = None
-    return joined if joined is not None else cst.parse_module(text)
+        return cst.parse_module(text)
 
 
 class _Whole(Exception):
@@ -128,12 +127,9 @@ def _parse(lines: list[str], piece: _Piece) -> cst.Module:
         modules.append(module)
     _same_defaults(modules)
     indent = long.body.indent if long.body.indent is not None else head.default_indent
-    body = list(blocks[0].body)
-    for block, module, after in zip(blocks, modules, blocks[1:]):
-        lead, *rest = after.body
-        lines_before = [*block.footer, *(_under(line, indent) for line in module.footer), *lead.leading_lines]
-        body.append(lead.with_changes(leading_lines=lines_before))
-        body.extend(rest)
+    body = _concat([block.body for block in blocks],
+                   [[*block.footer, *(_under(line, indent) for line in module.footer)]
+                    for block, module in zip(blocks, modules)])
     long = long.with_changes(body=long.body.with_changes(body=body, footer=blocks[-1].footer))
     return head.with_changes(
         body=[*head.body[:-1], long], footer=modules[-1].footer,
@@ -162,19 +158,24 @@ def _same_defaults(modules: list[cst.Module]) -> None:
         raise _Whole
 
 
-def _join(pieces: list[cst.Module]) -> Optional[cst.Module]:
-    """One module of the pieces' statements, or None where a piece has no statement."""
+def _join(pieces: list[cst.Module]) -> cst.Module:
+    """One module of the pieces' statements."""
     _same_defaults(pieces)
-    first, last = pieces[0], pieces[-1]
-    body: list[cst.BaseStatement] = list(first.body)
-    for before, piece in zip(pieces, pieces[1:]):
-        if not piece.body:
-            return None
-        lead, *rest = piece.body
-        body.append(
-            lead.with_changes(leading_lines=[*before.footer, *piece.header, *lead.leading_lines])
-        )
-        body.extend(rest)
-    return first.with_changes(
-        body=body, footer=last.footer, has_trailing_newline=last.has_trailing_newline
+    body = _concat([piece.body for piece in pieces],
+                   [[*before.footer, *after.header] for before, after in zip(pieces, pieces[1:])])
+    return pieces[0].with_changes(
+        body=body, footer=pieces[-1].footer, has_trailing_newline=pieces[-1].has_trailing_newline
     )
+
+
+def _concat(bodies: list, between: list[list[cst.EmptyLine]]) -> list[cst.BaseStatement]:
+    """The statements of the pieces' bodies in one list, the lines that came between two pieces
+    (``between``, in the whole parse the next statement's) before the next piece's first."""
+    out = list(bodies[0])
+    for lines, body in zip(between, bodies[1:]):
+        if not body:
+            raise _Whole
+        lead, *rest = body
+        out.append(lead.with_changes(leading_lines=[*lines, *lead.leading_lines]))
+        out.extend(rest)
+    return out
