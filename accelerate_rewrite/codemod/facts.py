@@ -128,6 +128,8 @@ class ScriptFacts(Places, Index, Flow):
         self.kinds: dict[Key, set[str]] = {}
         self._aliases: list[tuple[Key, cst.BaseExpression]] = []
         self._memo: dict[object, object] = {}
+        #: (id of a scope, name) -> (that scope, what ``assignments`` says of the name there)
+        self._bound: dict[tuple[int, str], tuple[object, tuple]] = {}
         self._ready = False
         self._self_attrs: list[cst.Attribute] = []
         #: keys of loaders built in a helper that returns them (codemod/returns.py): they are
@@ -163,6 +165,7 @@ class ScriptFacts(Places, Index, Flow):
         keeps these facts for no other rewrite). What is asked of the scopes afterwards (the
         first read of a name a result no longer defines) is asked of a new analysis: keys are
         nodes and names, never scopes, so nothing kept refers to the old one."""
+        self._bound.clear()
         self._meta.release_scopes()
 
     def layout(self) -> "Layout":
@@ -231,6 +234,10 @@ class ScriptFacts(Places, Index, Flow):
         where the binding is that plain assignment, or its element of ``a, b = x, y``, else None:
         a loop variable, an import, ...)."""
         scope = self.scope(name)
+        key = (id(scope), name.value)  # the same for every read of the name in that scope
+        known = self._bound.get(key)
+        if known is not None:
+            return list(known[1])
         out = []
         for assignment in self.in_order(scope[name.value] if scope is not None else (),
                                         lambda a: getattr(a, "node", None)):
@@ -249,6 +256,7 @@ class ScriptFacts(Places, Index, Flow):
                 index = next(i for i, e in enumerate(tup.elements) if e is element)
                 value = assign.value.elements[index].value  # ``a, b = x, y``
             out.append((target, value))
+        self._bound[key] = (scope, tuple(out))  # (the scope kept: its id is not reused)
         return out
 
     def assigned_value(self, name: cst.Name) -> Optional[cst.BaseExpression]:

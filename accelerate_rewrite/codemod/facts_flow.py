@@ -39,9 +39,12 @@ class Flow:
         parent: dict[Key, Key] = {}
 
         def find(k: Key) -> Key:
-            while parent.get(k, k) != k:
-                k = parent[k]
-            return k
+            root = k
+            while parent.get(root, root) != root:
+                root = parent[root]
+            while k != root:  # each key on the way now points at the root (the sets are the same)
+                parent[k], k = root, parent[k]
+            return root
 
         seen: set[Key] = set()
 

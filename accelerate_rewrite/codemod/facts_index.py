@@ -7,8 +7,9 @@ order on every fixture."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from bisect import bisect_left, bisect_right
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 import libcst as cst
 import libcst.matchers as m
@@ -99,7 +100,7 @@ class Index:
         return self.memo("nodes-by-type", compute)
 
 
-def _node_types(matcher: object) -> Optional[list[type]]:
+def _node_types(matcher: object) -> Optional[Sequence[type]]:
     """The node classes ``matcher`` can match (``m.For() | m.While()``: For, While), or None."""
     if isinstance(matcher, m.OneOf):
         out: list[type] = []
@@ -109,10 +110,16 @@ def _node_types(matcher: object) -> Optional[list[type]]:
                 return None
             out += [t for t in types if t not in out]
         return out
-    cls = getattr(cst, type(matcher).__name__, None)
+    return _node_type(type(matcher))
+
+
+@functools.cache
+def _node_type(kind: type) -> Optional[tuple[type, ...]]:
+    """``_node_types`` of a matcher of class ``kind`` that is not a OneOf."""
+    cls = getattr(cst, kind.__name__, None)
     if isinstance(cls, type) and issubclass(cls, cst.CSTNode) and cls is not cst.Module \
-            and cls not in TOKENS and type(matcher).__module__.startswith("libcst.matchers"):
-        return [cls]
+            and cls not in TOKENS and kind.__module__.startswith("libcst.matchers"):
+        return (cls,)
     return None  # a token (the walk goes past them), or no node class: LibCST's own walk
 
 
@@ -136,28 +143,32 @@ def _necessary(matcher: object) -> Optional[Callable[[object], bool]]:
         if any(option is None for option in options):
             return None
         return lambda node: any(option(node) for option in options)  # type: ignore[misc]
-    if not _is_node_matcher(matcher):
+    fields = _fields(type(matcher))
+    if fields is None:
         return None
     name = type(matcher).__name__
     tests: list[tuple[str, Callable[[object], bool]]] = []
-    for f in dataclasses.fields(matcher):  # type: ignore[arg-type]
-        if f.name in ("metadata", "_metadata"):
-            continue
-        wanted = getattr(matcher, f.name)
+    for field in fields:
+        wanted = getattr(matcher, field)
         if isinstance(wanted, str):
-            tests.append((f.name, lambda value, wanted=wanted: value == wanted))
-        elif _is_node_matcher(wanted) or isinstance(wanted, m.OneOf):
+            tests.append((field, lambda value, wanted=wanted: value == wanted))
+        elif isinstance(wanted, m.OneOf) or _fields(type(wanted)) is not None:
             inner = _necessary(wanted)
             if inner is not None:
-                tests.append((f.name, inner))
+                tests.append((field, inner))
 
     def test(node: object) -> bool:
         return type(node).__name__ == name and all(ok(getattr(node, field)) for field, ok in tests)
     return test
 
 
-def _is_node_matcher(matcher: object) -> bool:
-    """A matcher of libcst.matchers made for one node class (``m.Call(...)``), not a wildcard."""
-    cls = getattr(cst, type(matcher).__name__, None)
-    return isinstance(matcher, m.BaseMatcherNode) and type(matcher).__module__.startswith("libcst.matchers") \
-        and isinstance(cls, type) and issubclass(cls, cst.CSTNode) and dataclasses.is_dataclass(matcher)
+@functools.cache
+def _fields(kind: type) -> Optional[tuple[str, ...]]:
+    """Of a class of matchers of libcst.matchers made for one node class (``m.Call``), not a
+    wildcard, the names of the fields it tests; None for any other class (asked once a class:
+    a rule asks thousands of questions of the index in a long script)."""
+    cls = getattr(cst, kind.__name__, None)
+    if not (issubclass(kind, m.BaseMatcherNode) and kind.__module__.startswith("libcst.matchers")
+            and isinstance(cls, type) and issubclass(cls, cst.CSTNode) and dataclasses.is_dataclass(kind)):
+        return None
+    return tuple(f.name for f in dataclasses.fields(kind) if f.name not in ("metadata", "_metadata"))

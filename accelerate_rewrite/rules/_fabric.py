@@ -244,8 +244,7 @@ def _in_common_block(facts: ScriptFacts, stmts: list[cst.BaseStatement]) -> list
                 break
             found.append(hit[0])
         else:
-            order = list(block.body)
-            return sorted(set(found), key=order.index)
+            return facts.in_order(dict.fromkeys(found))  # in block order: the source's
     return []
 
 

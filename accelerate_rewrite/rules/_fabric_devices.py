@@ -37,14 +37,23 @@ _SETTINGS = re.compile(r"\b(args|cfg|config|conf|opt|opts|options|hparams|hp|par
 class Devices:
     """The planner's part that decides about devices and loops (``self.f``, ``self.p``, ``self.o``)."""
 
+    #: (sizes of the plan's set-up lists, their models' objects, their loaders' objects)
+    _set_up_objects: Optional[tuple[tuple[int, int], set, set]] = None
+
     # -- devices: moves, uses, threading --
     def _set_up(self, key: Optional[Key], kind: str) -> bool:
-        f = self.f
+        f, p = self.f, self.p
         if key is None or kind not in f.kinds.get(key, set()):
             return False
-        if kind == MODEL:
-            return any(f.same_object(key, k) for k in self.p.setup_model_keys)
-        return any(f.same_object(key, b.key) for group in self.p.loader_groups for b in group.loaders)
+        # the objects set up so far (the plan only appends to its lists), not asked again for
+        # each of a long script's thousands of moves
+        size = (len(p.setups), len(p.loader_groups))
+        known = self._set_up_objects
+        if known is None or known[0] != size:
+            models = {f.object_of(k) for k in p.setup_model_keys if k is not None}
+            loaders = {f.object_of(b.key) for group in p.loader_groups for b in group.loaders if b.key is not None}
+            known = self._set_up_objects = (size, models, loaders)
+        return f.object_of(key) in (known[1] if kind == MODEL else known[2])
 
     def _batch_moves(self) -> set[int]:
         """ids of device moves whose receiver is a batch from a loader that Fabric set up."""

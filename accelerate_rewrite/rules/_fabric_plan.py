@@ -313,19 +313,22 @@ class _Planner(Home, Loaders, Reach, Devices):
         gets ``fabric.setup_module`` for its models and ``fabric.setup_optimizers`` for its
         optimizers, after the statement that builds the last of them. Their keys."""
         f, p = self.f, self.p
-        sets: list[tuple[set[Key], dict[int, Optimizer]]] = []
-        for model_key, opts in by_model.items():
+        # number -> (models, optimizers), in the order the sets were last grown; and the object
+        # of each model -> the number of the set that holds it
+        sets: dict[int, tuple[set[Key], dict[int, Optimizer]]] = {}
+        holder: dict[Key, int] = {}
+        for number, (model_key, opts) in enumerate(by_model.items()):
             models = {model_key} | {k for o in opts for k in o.models}
             roots = {f.object_of(k) for k in models}
-            linked = [s for s in sets if {f.object_of(k) for k in s[0]} & roots]
+            linked = sorted({holder[r] for r in roots if r in holder})
             optimizers = {id(o): o for o in opts}
-            for s in linked:
-                models |= s[0]
-                optimizers.update(s[1])
-                sets.remove(s)
-            sets.append((models, optimizers))
+            for other in linked:
+                models |= sets[other][0]
+                optimizers.update(sets.pop(other)[1])
+            sets[number] = (models, optimizers)
+            holder.update((f.object_of(k), number) for k in models)
         out: set[Key] = set()
-        for models, optimizers in sets:
+        for models, optimizers in sets.values():
             if len({f.object_of(k) for k in models}) < 2:
                 continue
             out |= models
