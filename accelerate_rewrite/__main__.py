@@ -1,6 +1,6 @@
 """``python -m accelerate_rewrite``: the same as the ``accelerate-rewrite`` command."""
 
-from accelerate_rewrite.cli import main
+from accelerate_rewrite.cli import console
 
 if __name__ == "__main__":
-    main()
+    console()

@@ -499,6 +499,24 @@ def test_python_dash_m(tmp_path, good):
     assert good.read_text() == GOOD.read_text()
 
 
+def test_the_console_script_exits_with_the_commands_status_its_output_whole(tmp_path, good):
+    """``console`` (the console script, ``python -m``) ends the process without the interpreter's
+    teardown: the command's status, every line of its output, the ``atexit`` functions run."""
+    def console(*args: str, prelude: str = "") -> subprocess.CompletedProcess:
+        program = f"{prelude}import sys\nfrom accelerate_rewrite.cli import console\nsys.argv[1:] = {list(args)!r}\nconsole()\n"
+        return subprocess.run([sys.executable, "-c", program], cwd=tmp_path, env=_env(), capture_output=True,
+                              text=True, timeout=120)
+
+    check = console("train.py", "--check")
+    assert check.returncode == 1 and "1 file would be rewritten" in check.stderr
+    missing = console("missing.py")
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+    diff = console("train.py", "--precision", "bf16-mixed", prelude="import atexit\natexit.register(print, 'ATEXIT')\n")
+    text = good.read_text()
+    assert diff.returncode == 0
+    assert diff.stdout == unified_diff("train.py", text, expected_output(text, precision="bf16-mixed")) + "ATEXIT\n"
+
+
 def test_no_torch_or_lightning_imported(tmp_path, good):
     program = textwrap.dedent(f"""
         import sys

@@ -5,10 +5,13 @@ the same code. Pieces of a line or two put a cut between every two statements.""
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 import pytest
 
 from accelerate_rewrite.codemod import parse
+from accelerate_rewrite.codemod.facts import ScriptFacts
 from accelerate_rewrite.codemod.parse import parse_module
+from tests.goldens import FIXTURES, fixture_names, notes_text, run
 from tests.test_layout import _sources
 
 #: where the pieces meet: what LibCST gives a piece's end and what it gives the whole parse
@@ -153,3 +156,40 @@ def test_the_future_features_of_the_first_piece_hold_in_the_others():
     future = _compile(pieces)
     assert _all_names_resolve(pieces, future) == _all_names_resolve([source]) is True
     assert _all_names_resolve(pieces) is False  # the annotation read as a read, without the feature
+
+
+def test_a_long_scripts_scopes_are_freed_when_let_go_without_the_collector():
+    """``ScriptFacts.release`` (a long script's scopes, let go once the rules have run) cuts their
+    cycles (facts_metadata._unlink): every scope is freed by reference counting alone, and a
+    later question is answered by a new analysis, as the first one answered it."""
+    import gc
+    import weakref
+
+    facts = ScriptFacts(parse_module((FIXTURES / "trainer_class" / "input.py").read_text(encoding="utf-8")))
+    names = [n for n in facts.find(m.Name()) if facts.scope(n) is not None]
+    before = [facts.qualnames(n) for n in names]
+    scopes = {id(facts.scope(n)): weakref.ref(facts.scope(n)) for n in names}
+    assert len(scopes) > 3  # the module's, a class's, its methods'
+    gc.disable()
+    try:
+        facts.release()
+        assert all(ref() is None for ref in scopes.values())
+    finally:
+        gc.enable()
+    facts._qualnames.clear()
+    assert [facts.qualnames(n) for n in names] == before
+
+
+@pytest.mark.parametrize("name", fixture_names())
+def test_a_long_scripts_way_gives_the_goldens(name, monkeypatch):
+    """The way the engine takes with a long script (its facts not kept, its scopes let go and cut
+    before the results are made and checked: engine.LONG_SCRIPT_LINES) gives every fixture's
+    golden output and notes."""
+    from accelerate_rewrite.codemod import engine
+
+    monkeypatch.setattr(engine, "LONG_SCRIPT_LINES", 0)
+    for option_set in ("default", "bf16-mixed-devices-4"):
+        result = run(name, option_set)
+        expected = FIXTURES / name / "expected"
+        assert result.output == (expected / f"{option_set}.py").read_text(encoding="utf-8")
+        assert notes_text(result) == (expected / f"{option_set}.notes").read_text(encoding="utf-8")

@@ -325,10 +325,37 @@ cli.add_command(tune_command)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """The console script (``accelerate-rewrite``) and ``python -m accelerate_rewrite``."""
+    """The command line: exits (SystemExit) with the command's status."""
     # click's standalone mode exits with the command's code, and handles a closed pipe
     cli.main(args=list(argv) if argv is not None else None, prog_name="accelerate-rewrite")
 
 
+def console() -> None:
+    """The console script (``accelerate-rewrite``) and ``python -m accelerate_rewrite``: ``main``,
+    then the process ends as ``sys.exit`` would (its output flushed, the ``atexit`` functions
+    run) without the interpreter's teardown, which frees every object still alive one at a
+    time: the trees the caches keep, three seconds after a 50k-line script's rewrite
+    (docs/benchmarks.md)."""
+    import atexit
+    import sys
+
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:  # ``sys.exit("message")``: the message, and status 1
+            print(exc.code, file=sys.stderr)
+            code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can reach it
+            code = code or 1
+    os._exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    console()

@@ -323,9 +323,11 @@ class Metadata(dict):
 
     def release_scopes(self) -> None:
         """Let the scopes go (LibCST's scope analysis: about a fifth of a long script's analysis
-        in memory, in cycles that only the collector frees); asked for again, they are made
-        again (``__missing__``)."""
-        if self.pop(ScopeProvider, None) is not None:
+        in memory); asked for again, they are made again (``__missing__``). Nothing may keep a
+        scope, an assignment or an access of theirs past this: their cycles are cut
+        (``_unlink``)."""
+        computed = self.pop(ScopeProvider, None)
+        if computed is not None and not _unlink(computed):
             gc.collect()
 
     def __missing__(self, provider):
@@ -340,6 +342,33 @@ class Metadata(dict):
             values = resolve(self.wrapper, provider)
         self[provider] = values
         return values
+
+
+def _unlink(computed: Mapping[cst.CSTNode, Any]) -> bool:
+    """Cut the cycles of LibCST's scope analysis, let go (an assignment and its accesses name each
+    other; a scope, the assignments and accesses it holds; the global and builtin scopes each
+    other), so that reference counting frees it at once, without the cyclic collector's pass
+    over every object of the process (a second for a 50k-line script, where a few hundredths of
+    the analysis are then left for the collector). Each scope is emptied: one kept past this
+    fails loudly (AttributeError) rather than answer wrong. False where LibCST's scopes are not
+    made as this expects (the caller collects instead)."""
+    scopes = {id(scope): scope for scope in computed.values() if scope is not None}
+    try:
+        for scope in list(scopes.values()):  # and the builtin scope, which no node names
+            while id(scope.parent) not in scopes:
+                scope = scopes.setdefault(id(scope.parent), scope.parent)
+        for scope in scopes.values():
+            for group in scope._assignments.values():
+                for assignment in group:
+                    assignment._BaseAssignment__accesses.clear()
+            for group in scope._accesses_by_name.values():
+                for access in group:
+                    access._Access__assignments.clear()
+    except AttributeError:
+        return False
+    for scope in scopes.values():
+        scope.__dict__.clear()
+    return True
 
 
 def resolve(wrapper: MetadataWrapper, provider) -> Mapping[cst.CSTNode, Any]:
