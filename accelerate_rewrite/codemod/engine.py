@@ -469,7 +469,8 @@ def _rewrite(
             problems.extend(f"in {unit.path}, {p}" if unit.index else p for p in found)
         return outputs, problems
 
-    if not several and source.count("\n") >= LONG_SCRIPT_LINES:
+    long = not several and source.count("\n") >= LONG_SCRIPT_LINES
+    if long:
         # the checks of the results below don't read the scopes, and take their memory
         _analyse.cache_clear()
         facts.release()
@@ -517,4 +518,7 @@ def _rewrite(
     result.output = outputs[0]
     result.members = [Result(path=u.path, source=u.source, output=outputs[u.index], notes=per_unit[u.index])
                       for u in units[1:]]
+    if long:  # nothing of this script is kept: its tree and facts go now, not at a pass of the collector
+        _parsed.cache_clear()
+        facts.dispose()
     return result

@@ -7,6 +7,7 @@ here: codemod/siblings.py reads it on the hook's path."""
 from __future__ import annotations
 
 import ast
+import gc
 from array import array
 from functools import lru_cache
 from typing import NamedTuple, Optional
@@ -36,14 +37,20 @@ def _read(text: str) -> Optional[_Read]:
     look for the project's modules. The parse itself is let go before the statements are made:
     its nodes fill memory that small objects made while it is alive would keep from going back
     (a long script's parse takes about twice the memory of its LibCST tree)."""
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
-        return None
-    count, numbers = len(tree.body), array("q")  # the statements as numbers: no object each
-    _numbers(tree.body, numbers, deep=True)
-    imports = ast.Module([s for s in tree.body if isinstance(s, (ast.Import, ast.ImportFrom, ast.Expr))], [])
-    del tree
+    enabled = gc.isenabled()
+    gc.disable()  # a parse makes a node every few characters, in no cycle: the collector's
+    try:          # passes over them while they live (half a second at 50k lines) find nothing
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            return None
+        count, numbers = len(tree.body), array("q")  # the statements as numbers: no object each
+        _numbers(tree.body, numbers, deep=True)
+        imports = ast.Module([s for s in tree.body if isinstance(s, (ast.Import, ast.ImportFrom, ast.Expr))], [])
+        del tree
+    finally:
+        if enabled:
+            gc.enable()
     return _Read(_tops(numbers, 0, count)[0], imports)
 
 
