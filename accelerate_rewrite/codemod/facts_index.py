@@ -142,6 +142,9 @@ def _necessary(matcher: object) -> Optional[Callable[[object], bool]]:
         options = [_necessary(option) for option in matcher.options]
         if any(option is None for option in options):
             return None
+        if len(options) == 2:
+            first, second = options
+            return lambda node: first(node) or second(node)  # type: ignore[misc]
         return lambda node: any(option(node) for option in options)  # type: ignore[misc]
     fields = _fields(type(matcher))
     if fields is None:
@@ -157,8 +160,19 @@ def _necessary(matcher: object) -> Optional[Callable[[object], bool]]:
             if inner is not None:
                 tests.append((field, inner))
 
+    if not tests:
+        return lambda node: type(node).__name__ == name
+    if len(tests) == 1:  # (asked of every node of a class in a long script: no loop where one will do)
+        (field, ok), = tests
+        return lambda node: type(node).__name__ == name and ok(getattr(node, field))
+
     def test(node: object) -> bool:
-        return type(node).__name__ == name and all(ok(getattr(node, field)) for field, ok in tests)
+        if type(node).__name__ != name:
+            return False
+        for field, ok in tests:
+            if not ok(getattr(node, field)):
+                return False
+        return True
     return test
 
 
