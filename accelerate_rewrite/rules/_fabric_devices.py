@@ -283,16 +283,7 @@ class Devices:
         for s in statements.values():
             if not isinstance(s, cst.SimpleStatementLine) or len(s.body) != 1:
                 continue
-            small = s.body[0]
-            core = self._without_moves(small, removed)
-            if core is not None:  # the moves were all around the value: what they held is in the tree
-                if isinstance(small, cst.Expr) and not f.find_in(core, m.Call()):
-                    p.trivial_stmts.append(s)
-                elif isinstance(small, cst.Assign) and len(small.targets) == 1 \
-                        and code(small.targets[0].target) == code(core):
-                    p.trivial_stmts.append(s)
-                continue
-            stripped = small.visit(_StripMoves(removed))
+            stripped = self._without_moves(s.body[0], removed)
             if isinstance(stripped, cst.Expr) and not m.findall(stripped, m.Call()):
                 p.trivial_stmts.append(s)
             elif isinstance(stripped, cst.Assign) and len(stripped.targets) == 1 and (
@@ -300,21 +291,19 @@ class Devices:
             ):
                 p.trivial_stmts.append(s)
 
-    def _without_moves(self, small: cst.BaseSmallStatement, removed: set[int]) -> Optional[cst.BaseExpression]:
-        """The value of ``small`` (an expression or an assignment) once the moves in ``removed``
-        are gone, where they are all around it (``x.cuda()``, ``model = model.to(device).to(d)``):
-        the expression they hold. None where a move lies elsewhere in the statement, or none
-        around the value (the statement is then rebuilt without them: rebuilding every one of
-        a long script's thousands costs a second)."""
-        if not isinstance(small, (cst.Expr, cst.Assign)):
-            return None
-        core, around = small.value, set()
-        while isinstance(core, cst.Call) and id(core) in removed:
-            around.add(id(core))
-            core = core.func.value  # type: ignore[attr-defined]
-        if not around or any(id(c) in removed and id(c) not in around for c in self.f.find_in(small, m.Call())):
-            return None
-        return core
+    def _without_moves(self, small: cst.BaseSmallStatement, removed: set[int]) -> cst.BaseSmallStatement:
+        """``small`` with the moves in ``removed`` gone (``x.to(d)``: ``x``). Where they are all
+        around its value (``x.cuda()``, ``model = model.to(device).to(d)``), that value is
+        replaced by the expression they hold; otherwise the statement is rebuilt by a
+        transformer (for every one of a long script's thousands of moves: a second)."""
+        if isinstance(small, (cst.Expr, cst.Assign)):
+            core, around = small.value, set()
+            while isinstance(core, cst.Call) and id(core) in removed:
+                around.add(id(core))
+                core = core.func.value  # type: ignore[attr-defined]
+            if around and all(id(c) in around for c in self.f.find_in(small, m.Call()) if id(c) in removed):
+                return small.with_changes(value=core)
+        return small.visit(_StripMoves(removed))
 
     def _device_names(self, handled: set[int]) -> None:
         f, p = self.f, self.p
