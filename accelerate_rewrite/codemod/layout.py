@@ -22,16 +22,10 @@ from typing import Callable, Iterable, Mapping, Optional
 import libcst as cst
 from libcst._nodes.internal import CodegenState
 
+from accelerate_rewrite.codemod.toplevel import line_list  # noqa: F401 (read from here too)
 from accelerate_rewrite.codemod.toplevel import statements as python_statements
 
 _NEWLINE = re.compile(r"\r\n?|\n")
-_LINE = re.compile(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+$")
-
-
-def line_list(text: str) -> list[str]:
-    """The lines of ``text``, ends kept, cut where CPython and LibCST end a line (``\\r\\n``,
-    ``\\r``, ``\\n``; not at a form feed or the other breaks ``str.splitlines`` knows)."""
-    return _LINE.findall(text)
 
 
 def _lines_in(tokens: Iterable[str]) -> int:

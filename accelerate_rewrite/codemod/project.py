@@ -159,7 +159,9 @@ def _reads_through(code: str, through: str, names: set[str]) -> tuple[set[str], 
                 return used, f"`{through}.{node.attr}` is not defined at its top level"
             if not isinstance(node.ctx, ast.Load):
                 return used, f"the script assigns `{through}.{node.attr}`"
-            if ast.get_source_segment(code, node) != f"{through}.{node.attr}":
+            if node.end_lineno != node.lineno or (node.end_col_offset or 0) - node.col_offset \
+                    != len(f"{through}.{node.attr}".encode("utf-8")):  # (the columns count bytes)
+                # its code is more than ``through.name``: ``E . x``, ``(E).x``, a line break
                 return used, f"`{through}.{node.attr}` is spelled with spaces or a line break"
             used.add(node.attr)
             bases.add(id(node.value))

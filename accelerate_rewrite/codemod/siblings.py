@@ -21,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Optional
 
-from accelerate_rewrite.codemod.toplevel import top_level_imports
+from accelerate_rewrite.codemod.toplevel import line_list, top_level_imports
 
 
 def _file(folder: Path, dotted: str) -> Optional[Path]:
@@ -338,29 +338,40 @@ def changed_names(before: str, after: str) -> Optional[frozenset[str]]:
     """The top-level names of a module whose definitions differ between ``before`` and
     ``after`` (functions, classes, assigned names; an import added or gone changes none); None
     when another top-level statement changes, or a text does not parse."""
-    def defined(text: str) -> Optional[tuple[dict[str, str], list[str]]]:
+    def defined(text: str) -> Optional[tuple[dict[str, list[ast.stmt]], list[ast.stmt], list[str]]]:
         try:
             tree = ast.parse(text)
         except (SyntaxError, ValueError):
             return None
-        named: dict[str, str] = {}
-        other: list[str] = []
+        lines = line_list(text)  # (as Python numbers them)
+        named: dict[str, list[ast.stmt]] = {}
+        other: list[ast.stmt] = []
         for node in tree.body:
-            dump = ast.dump(node)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                named[node.name] = named.get(node.name, "") + dump
+                named.setdefault(node.name, []).append(node)
             elif isinstance(node, (ast.Assign, ast.AnnAssign)) and all(
                     isinstance(t, ast.Name) for t in (node.targets if isinstance(node, ast.Assign) else [node.target])):
                 for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                    named[t.id] = named.get(t.id, "") + dump
+                    named.setdefault(t.id, []).append(node)
             elif not isinstance(node, (ast.Import, ast.ImportFrom)):
-                other.append(dump)
-        return named, other
+                other.append(node)
+        return named, other, lines
+
+    def same(these: list[ast.stmt], those: list[ast.stmt], old_lines: list[str], new_lines: list[str]) -> bool:
+        """The same definitions: the same lines of code (the cheap answer for most), or else
+        the same trees (a change of layout alone changes none)."""
+        def code(node: ast.stmt, lines: list[str]) -> str:
+            first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
+            return "".join(lines[first - 1 : node.end_lineno or node.lineno])
+        return len(these) == len(those) and (
+            all(code(a, old_lines) == code(b, new_lines) for a, b in zip(these, those))
+            or [ast.dump(a) for a in these] == [ast.dump(b) for b in those])
 
     old, new = defined(before), defined(after)
-    if old is None or new is None or old[1] != new[1]:
+    if old is None or new is None or not same(old[1], new[1], old[2], new[2]):
         return None
-    return frozenset(n for n in old[0].keys() | new[0].keys() if old[0].get(n) != new[0].get(n))
+    return frozenset(n for n in old[0].keys() | new[0].keys()
+                     if not same(old[0].get(n, []), new[0].get(n, []), old[2], new[2]))
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,19 @@ from __future__ import annotations
 
 import ast
 import gc
+import re
 from array import array
 from functools import lru_cache
 from typing import NamedTuple, Optional
+
+
+_LINE = re.compile(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+$")
+
+
+def line_list(text: str) -> list[str]:
+    """The lines of ``text``, ends kept, cut where CPython and LibCST end a line (``\\r\\n``,
+    ``\\r``, ``\\n``; not at a form feed or the other breaks ``str.splitlines`` knows)."""
+    return _LINE.findall(text)
 
 
 class Top(NamedTuple):
