@@ -566,6 +566,12 @@ def test_changed_names_are_the_definitions_that_differ():
     assert changed_names(before, before.replace("X = 1", "X = 2")) == {"X"}
     assert changed_names(before, before + "print(X)\n") is None  # runs differently on import
     assert changed_names(before, "def (") is None
+    # the lines as Python numbers them (a line separator inside a string ends no line), and
+    # a change of layout alone changes no definition
+    odd = 'S = "\u2028\x0c"\n\n@dec\ndef f():\n    return 1\n'
+    assert changed_names(odd, odd.replace("return 1", "return 2")) == {"f"}
+    assert changed_names(odd, odd.replace("@dec", "@other")) == {"f"}
+    assert changed_names(odd, odd.replace("return 1", "return (1)")) == frozenset()
 
 
 def test_each_file_of_a_project_is_parsed_once(tmp_path, monkeypatch):
