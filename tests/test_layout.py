@@ -152,7 +152,7 @@ def test_a_splice_is_the_new_module_and_its_blocks_map_the_kept_lines(name, sour
     """Layout.splice: the code of a module made from this one (statements replaced, removed,
     added) is its ``code``; its blocks cover the lines of both texts in order, and those it
     calls equal are equal (the flow check maps the result's lines to the input's by them)."""
-    from accelerate_rewrite.codemod.layout import line_list
+    from accelerate_rewrite.codemod.toplevel import line_list
 
     try:
         module = cst.parse_module(source)

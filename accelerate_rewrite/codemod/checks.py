@@ -158,7 +158,7 @@ def _new_unbound_reads(original: tuple[str, Callable[[], dict[tuple[str, str], l
     import difflib
 
     from accelerate_rewrite.codemod.flow import maybe_unbound, unbound_in
-    from accelerate_rewrite.codemod.layout import line_list
+    from accelerate_rewrite.codemod.toplevel import line_list
 
     source, reads = original
     found = unbound_in(splice.new(), trees) if splice is not None else None

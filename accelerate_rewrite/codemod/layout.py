@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Mapping, Optional
 import libcst as cst
 from libcst._nodes.internal import CodegenState
 
-from accelerate_rewrite.codemod.toplevel import line_list  # noqa: F401 (read from here too)
+from accelerate_rewrite.codemod.toplevel import line_list
 from accelerate_rewrite.codemod.toplevel import statements as python_statements
 
 _NEWLINE = re.compile(r"\r\n?|\n")
