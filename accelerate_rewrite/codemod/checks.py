@@ -10,7 +10,7 @@ import functools
 import operator
 import re
 import symtable
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider, ScopeProvider
@@ -63,7 +63,7 @@ def undefined_in(scopes, positions) -> dict[str, int]:
 
 
 def check(
-    original_undefined: dict[str, int],
+    original_undefined: Union[dict[str, int], Callable[[], dict[str, int]]],
     new_code: str,
     locate: Callable[[str], Optional[int]] = lambda name: None,
     original_unbound: Optional[tuple[str, Callable[[], dict[tuple[str, str], list[int]]]]] = None,
@@ -72,6 +72,9 @@ def check(
 ) -> list[str]:
     """Problems of ``new_code`` that the original did not have; empty when all is well.
 
+    ``original_undefined``: the names the input reads undefined already, or what gives them
+    when first needed (a result that reads a name nothing defines; LibCST's analysis of a
+    long input's every read is then made only where a result needs it).
     ``locate(name)`` gives the line of the input where a name that is no longer defined is
     read (the user's file, not the discarded result). ``splice`` (codemod/layout.py), where
     ``new_code`` is the input's top-level statements, some kept and some new: the flow check
@@ -92,6 +95,8 @@ def check(
         except cst.ParserSyntaxError as exc:
             return [f"the result does not parse ({exc.message})"]
         undefined = undefined_names(module)
+    if undefined and callable(original_undefined):
+        original_undefined = original_undefined()
     for name, line in sorted(undefined.items(), key=lambda item: item[1]):
         if name not in original_undefined:
             where = locate(name)

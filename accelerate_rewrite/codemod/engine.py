@@ -343,7 +343,7 @@ def _rewrite(
     else:
         layout = facts.layout()
         units = [Unit(path=path, source=source, head=head, tail=tail, roundtrip=layout.code, view=facts.module,
-                       undefined=facts.undefined_names(),
+                       undefined=lambda: facts.memo("undefined-names", facts.undefined_names),
                        unbound=(head, lambda: facts.memo("maybe-unbound", lambda: maybe_unbound(head))),
                        where=lambda line: (0, line), first_read=facts.first_read, layout=layout,
                        parent=facts.parent)]

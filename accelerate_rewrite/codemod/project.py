@@ -34,7 +34,7 @@ import os
 import symtable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 import libcst as cst
 
@@ -429,7 +429,8 @@ class Unit:
     tail: str
     roundtrip: str
     view: cst.Module  # the file's tree, made of the analysed module's statements where it has them
-    undefined: dict[str, int]  # names the file read undefined already
+    #: names the file read undefined already, or what gives them when first needed
+    undefined: Union[dict[str, int], Callable[[], dict[str, int]]]
     #: the file's text and what it reads unbound already (flow.maybe_unbound), made when first asked for
     unbound: tuple[str, Callable[[], dict]]
     #: a line of the analysed module -> (index of the unit that holds it, line in that file)
