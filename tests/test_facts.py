@@ -708,7 +708,8 @@ def test_the_stored_names_agree_with_libcsts_expression_contexts():
     LibCST of the constraints it does, and the names it marks are those LibCST marks STORE."""
     from libcst.metadata import ExpressionContext, ExpressionContextProvider, MetadataWrapper
 
-    from accelerate_rewrite.codemod.facts_metadata import _PROBE, _Stored, _lean_agrees, walk
+    from accelerate_rewrite.codemod.facts_scopes import _PROBE, _Stored, _lean_agrees
+    from accelerate_rewrite.codemod.facts_metadata import walk
 
     assert _lean_agrees()
     module = cst.parse_module(_PROBE)

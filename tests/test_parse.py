@@ -160,7 +160,7 @@ def test_the_future_features_of_the_first_piece_hold_in_the_others():
 
 def test_a_long_scripts_scopes_are_freed_when_let_go_without_the_collector():
     """``ScriptFacts.release`` (a long script's scopes, let go once the rules have run) cuts their
-    cycles (facts_metadata._unlink): every scope is freed by reference counting alone, and a
+    cycles (facts_scopes._unlink): every scope is freed by reference counting alone, and a
     later question is answered by a new analysis, as the first one answered it."""
     import gc
     import weakref

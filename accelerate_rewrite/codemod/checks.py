@@ -36,7 +36,7 @@ class _Positions:
 
 def undefined_names(module: cst.Module) -> dict[str, int]:
     """Names read somewhere without any assignment, import or builtin behind them -> first line."""
-    from accelerate_rewrite.codemod.facts_metadata import scopes
+    from accelerate_rewrite.codemod.facts_scopes import scopes
 
     try:
         found = scopes(module)

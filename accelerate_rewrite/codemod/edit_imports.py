@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence, Union
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts_metadata import LeanVisitor, read_tree
+from accelerate_rewrite.codemod.facts_walk import LeanVisitor, read_tree
 
 if TYPE_CHECKING:
     from accelerate_rewrite.codemod.edits import EditSet

@@ -44,7 +44,7 @@ import libcst.matchers as m
 from accelerate_rewrite.codemod.edit_imports import (
     NamesRead, blank_line_after, bound_by, plan_imports, plan_unused_imports,
 )
-from accelerate_rewrite.codemod.facts_metadata import read_tree
+from accelerate_rewrite.codemod.facts_walk import read_tree
 
 Replacement = Callable[[cst.CSTNode], cst.CSTNode]
 Wrapper = Callable[[list[cst.BaseStatement]], cst.BaseCompoundStatement]

@@ -33,7 +33,7 @@ from accelerate_rewrite.codemod.facts_kinds import (
 )
 
 from accelerate_rewrite.codemod.facts_optimizers import OptimizerSearch
-from accelerate_rewrite.codemod.facts_metadata import LeanVisitor
+from accelerate_rewrite.codemod.facts_walk import LeanVisitor
 from accelerate_rewrite.codemod.syntax import (
     ITER_WRAPPERS,
     callee_text,

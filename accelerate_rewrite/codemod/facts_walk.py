@@ -2,8 +2,10 @@
 walk (the fields its own ``_visit_and_replace_children`` visits, recorded once per class), past
 the tokens (``TOKENS``: whitespace, comments, blank lines, operators, brackets; two nodes in three
 of a script), which hold only each other and which no analysis here asks about; and the parents'
-walk over them (``_walk``: parents, spans and nodes by class, in the walk's order). Used by
-codemod/facts_metadata.py (the parents, the scopes) and codemod/facts_index.py (matchers)."""
+walk over them (``_walk``: parents, spans and nodes by class, in the walk's order); and LibCST's
+visitors made lean (``LeanVisitor``, ``_reading``, ``read_tree``: no per-field lookups, no copies
+of the nodes they pass). Used by codemod/facts_metadata.py (the parents), codemod/facts_scopes.py
+(the scopes) and codemod/facts_index.py (matchers)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import dataclasses
 import re
 import typing
 from array import array
-from typing import Optional
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
 
 import libcst as cst
 
@@ -194,3 +197,78 @@ def _walk(module: cst.Module):
         for child in reversed(_children(node)):  # the last child first: the first is entered next
             push((child, node, 0))
     return parents, spans, by_type
+
+
+#: (visitor class, node class) -> its ``visit_<Node>`` (or ``leave_<Node>``) function, or None
+_VISITS: dict[tuple[type, type], Optional[Callable]] = {}
+_LEAVES: dict[tuple[type, type], Optional[Callable]] = {}
+
+
+class LeanVisitor(cst.CSTVisitor):
+    """A CSTVisitor for visitors with no ``visit_<Node>_<field>`` methods: LibCST looks each
+    of them up by name for every field of every node it walks (two ``getattr`` per field), the
+    largest part of a walk that does little at each node. Its ``visit_<Node>`` and
+    ``leave_<Node>`` methods are looked up once per class of visitor and of node, not by a name
+    built for every node (methods set on an instance are not seen)."""
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        key = (type(self), type(node))
+        method = _VISITS.get(key, _VISITS)
+        if method is _VISITS:
+            method = _VISITS[key] = getattr(type(self), f"visit_{type(node).__name__}", None)
+        return method is None or method(self, node) is not False
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        key = (type(self), type(original_node))
+        method = _LEAVES.get(key, _LEAVES)
+        if method is _LEAVES:
+            method = _LEAVES[key] = getattr(type(self), f"leave_{type(original_node).__name__}", None)
+        if method is not None:
+            method(self, original_node)
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        pass
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        pass
+
+
+@contextmanager
+def _reading(*kinds: type) -> Iterator[None]:
+    """While inside, ``node.visit(visitor)`` for a visitor of one of ``kinds`` goes through the
+    nodes as LibCST's walk does (``on_visit``; if it says so, the children in the walk's order;
+    ``on_leave``) without building a copy of each node it passes, nor the checks of what a
+    transformer returns: for visitors that read the tree and have no per-field methods, here
+    LibCST's own expression-context and scope visitors (a third of the scope analysis's time).
+    Every other visitor, and every visit outside, goes LibCST's way."""
+    original = cst.CSTNode.visit
+    fast = frozenset(kinds)
+
+    def visit(self, visitor):
+        if type(visitor) not in fast:
+            return original(self, visitor)
+        if visitor.on_visit(self):
+            for child in _children(self):
+                child.visit(visitor)
+        visitor.on_leave(self)
+        return self
+
+    cst.CSTNode.visit = visit  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        cst.CSTNode.visit = original  # type: ignore[method-assign]
+
+
+def read_tree(node: cst.CSTNode, make: Callable[[], cst.CSTVisitor]) -> cst.CSTVisitor:
+    """A visitor ``make()`` makes, after ``node.visit`` of it the copy-free way (``_reading``):
+    for a LeanVisitor that reads the tree. Should LibCST's internals change, a fresh one
+    walks LibCST's way."""
+    visitor = make()
+    try:
+        with _reading(type(visitor)):
+            node.visit(visitor)
+    except (AttributeError, TypeError):  # LibCST's internals moved: its own walk
+        visitor = make()
+        node.visit(visitor)
+    return visitor
