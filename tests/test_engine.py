@@ -155,6 +155,30 @@ def test_a_name_undefined_in_the_input_is_not_blamed_on_a_rule():
     assert result.output == "print(undefined_before)\ny = 2\nmarker = 1\n"
 
 
+@pytest.mark.parametrize("long", [False, True], ids=["short", "long"])
+def test_the_inputs_undefined_names_are_found_only_where_a_result_reads_one(monkeypatch, long):
+    """The names the input reads undefined already are found (LibCST's scope analysis reads
+    every access) only when a result reads a name nothing defines; for a long script, whose
+    analysis is let go once the rules have run, by a new analysis: a rule is still blamed for
+    a name it undefines, and never for one the input read undefined already."""
+    from accelerate_rewrite.codemod import checks, engine
+
+    if long:
+        monkeypatch.setattr(engine, "LONG_SCRIPT_LINES", 0)
+    calls = []
+    real = checks.undefined_in
+    monkeypatch.setattr(checks, "undefined_in", lambda *a: calls.append(1) or real(*a))
+    tag = f"# {long}\n"  # a text of its own: no facts kept from another test
+    assert rewrite(tag + SOURCE, DEFAULT, rules=[AddMarker()]).output.count("marker = 1") == 1
+    assert calls == []  # every name of the result resolves: the input's undefined names not asked for
+    result = rewrite(tag + SOURCE, DEFAULT, rules=[RemoveX()])
+    assert result.output == tag + SOURCE and "(line 6)" in result.dropped[0]
+    source = tag + "print(undefined_before)\ny = 2\n"
+    result = rewrite(source, DEFAULT, rules=[AddMarker()])
+    assert not result.dropped and result.output == source + "marker = 1\n"
+    assert calls
+
+
 def test_rule_that_raises_is_dropped_with_internal_error_and_others_apply():
     result = rewrite(SOURCE, DEFAULT, rules=[Crash(), AddMarker()])
     assert "marker = 1" in result.output
