@@ -719,6 +719,31 @@ def test_the_stored_names_agree_with_libcsts_expression_contexts():
     assert {id(n) for n in names if contexts.get(n) == ExpressionContext.STORE} == stored
 
 
+def test_the_sets_filled_when_first_read_behave_as_libcsts_sets():
+    """An access's assignments and an assignment's accesses (``_Lazy``): filled once, when first
+    read, by what LibCST would have run; set algebra on them gives plain sets; emptied without
+    being filled (``_unlink``)."""
+    from accelerate_rewrite.codemod.facts_scopes import _Lazy
+
+    filled = []
+
+    def fill(into, *items):
+        filled.append(items)
+        into[0] |= set(items)
+
+    box = [None]
+    lazy = box[0] = _Lazy(fill, box, 1, 2)
+    assert filled == []
+    assert 1 in lazy and len(lazy) == 2 and sorted(lazy) == [1, 2] and filled == [(1, 2)]
+    assert type(lazy | {3}) is set and lazy | {3} == {1, 2, 3} and lazy - {1} == {2}
+    lazy.add(4)
+    lazy.discard(1)
+    assert set(lazy) == {2, 4} and filled == [(1, 2)]
+    unread = _Lazy(fill, box, 5)
+    unread.clear()
+    assert len(unread) == 0 and filled == [(1, 2)]
+
+
 def test_a_module_not_just_parsed_is_analysed_on_a_copy():
     module = cst.parse_module("import torch\nx = torch.ones(1)\n")
     assert ScriptFacts(module).module is not module

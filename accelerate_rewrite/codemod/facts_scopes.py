@@ -80,6 +80,10 @@ class _Lazy(MutableSet):
     def discard(self, item: Any) -> None:
         self._real().discard(item)
 
+    @classmethod
+    def _from_iterable(cls, items):  # ``a | b``, ``a - b`` and the like: a set, as LibCST's give
+        return set(items)
+
     def clear(self) -> None:
         """Empty, unread or not (``_unlink``: what the filling would name goes)."""
         self._set, self._fill, self._args = set(), None, None
