@@ -31,6 +31,7 @@ _SHARED_RUNS = ("test_verify.py", "test_multi_device.py", "test_verify_mutations
 _FIXTURE_CALL = re.compile(r'(?:fixture_script|_both)\("(\w+)"')
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
         file = item.path.name
