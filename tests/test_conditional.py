@@ -91,13 +91,24 @@ if __name__ == "__main__":
 '''
 
 
-def test_a_model_built_in_a_try_and_an_optimizer_in_an_elif_chain_convert_and_train_as_before(tmp_path):
-    """Set-up after a ``try`` that builds the model and an ``if/elif/else`` that binds the optimizer
-    on every path that goes on (the flow check proves both bound): the same losses at 32-true."""
+def _built_in_a_try():
     result = rewrite(_BUILT_IN_A_TRY, Options.create(), path="train.py")
     assert result.changed and not result.dropped, result.dropped
     assert ('    else:\n        raise ValueError(name)\n    model, optimizer = fabric.setup(model, optimizer)\n'
             in result.output)
+    return result
+
+
+def test_a_model_built_in_a_try_and_an_optimizer_in_an_elif_chain_convert():
+    """Set-up after a ``try`` that builds the model and an ``if/elif/else`` that binds the optimizer
+    on every path that goes on (the flow check proves both bound)."""
+    _built_in_a_try()
+
+
+@pytest.mark.slow  # CI time: test_both_paths_train_as_before runs a conditional set-up both ways
+def test_a_model_built_in_a_try_and_an_optimizer_in_an_elif_chain_train_as_before(tmp_path):
+    """That rewrite: the same losses at 32-true."""
+    result = _built_in_a_try()
     (tmp_path / "original.py").write_text(_BUILT_IN_A_TRY, encoding="utf-8")
     (tmp_path / "rewritten.py").write_text(result.output, encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}

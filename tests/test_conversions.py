@@ -1489,21 +1489,26 @@ if __name__ == "__main__":
 
 
 @pytest.mark.runs
-def test_an_optimizer_the_models_own_method_builds_converts_and_trains_as_before(tmp_path):
+def test_an_optimizer_the_models_own_method_builds_converts():
     """Issue 14.3, nanoGPT's shape: ``optimizer = model.configure_optimizers(...)``, a method of
     the model's class that builds ``torch.optim.AdamW`` over its own parameter groups and returns
     it. The optimizer is bound where the result lands, set up with the model; the method is not
-    marked a forward method (it runs on the model as built); 32-true: the same losses."""
+    marked a forward method (it runs on the model as built)."""
+    out = convert(_CONFIGURE_OPTIMIZERS).output
+    assert "    optimizer = model.configure_optimizers(0.1, 1e-3)\n    model, optimizer = fabric.setup(model, optimizer)\n" \
+        in out
+    assert "mark_forward_method" not in out and "fabric.backward(loss)" in out
+
+
+@pytest.mark.slow  # CI time: an optimizer another function builds trains both ways in the next test
+def test_an_optimizer_the_models_own_method_builds_trains_as_before(tmp_path):
+    """The rewrite above, at 32-true: the same losses."""
     import os
     import subprocess
     import sys
 
     source = _CONFIGURE_OPTIMIZERS
-    result = convert(source)
-    out = result.output
-    assert "    optimizer = model.configure_optimizers(0.1, 1e-3)\n    model, optimizer = fabric.setup(model, optimizer)\n" \
-        in out
-    assert "mark_forward_method" not in out and "fabric.backward(loss)" in out
+    out = convert(source).output
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     env.pop("LT_DEVICES", None)
     printed = []
@@ -1616,6 +1621,7 @@ def test_the_set_up_rebinds_the_name_the_forward_runs_through():
     assert "model_without_ddp.state_dict()" in result.output
 
 
+@pytest.mark.slow  # CI time: two runs, one of them importing lightning
 def test_the_aliased_set_up_trains_as_before(tmp_path):
     pytest.importorskip("lightning")
     import subprocess

@@ -135,7 +135,7 @@ def _run(script: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @torch_runs
-@pytest.mark.parametrize("backend", ["fabric", "torch"])
+@pytest.mark.parametrize("backend", ["fabric", pytest.param("torch", marks=pytest.mark.slow)])  # (CI time)
 def test_frozen_parameters_do_not_move_and_the_others_do(backend, tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("lightning")

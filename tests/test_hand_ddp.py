@@ -7,14 +7,16 @@ starts the second process). Each rank prints its own losses: they must be the or
 rank by rank, digit for digit (32-true), and so must what rank 0 prints at the end (an
 all-reduced figure) and the files it writes.
 
-The default set runs ``fixtures/init_distributed_mode`` (DETR's and DeiT's family: a helper
-that reads RANK, WORLD_SIZE and LOCAL_RANK and joins the group, ``model_without_ddp``), ``fixtures/imagenet_ddp`` (the ImageNet example's family: ``main_worker``
+The default set runs ``fixtures/imagenet_ddp`` (the ImageNet example's family: ``main_worker``
 spawned with --multiprocessing-distributed or called directly, here in each process torchrun
 starts with --dist-url env://; both the original and the rewrite are started by torchrun, as
-the script reads torchrun's WORLD_SIZE itself) and ``fixtures/local_rank_finetune`` (a BERT-era
-fine-tuning script: ``--local_rank`` defaulting to LOCAL_RANK, -1 for one process; the rewrite
-is started with plain python); tests/test_projects.py runs the tutorial's
-mp.spawn script split over three files the same way, rank by rank. The ``slow`` set runs ddp_spawn and the
+the script reads torchrun's WORLD_SIZE itself); tests/test_real_code.py runs the classic
+``--local_rank`` script on two processes, and tests/test_projects.py the tutorial's mp.spawn
+script split over three files, rank by rank. The ``slow`` set (CI time: two processes that each
+import lightning) runs ``fixtures/init_distributed_mode`` (DETR's and DeiT's family: a helper
+that reads RANK, WORLD_SIZE and LOCAL_RANK and joins the group, ``model_without_ddp``),
+``fixtures/local_rank_finetune`` (a BERT-era fine-tuning script: ``--local_rank`` defaulting to
+LOCAL_RANK, -1 for one process; the rewrite is started with plain python), ddp_spawn and the
 torchrun fixtures (``fixtures/ddp_torchrun``, ``fixtures/hand_ddp`` whose set-up helper receives ``fabric``,
 ``fixtures/ddp_trainer`` and its resume from a snapshot), and the torchrun fixture's rewrite
 without ``--devices`` (``devices`` from torchrun's ``LOCAL_WORLD_SIZE``) under torchrun itself.
@@ -100,11 +102,11 @@ def _both(name: str, tmp_path: Path, options: Options = TWO, runs: int = 1):
                                   "imagenet_ddp",
                                   # a BERT-era fine-tuning script: --local_rank (from LOCAL_RANK),
                                   # -1 for one process, the barrier around the model's making
-                                  "local_rank_finetune",
+                                  pytest.param("local_rank_finetune", marks=pytest.mark.slow),
                                   # the init_distributed_mode(args) family (DETR, DeiT): RANK and
                                   # WORLD_SIZE read in a helper that joins the group, DDP only when
                                   # distributed, model_without_ddp = model.module
-                                  "init_distributed_mode"])
+                                  pytest.param("init_distributed_mode", marks=pytest.mark.slow)])
 def test_every_rank_trains_as_before(name, tmp_path):
     [(original, rewritten)] = _both(name, tmp_path)
     expected = _losses(original.stdout)

@@ -109,6 +109,7 @@ def test_launcher_slurm_writes_the_batch_file_only_when_writing(tmp_path):
 
 
 @pytest.mark.runs
+@pytest.mark.slow  # CI time: the launch lines are checked without a run above
 def test_the_two_node_launch_line_trains(tmp_path):
     """Both "nodes" of a --num-nodes 2 rewrite as processes of this machine, started by the
     summary's own torchrun line (R and MAIN filled in), over gloo: both end, and rank 0 prints

@@ -11,8 +11,9 @@ cpu`` is run as 2 processes with ``--lr 0`` (so that the weights stay those of t
 - the files it writes are written once (rank 0), and a checkpoint it wrote loads back with the
   original script's own ``--resume`` code.
 
-The other runnable fixtures run on 2 processes too, in the ``slow`` set
-(``pytest -m slow tests/test_multi_device.py``): each must run and end cleanly.
+The default run (CI) runs imagenet_style this way, and mnist_style with ``--shard-eval``; the
+other evaluated fixtures, and every other runnable fixture (each must run and end cleanly), run
+on 2 processes in the ``slow`` set (``pytest -m slow tests/test_multi_device.py``).
 """
 
 from __future__ import annotations
@@ -86,8 +87,17 @@ def _lines(text: str, pattern: str) -> list[str]:
     return [line for line in text.splitlines() if re.search(pattern, line)]
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "rnn_classifier" else n
-                                  for n in sorted(EVALUATED)])  # rnn: the same check, CI time
+#: the fixtures run on two processes in the default run (CI): imagenet_style (its evaluation, the
+#: files it writes, its checkpoint read back), and mnist_style with --shard-eval; the others
+#: are in the ``slow`` set (two processes that each import lightning: 25-50 s a fixture on 2 cores)
+DEFAULT = {"imagenet_style"}
+
+
+def _slow_unless(names, default=DEFAULT):
+    return [n if n in default else pytest.param(n, marks=pytest.mark.slow) for n in names]
+
+
+@pytest.mark.parametrize("name", _slow_unless(sorted(EVALUATED)))
 def test_evaluation_on_two_processes_equals_the_original(name, work):
     original, rewritten, _ = _both(name, work)
     assert original.returncode == 0, original.stderr[-2000:]
@@ -100,7 +110,7 @@ def test_evaluation_on_two_processes_equals_the_original(name, work):
     assert _lines(rewritten.stdout, pattern) == expected
 
 
-@pytest.mark.parametrize("name", ["autoencoder_sums", "word_lm"])
+@pytest.mark.parametrize("name", _slow_unless(["autoencoder_sums", "word_lm"]))
 def test_every_line_is_printed_once_with_the_original_s_figures(name, work):
     """Issue 25: what the script prints before Fabric used to exist (`print(args)`, the seed) and
     after it, its training figures and its test figures: each line once, as the original printed
@@ -121,8 +131,7 @@ def test_every_line_is_printed_once_with_the_original_s_figures(name, work):
 SHARDED = ["imagenet_style", "mnist_style"]
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n != "mnist_style" else n
-                                  for n in SHARDED])
+@pytest.mark.parametrize("name", _slow_unless(SHARDED, {"mnist_style"}))
 def test_sharded_evaluation_sums_over_the_processes(name, work):
     """--shard-eval: each process evaluates half the set, and the sums all-reduced after the loop
     give the figures of the whole set, as the original printed them."""
@@ -147,6 +156,7 @@ def test_files_are_written_once_and_the_checkpoint_loads_with_the_original_code(
     assert "=> loaded checkpoint" in again.stdout
 
 
+@pytest.mark.slow  # (CI time)
 def test_the_model_s_other_methods_run_on_two_processes(work):
     _, rewritten, root = _both("vae", work)
     assert rewritten.returncode == 0, rewritten.stderr[-2000:]  # model.decode: marked as forward
@@ -230,13 +240,12 @@ if __name__ == "__main__":
 """
 
 
-def test_a_loader_drawn_by_next_is_sharded_and_its_evaluation_sums_are_reduced(tmp_path):
+def _drawn_and_evaluated() -> str:
     """A training loop that draws its batches one at a time (``data_iter = iter(train_loader)``,
     ``next(data_iter)``) trains on the loader: with 2 devices it is sharded (before, the
     evaluation loop over the same loader made it an evaluation loader, left whole, and every
     process trained on all the data). The evaluation over it then sees one shard per process:
-    its sum is all-reduced after the loop, and on 2 processes at ``--lr 0`` the figure printed is
-    the original's."""
+    its sum is all-reduced after the loop."""
     result = rewrite(_DRAWN_AND_EVALUATED, TWO, path="train.py")
     out = result.output
     assert result.changed and not result.dropped, result.dropped
@@ -245,6 +254,18 @@ def test_a_loader_drawn_by_next_is_sharded_and_its_evaluation_sums_are_reduced(t
     assert not [n for n in result.notes if "not in a loop over data" in n.message]
     assert any("`train_loader` is sharded for training: each process evaluates its shard" in n.message
                for n in result.notes)
+    return out
+
+
+def test_a_loader_drawn_by_next_is_sharded_and_its_evaluation_sums_are_reduced():
+    _drawn_and_evaluated()
+
+
+@pytest.mark.slow  # (CI time: two processes that each import lightning)
+def test_a_loader_drawn_by_next_trains_on_two_processes_as_the_original(tmp_path):
+    """``_drawn_and_evaluated``'s rewrite, on 2 processes at ``--lr 0``: the figure printed is the
+    original's."""
+    out = _drawn_and_evaluated()
     for name, text in (("original", _DRAWN_AND_EVALUATED), ("rewritten", out)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "train.py").write_text(text, encoding="utf-8")

@@ -440,6 +440,7 @@ def test_at_32_true_on_one_device_the_project_prints_what_the_original_prints(wo
 
 
 @pytest.mark.runs
+@pytest.mark.slow  # CI time: tests/test_multi_device.py runs a whole evaluation on two processes
 def test_on_two_processes_evaluation_is_whole_and_files_are_written_once(work):
     original, rewritten, base = _both(work, Options.create(devices=2, accelerator="cpu"),
                                       ("--device", "cpu", "--lr", "0"))
@@ -460,6 +461,8 @@ def _per_rank(text: str) -> dict[str, list[tuple[str, str]]]:
 
 
 @pytest.mark.runs
+@pytest.mark.slow  # CI time: hand-made DDP runs rank by rank in tests/test_hand_ddp.py, a project in
+# test_verify_runs_the_rewritten_project
 def test_hand_made_ddp_over_three_files_gives_every_rank_the_same_losses(work):
     """The DDP tutorial's mp.spawn script with its Trainer and data in files of their own: the
     original on 2 gloo processes, the rewrite with Fabric on 2 CPU devices: each rank's losses
@@ -492,6 +495,7 @@ def test_hand_made_ddp_over_three_files_gives_every_rank_the_same_losses(work):
 
 
 @pytest.mark.runs
+@pytest.mark.slow  # CI time: its rewrite is checked by its goldens (fixtures/projects/sam)
 def test_sam_steps_in_two_halves_as_before(work):
     """SAM (sam.py, the script's own optimizer class) is set up with the model; its two
     forward-backward passes go through fabric.backward, its first_step/second_step are its own:
@@ -520,6 +524,7 @@ def test_sam_steps_in_two_halves_as_before(work):
 
 
 @pytest.mark.runs
+@pytest.mark.slow  # CI time: two processes, each importing lightning
 def test_a_loss_scaler_class_trains_every_rank_as_before(work):
     """The Swin Transformer's shape (fixtures/projects/scaler_class): a loss scaler of utils.py
     whose ``__call__`` runs backward and the step receives ``fabric``; the driver's process

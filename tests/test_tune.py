@@ -100,6 +100,7 @@ def _planted(source: str, after: str, line: str) -> str:
 
 
 @pytest.mark.runs
+@pytest.mark.slow  # CI time: a minute on 2 cores; the ranking and the table are checked without runs above
 def test_tune_ranks_measured_candidates_and_shows_the_failed_and_the_unavailable(tmp_path, monkeypatch):
     """The issue's case on a runnable fixture, in-process: an option set, a planted slow file
     (the 32-true rewrite sleeping 50 ms a step), a crashing one, fsdp (needs CUDA) and 8-bit

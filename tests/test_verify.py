@@ -137,17 +137,28 @@ def _slow_if(names, slow):
             if (n[0] if isinstance(n, tuple) else n) in slow else n for n in names]
 
 
-#: fixtures whose runs in the default set are other tests' (module_loop: 2 processes, here;
-#: train_function: tests/test_dataloader_hints.py; imagenet_style, mnist_style, vae:
-#: tests/test_multi_device.py; the apex fixtures: test_apex_migration; finetune_encoder:
-#: activation checkpointing; text_classification: dynamic padding; already_autocast and gan_bce:
-#: their refusals at bf16-mixed and 16-mixed): their 32-true verification is in the ``slow`` set
-#: (CI time)
-EXACT_SLOW = {"module_loop", "train_function", "imagenet_style", "mnist_style", "vae", "apex_o1",
-              "apex_o2_two_losses", "finetune_encoder", "text_classification", "already_autocast", "gan_bce"}
+def _slow_unless(cases, default):
+    """``cases`` with every one not in ``default`` (a case, or a tuple case's first item) marked
+    ``slow``: the default run (CI) keeps those, ``pytest -m slow`` runs the rest. Each
+    verification starts two Pythons that import torch, and the rewritten one lightning (with
+    torchmetrics and transformers): 17-40 s a test on this project's 2-core box."""
+    return [case if case in default or (isinstance(case, tuple) and case[0] in default) else
+            pytest.param(*(case if isinstance(case, tuple) else (case,)), marks=pytest.mark.slow)
+            for case in cases]
 
 
-@pytest.mark.parametrize("name", _slow_if(RUNNABLE, EXACT_SLOW))
+#: the 32-true verifications in the default run (CI): two optimizers (gan), a closure (lbfgs),
+#: parameter groups (param_groups). Every other fixture's 32-true verification is in the ``slow``
+#: set; the default run still trains each style both ways elsewhere (module_loop on 2 processes
+#: here; train_function in tests/test_dataloader_hints.py; mnist_style in
+#: tests/test_multi_device.py; imagenet_ddp in tests/test_hand_ddp.py; apex_o1 in
+#: test_apex_migration; transformer_lm with --checkpointing and --optimizer-8bit; trainer
+#: classes in tests/test_conversions.py; finetune_encoder's --freeze; text_classification's
+#: dynamic padding)
+EXACT_DEFAULT = {"gan", "lbfgs", "param_groups"}
+
+
+@pytest.mark.parametrize("name", _slow_unless(RUNNABLE, EXACT_DEFAULT))
 def test_fixture_at_32_true_is_exact(name, fixture_script):
     v = verify(fixture_script(name), Options.create(precision="32-true"), **RUN)
     _show(name, "32-true", v)
@@ -170,14 +181,13 @@ BF16_COVERED_ELSEWHERE = {"gan_bce", "apex_o2_two_losses", "finetune_encoder", "
                           "mnist_style", "data_parallel", "accelerator_api"}
 
 
-#: in the default run (CI): the refusals, and one fixture of each style; the others are in the
-#: ``slow`` set (pytest -m slow), as are the native 16-mixed runs of NATIVE_SLOW below
-BF16_SLOW = {"transformer_lm", "imagenet_ddp", "init_distributed_mode", "local_rank_finetune", "trainer_run", "module_loop", "train_function", "trainer_class", "torchmetrics_metrics", "imagenet_style",
-             "rnn_classifier", "apex_o1", "vae", "checkpointing", "autoencoder_sums", "word_lm", "param_groups",
-             "scheduled_optim", "trainer_given_loaders"}
+#: in the default run (CI): Fabric's bf16-mixed on two optimizers (gan); the others, and the
+#: verifications of the refusals (REFUSE_BF16: test_the_fixture_lists_are_current checks that
+#: their rewrites leave bf16-mixed out), are in the ``slow`` set (pytest -m slow)
+BF16_DEFAULT = {"gan"}
 
 
-@pytest.mark.parametrize("name", _slow_if([n for n in RUNNABLE if n not in BF16_COVERED_ELSEWHERE], BF16_SLOW))
+@pytest.mark.parametrize("name", _slow_unless([n for n in RUNNABLE if n not in BF16_COVERED_ELSEWHERE], BF16_DEFAULT))
 def test_fixture_at_bf16_mixed(name, fixture_script):
     v = verify(fixture_script(name), Options.create(precision="bf16-mixed"), **RUN)
     _show(name, "bf16-mixed", v)
@@ -217,14 +227,12 @@ NATIVE = [name for name in RUNNABLE if name not in REFUSE_NATIVE and not name.st
 #: alone) on four of different styles, to keep the suite short
 NATIVE_CASES = [(name, "16-mixed") for name in NATIVE] + [
     (name, "bf16-mixed") for name in TWO_PROCESSES]
-#: models and loops that other fixtures in the default run already cover at 16-mixed
-NATIVE_SLOW = {"imagenet_ddp", "init_distributed_mode", "local_rank_finetune", "trainer_run", "accelerator_api", "checkpointing", "data_parallel", "finetune_encoder",
-               "imagenet_style", "rnn_classifier", "torchmetrics_metrics", "trainer_class", "autoencoder_sums",
-               "param_groups", "scheduled_optim", "cyclegan_chain", "trainer_given_loaders"}
+#: in the default run: autocast with a GradScaler on two optimizers (gan at 16-mixed) and autocast
+#: alone (module_loop at bf16-mixed); the others are in the ``slow`` set
+NATIVE_DEFAULT = {("gan", "16-mixed"), ("module_loop", "bf16-mixed")}
 
 
-@pytest.mark.parametrize("name,precision", _slow_if(NATIVE_CASES, NATIVE_SLOW)[:-2] + [
-    pytest.param(*case, marks=pytest.mark.slow) for case in NATIVE_CASES[-2:]])
+@pytest.mark.parametrize("name,precision", _slow_unless(NATIVE_CASES, NATIVE_DEFAULT))
 def test_fixture_with_native_mixed_precision(name, precision, fixture_script):
     """--backend torch: autocast (and, at 16-mixed, a GradScaler on CPU: fp16 really runs) within
     the mixed-precision tolerance of the original."""
@@ -243,7 +251,7 @@ def test_fixture_with_native_mixed_precision(name, precision, fixture_script):
     assert v.verdict.comparison["mean_rel_diff"] <= 2e-2
 
 
-@pytest.mark.parametrize("name", ["apex_o1", "apex_o2_two_losses"])
+@pytest.mark.parametrize("name", _slow_unless(["apex_o1", "apex_o2_two_losses"], {"apex_o1"}))
 def test_apex_migration(name, fixture_script):
     """AR211 on the apex fixtures (apex.amp replaced by a CPU stand-in that does what amp does
     without a GPU: fp32, no scaling): at --precision 32-true the migration keeps the math
@@ -296,8 +304,8 @@ def test_clip_grad_norm_bounds_every_applied_gradient(options, fixture_script):
 KEEP_BATCH_RTOL = 1e-6
 
 
-@pytest.mark.parametrize("options", [
-    {}, {"precision": "bf16-mixed"}, {"backend": "torch", "precision": "16-mixed"},
+@pytest.mark.parametrize("options", [  # (Fabric's bf16-mixed: in the slow set)
+    {}, pytest.param({"precision": "bf16-mixed"}, marks=pytest.mark.slow), {"backend": "torch", "precision": "16-mixed"},
 ], ids=["fabric", "fabric-bf16-mixed", "torch-16-mixed"])
 def test_accumulation_keeping_the_effective_batch_matches_per_optimizer_step(options, fixture_script):
     v = verify(fixture_script("module_loop"),
@@ -324,7 +332,7 @@ def test_accumulation_without_keeping_the_batch_changes_training(fixture_script)
 
 
 @pytest.mark.parametrize("name,target,options", [
-    ("finetune_encoder", "Block", {}),  # by class name, with Fabric
+    pytest.param("finetune_encoder", "Block", {}, marks=pytest.mark.slow),  # by class name, with Fabric
     ("transformer_lm", "blocks.layers", {"backend": "torch"}),  # by module path; dropout inside
 ])
 def test_activation_checkpointing_keeps_the_losses(name, target, options, fixture_script):
@@ -357,7 +365,7 @@ def test_compiled_model_trains_within_the_approximate_tolerance(fixture_script):
     assert v.verdict.comparison["tolerance"]["kind"] == APPROXIMATE
 
 
-@pytest.mark.parametrize("group", [None, "all"])
+@pytest.mark.parametrize("group", [None, pytest.param("all", marks=pytest.mark.slow)])
 def test_dynamic_padding_keeps_the_losses_to_fp32_rounding(group, fixture_script):
     """AR502 on text_classification (a masked model): the same math over other lengths; with
     AR503's length-grouped training batches, training changes and still runs."""
@@ -768,7 +776,7 @@ def test_mixed_precision_gradient_norms_have_their_own_tolerance(grad_scale, ver
         assert "gradient" in v.reason and "--grad-rtol" in v.reason and "0.1 allowed" in v.reason
 
 
-@pytest.mark.parametrize("options", [{"precision": "bf16-mixed"},
+@pytest.mark.parametrize("options", [pytest.param({"precision": "bf16-mixed"}, marks=pytest.mark.slow),
                                      {"backend": "torch", "precision": "16-mixed"}],
                          ids=["fabric-bf16-mixed", "torch-16-mixed"])
 def test_pure_half_becomes_mixed_precision(options, tmp_path):
