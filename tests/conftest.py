@@ -13,6 +13,7 @@ import inspect
 import os
 import re
 import shutil
+import sys
 import tempfile
 
 import pytest
@@ -23,6 +24,17 @@ import pytest
 _CACHE = tempfile.mkdtemp(prefix="accelerate-rewrite-cache-")
 os.environ["ACCELERATE_REWRITE_CACHE_DIR"] = _CACHE
 atexit.register(shutil.rmtree, _CACHE, True)
+
+#: where the environment says not to write bytecode (PYTHONDONTWRITEBYTECODE, set on this
+#: project's CI machines), the Pythons of the test run write it all the same, in a tree of its
+#: own inside the virtual environment (PYTHONPYCACHEPREFIX: no __pycache__ beside the fixtures
+#: the tests run): with the set-up's --no-compile, every training process would otherwise compile
+#: torch and lightning from source again (lightning's import: 21 s instead of 10 on 2 cores)
+if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", os.path.join(sys.prefix, "pycache"))
+    sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
+    sys.dont_write_bytecode = False
 
 #: the files whose tests share runs through a per-worker cache
 _SHARED_RUNS = ("test_verify.py", "test_multi_device.py", "test_verify_mutations.py", "test_robustness.py",
