@@ -35,6 +35,7 @@ from accelerate_rewrite.api import rewrite  # noqa: E402
 from accelerate_rewrite.options import Options  # noqa: E402
 from tests import processes  # noqa: E402
 from tests.goldens import FIXTURES, fixture_names  # noqa: E402
+from tests.verify_support import slow_unless  # noqa: E402
 
 pytestmark = pytest.mark.runs
 
@@ -93,11 +94,7 @@ def _lines(text: str, pattern: str) -> list[str]:
 DEFAULT = {"imagenet_style"}
 
 
-def _slow_unless(names, default=DEFAULT):
-    return [n if n in default else pytest.param(n, marks=pytest.mark.slow) for n in names]
-
-
-@pytest.mark.parametrize("name", _slow_unless(sorted(EVALUATED)))
+@pytest.mark.parametrize("name", slow_unless(sorted(EVALUATED), DEFAULT))
 def test_evaluation_on_two_processes_equals_the_original(name, work):
     original, rewritten, _ = _both(name, work)
     assert original.returncode == 0, original.stderr[-2000:]
@@ -110,7 +107,7 @@ def test_evaluation_on_two_processes_equals_the_original(name, work):
     assert _lines(rewritten.stdout, pattern) == expected
 
 
-@pytest.mark.parametrize("name", _slow_unless(["autoencoder_sums", "word_lm"]))
+@pytest.mark.parametrize("name", slow_unless(["autoencoder_sums", "word_lm"], DEFAULT))
 def test_every_line_is_printed_once_with_the_original_s_figures(name, work):
     """Issue 25: what the script prints before Fabric used to exist (`print(args)`, the seed) and
     after it, its training figures and its test figures: each line once, as the original printed
@@ -131,7 +128,7 @@ def test_every_line_is_printed_once_with_the_original_s_figures(name, work):
 SHARDED = ["imagenet_style", "mnist_style"]
 
 
-@pytest.mark.parametrize("name", _slow_unless(SHARDED, {"mnist_style"}))
+@pytest.mark.parametrize("name", slow_unless(SHARDED, {"mnist_style"}))
 def test_sharded_evaluation_sums_over_the_processes(name, work):
     """--shard-eval: each process evaluates half the set, and the sums all-reduced after the loop
     give the figures of the whole set, as the original printed them."""

@@ -35,7 +35,7 @@ from accelerate_rewrite.verify.compare import APPROXIMATE, CHANGES_TRAINING, EXA
 from accelerate_rewrite.verify.runner import run_script  # noqa: E402
 from accelerate_rewrite.verify.session import verify  # noqa: E402
 from tests.goldens import FIXTURES, ROOT, fixture_names  # noqa: E402
-from tests.verify_support import OriginalRuns  # noqa: E402
+from tests.verify_support import OriginalRuns, slow_unless  # noqa: E402
 
 pytestmark = pytest.mark.runs
 
@@ -132,21 +132,6 @@ def test_the_fixture_lists_are_current():
 
 # ---- every runnable fixture --------------------------------------------------------------------
 
-def _slow_if(names, slow):
-    return [pytest.param(*(n if isinstance(n, tuple) else (n,)), marks=pytest.mark.slow)
-            if (n[0] if isinstance(n, tuple) else n) in slow else n for n in names]
-
-
-def _slow_unless(cases, default):
-    """``cases`` with every one not in ``default`` (a case, or a tuple case's first item) marked
-    ``slow``: the default run (CI) keeps those, ``pytest -m slow`` runs the rest. Each
-    verification starts two Pythons that import torch, and the rewritten one lightning (with
-    torchmetrics and transformers): 17-40 s a test on this project's 2-core box."""
-    return [case if case in default or (isinstance(case, tuple) and case[0] in default) else
-            pytest.param(*(case if isinstance(case, tuple) else (case,)), marks=pytest.mark.slow)
-            for case in cases]
-
-
 #: the 32-true verifications in the default run (CI): two optimizers (gan), a closure (lbfgs),
 #: parameter groups (param_groups). Every other fixture's 32-true verification is in the ``slow``
 #: set; the default run still trains each style both ways elsewhere (module_loop on 2 processes
@@ -158,7 +143,7 @@ def _slow_unless(cases, default):
 EXACT_DEFAULT = {"gan", "lbfgs", "param_groups"}
 
 
-@pytest.mark.parametrize("name", _slow_unless(RUNNABLE, EXACT_DEFAULT))
+@pytest.mark.parametrize("name", slow_unless(RUNNABLE, EXACT_DEFAULT))
 def test_fixture_at_32_true_is_exact(name, fixture_script):
     v = verify(fixture_script(name), Options.create(precision="32-true"), **RUN)
     _show(name, "32-true", v)
@@ -187,7 +172,7 @@ BF16_COVERED_ELSEWHERE = {"gan_bce", "apex_o2_two_losses", "finetune_encoder", "
 BF16_DEFAULT = {"gan"}
 
 
-@pytest.mark.parametrize("name", _slow_unless([n for n in RUNNABLE if n not in BF16_COVERED_ELSEWHERE], BF16_DEFAULT))
+@pytest.mark.parametrize("name", slow_unless([n for n in RUNNABLE if n not in BF16_COVERED_ELSEWHERE], BF16_DEFAULT))
 def test_fixture_at_bf16_mixed(name, fixture_script):
     v = verify(fixture_script(name), Options.create(precision="bf16-mixed"), **RUN)
     _show(name, "bf16-mixed", v)
@@ -232,7 +217,7 @@ NATIVE_CASES = [(name, "16-mixed") for name in NATIVE] + [
 NATIVE_DEFAULT = {("gan", "16-mixed"), ("module_loop", "bf16-mixed")}
 
 
-@pytest.mark.parametrize("name,precision", _slow_unless(NATIVE_CASES, NATIVE_DEFAULT))
+@pytest.mark.parametrize("name,precision", slow_unless(NATIVE_CASES, NATIVE_DEFAULT))
 def test_fixture_with_native_mixed_precision(name, precision, fixture_script):
     """--backend torch: autocast (and, at 16-mixed, a GradScaler on CPU: fp16 really runs) within
     the mixed-precision tolerance of the original."""
@@ -251,7 +236,7 @@ def test_fixture_with_native_mixed_precision(name, precision, fixture_script):
     assert v.verdict.comparison["mean_rel_diff"] <= 2e-2
 
 
-@pytest.mark.parametrize("name", _slow_unless(["apex_o1", "apex_o2_two_losses"], {"apex_o1"}))
+@pytest.mark.parametrize("name", slow_unless(["apex_o1", "apex_o2_two_losses"], {"apex_o1"}))
 def test_apex_migration(name, fixture_script):
     """AR211 on the apex fixtures (apex.amp replaced by a CPU stand-in that does what amp does
     without a GPU: fp32, no scaling): at --precision 32-true the migration keeps the math
@@ -407,7 +392,7 @@ def test_native_mixed_precision_refusals_say_why(name):
     assert any(n.rule == "AR207" and n.skipped for n in result.notes)
 
 
-@pytest.mark.parametrize("name", _slow_if(TWO_PROCESSES, {"train_function", "gan"}))
+@pytest.mark.parametrize("name", slow_unless(TWO_PROCESSES, {"module_loop"}))
 def test_fixture_on_two_cpu_processes(name, fixture_script):
     v = verify(fixture_script(name), Options.create(precision="32-true"), run_devices=2, **RUN)
     _show(name, "2 processes", v)

@@ -6,12 +6,17 @@ whatever the rewrite options are, so the tests patch ``session.run_script`` with
 :meth:`OriginalRuns.run_script`: the first run of an original is real and remembered, later
 ones get a copy of it (recorded with the parameters' fingerprints, which only --freeze reads).
 The rewritten runs always run.
+
+``slow_unless`` keeps one training test of each kind in the default run (CI) and marks the
+others ``slow``.
 """
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
+
+import pytest
 
 from accelerate_rewrite.verify import runner
 
@@ -37,3 +42,14 @@ class OriginalRuns:
             self.real_runs += 1
             self.cache[key] = runner.run_script(script, args, label=label, **kwargs)
         return copy.deepcopy(self.cache[key])
+
+
+def slow_unless(cases, default):
+    """``cases`` (names, or tuples of parameters) with every one not in ``default`` marked
+    ``slow``: the default run (CI) keeps those, ``pytest -m slow`` runs the rest. A test that
+    trains a script both ways starts Pythons that import torch, and lightning with torchmetrics
+    and transformers for a rewrite: 15-50 s a test on this project's 2-core box, whose CI has 15
+    minutes for everything."""
+    return [case if case in default else
+            pytest.param(*(case if isinstance(case, tuple) else (case,)), marks=pytest.mark.slow)
+            for case in cases]
