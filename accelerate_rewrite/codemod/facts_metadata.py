@@ -84,7 +84,6 @@ def walk(module: cst.Module):
         return visitor.parents, visitor.spans, None
 
 
-
 class Metadata(dict):
     """provider -> its values for one tree: parents and scopes at once, positions one top-level
     statement at a time (codemod/layout.py) when first asked for, any other provider by the
@@ -131,7 +130,6 @@ class Metadata(dict):
             values = resolve(self.wrapper, provider)
         self[provider] = values
         return values
-
 
 
 def resolve(wrapper: MetadataWrapper, provider) -> Mapping[cst.CSTNode, Any]:
