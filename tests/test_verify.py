@@ -185,6 +185,11 @@ def test_fixture_at_bf16_mixed(name, fixture_script):
         assert "did not run" in v.verdict.reason
         assert v.rewritten.ok and v.rewritten.precision != "bf16-mixed"
         return
+    if v.verdict.verdict == "not-verified" and v.verdict.reason.startswith("needs a CPU kernel"):
+        # word_lm's LSTM under bf16 autocast, on a CPU without bfloat16 instructions (as this
+        # project's 2-core box): the verifier says the machine can't run it, never "broke"
+        assert v.verdict.exit_code == 2 and "broke" not in v.verdict.reason
+        pytest.skip(f"{name}: {v.verdict.reason.splitlines()[0]}")
     assert v.verdict.verdict == "pass", v.verdict.reason
     assert v.verdict.exit_code == 0
     assert v.verdict.comparison["tolerance"]["kind"] == APPROXIMATE

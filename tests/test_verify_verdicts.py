@@ -129,6 +129,10 @@ def test_a_crash_of_the_rewritten_script_is_named_first():
     ("ModuleNotFoundError: No module named 'transformer_engine'", "transformer_engine"),
     ("ModuleNotFoundError: No module named 'bitsandbytes'", "bitsandbytes"),
     ("RuntimeError: Found no NVIDIA driver on your system.", "CUDA"),
+    # torch's words on a CPU without bfloat16 instructions, for an LSTM under bf16 autocast
+    ("RuntimeError: could not create a primitive descriptor for the LSTM forward propagation primitive. "
+     "Run workload with environment variable ONEDNN_VERBOSE=all to get additional diagnostic information.",
+     "a CPU kernel for this layer at this precision"),
 ])
 def test_a_machine_that_cant_run_it_is_not_verified_never_broke(last, needs):
     rewritten = RunRecord("rewritten", exit_code=1, error=f"Traceback (most recent call last):\n{last}")

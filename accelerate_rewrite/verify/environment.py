@@ -161,6 +161,11 @@ _MACHINE_ERRORS = [
     (re.compile(r"Torch not compiled with CUDA|Found no NVIDIA driver|CUDA is not available|"
                 r"no CUDA GPUs are available|`?CUDAAccelerator`? can not run|No supported gpu backend"), CUDA),
     (re.compile(r"No module named '(transformer_engine|bitsandbytes|deepspeed|torch_xla)"), None),
+    # oneDNN has no kernel for this layer at this precision on this CPU (an LSTM under CPU bf16
+    # autocast, on a CPU without bfloat16 instructions): the fp32 original ran, so it is the machine
+    (re.compile(r"could not create a primitive descriptor for the \w+ (forward|backward)"),
+     "a CPU kernel for this layer at this precision (oneDNN has none on this CPU; a GPU, "
+     "or a CPU with bfloat16 instructions, runs it)"),
 ]
 
 
