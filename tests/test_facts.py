@@ -857,3 +857,37 @@ def test_the_first_node_inside_is_the_scans():
         for outer in facts.find(m.FunctionDef() | m.For() | m.If()):
             scan = next((i for i, c in enumerate(calls) if facts.inside(c, outer)), None)
             assert facts.first_inside(calls, lambda c: c, outer, "calls") == scan, path
+
+
+@pytest.mark.parametrize("source", [
+    # typing named: ScopeVisitor's own look at each call and subscript
+    "from typing import cast, TypeVar, List\nimport typing as t\nT = TypeVar('T', 'Model')\n"
+    "class Model: pass\ndef f(x: 'List[Model]') -> None:\n    y = cast('Model', x)\n    z = t.cast(List['Model'], y)\n"
+    "    w: t.Optional['Model'] = None\n    return y.g(z, w)\n",
+    # no typing named: the looks skipped (they can't find it); string annotations still read
+    "class Model: pass\ndef f(x: 'Model', loss) -> 'Model':\n    loss = x(1)\n    loss.backward()\n"
+    "    loss = x(2)\n    loss.backward()\n    return cast('Model', x)[0]\n",
+])
+def test_the_scopes_type_hints_are_libcsts(source):
+    """The scope analysis skips ScopeVisitor's look for ``typing.cast``, ``TypeVar``,
+    ``NewType`` at every call (and ``typing.*`` at every subscript) where no name in the tree is
+    ``typing`` (``_typing_named``): every access, with its annotation and type-hint flags and
+    what it reads, is still LibCST's."""
+    from libcst.metadata import MetadataWrapper, ScopeProvider
+
+    from accelerate_rewrite.codemod.facts_metadata import walk
+    from accelerate_rewrite.codemod.facts_scopes import _typing_named, scopes
+
+    module = cst.parse_module(source)
+    by_type = walk(module)[2]
+    assert _typing_named(by_type) == ("typing" in source)
+    mine = scopes(module, by_type)
+    theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ScopeProvider)
+
+    def shape(computed):
+        every = {id(s): s for s in computed.values() if s is not None}
+        return sorted((type(s).__name__, sorted(
+            (a.node.value if isinstance(a.node, cst.Name) else type(a.node).__name__, a.is_annotation,
+             a.is_type_hint, sorted(type(r).__name__ + r.name for r in a.referents)) for a in s.accesses))
+            for s in every.values())
+    assert shape(mine) == shape(theirs)

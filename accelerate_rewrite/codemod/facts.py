@@ -112,6 +112,9 @@ class ScriptFacts(Places, Index, Flow):
             self.module = self.wrapper.module
             self._meta = Metadata(self.wrapper, self.layout)
         self._qualnames: dict[cst.CSTNode, frozenset[str]] = {}
+        #: (scope, dotted name) -> the qualified names of the calls and attributes so named there
+        #: (``Places._by_name_key``); emptied with the scopes
+        self._qualnames_by_name: dict[tuple, frozenset[str]] = {}
         self.bindings: list[Binding] = []
         self.backward_sites: list[BackwardSite] = []
         self.device_moves: list[DeviceMove] = []
@@ -166,6 +169,7 @@ class ScriptFacts(Places, Index, Flow):
         first read of a name a result no longer defines) is asked of a new analysis: keys are
         nodes and names, never scopes, so nothing kept refers to the old one."""
         self._bound.clear()
+        self._qualnames_by_name.clear()
         self._meta.release_scopes()
 
     def dispose(self) -> None:

@@ -1,13 +1,14 @@
 """Where a node of the analysed tree stands: its lines, parent and ancestors, scope and
 qualified names, statement, block, function, class, and the file of a project it comes from.
 Mixed into ScriptFacts (codemod/facts.py), which gives ``module``, ``memo``, ``body_parts``,
-``_meta`` (codemod/facts_metadata.py) and ``_qualnames``."""
+``_meta`` (codemod/facts_metadata.py), ``_qualnames`` and ``_qualnames_by_name``."""
 
 from __future__ import annotations
 
 from typing import Iterator, Optional, Union
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 from libcst.metadata import ParentNodeProvider, PositionProvider, ScopeProvider
 
 #: the sets of qualified names ``qualnames`` has given, each kept once (shared by every script)
@@ -66,11 +67,35 @@ class Places:
         names = self._qualnames.get(node)
         if names is None:  # as LibCST's QualifiedNameProvider has it, for this node only
             scope = self.scope(node)
-            names = frozenset(q.name for q in scope.get_qualified_names_for(node)) if scope is not None \
-                else frozenset()
-            # one set for each answer (a set takes 216 bytes; most answers are none, or repeat)
-            self._qualnames[node] = names = _ANSWERS.setdefault(names, names)
+            key = self._by_name_key(node, scope) if scope is not None else None
+            names = self._qualnames_by_name.get(key) if key is not None else None
+            if names is None:
+                names = frozenset(q.name for q in scope.get_qualified_names_for(node)) if scope is not None \
+                    else frozenset()
+                # one set for each answer (a set takes 216 bytes; most answers are none, or repeat)
+                names = _ANSWERS.setdefault(names, names)
+                if key is not None:
+                    self._qualnames_by_name[key] = names
+            self._qualnames[node] = names
         return names
+
+    def _by_name_key(self, node: cst.CSTNode, scope) -> Optional[tuple]:
+        """(scope, dotted name) where LibCST's answer for ``node`` is that of every node of that
+        name in that scope, else None. LibCST answers a call or an attribute that is no read of
+        its own (``_accesses_by_node``) from the bindings of the longest bound prefix of its
+        dotted name in its scope, all of them, wherever the node stands; unless the node is the
+        name an import binds (``_is_assignment``). Those answers are kept by name: ``loss`` bound
+        and ``loss.backward()`` called a thousand times in one function were a million steps."""
+        kind = type(node)
+        if kind is not cst.Call and kind is not cst.Attribute:
+            return None
+        reads = getattr(scope, "_accesses_by_node", None)
+        if reads is None or reads.get(node):
+            return None
+        if kind is cst.Attribute and type(self.parent(node)) is cst.ImportAlias:
+            return None
+        name = get_full_name_for_node(node)
+        return (scope, name) if name is not None else None
 
     def qualname(self, node: cst.CSTNode) -> Optional[str]:
         names = self.qualname_set(node)

@@ -101,9 +101,35 @@ def _every_scope(computed: Mapping[cst.CSTNode, Any]) -> dict[int, Any]:
     return scopes
 
 
+#: the first names of the qualified names ScopeVisitor looks for at calls and subscripts (a
+#: ``typing.cast``, ``typing.TypeVar``, ``typing.NewType`` call; a subscript of ``typing.*`` or
+#: ``typing_extensions.*``)
+_TYPING = frozenset({"typing", "typing_extensions"})
+
+
 class _Scopes(LeanVisitor, ScopeVisitor):
     #: whether the sets ``infer_accesses`` makes are filled when first read (``_Lazy``)
     lazy = False
+    #: whether a qualified name can start with ``typing`` (``_typing_named``): if not, the
+    #: lookups of ``visit_Call`` and ``visit_Subscript`` can't find what they look for
+    typing = True
+
+    def visit_Call(self, node: cst.Call) -> Optional[bool]:
+        """ScopeVisitor's ``visit_Call``, without the lookup of the call's qualified names where
+        none can be one of ``typing``'s: that lookup walks every binding of the name called (of
+        ``loss`` in ``loss.backward()``), so a name bound n times and called n times in one
+        function cost n * n."""
+        if self.typing:
+            return ScopeVisitor.visit_Call(self, node)
+        self._ScopeVisitor__top_level_attribute_stack.append(None)
+        self._ScopeVisitor__in_type_hint_stack.append(False)
+        return True
+
+    def visit_Subscript(self, node: cst.Subscript) -> Optional[bool]:
+        if self.typing:
+            return ScopeVisitor.visit_Subscript(self, node)
+        self._ScopeVisitor__in_type_hint_stack.append(False)
+        return True
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         """ScopeVisitor's ``on_leave``, its ``isinstance`` against a tuple of abstract classes
@@ -183,12 +209,25 @@ def scopes(module: cst.Module, by_type: Optional[dict[type, list[cst.CSTNode]]] 
     Should a probe show either way answering otherwise than LibCST's (``_lean_agrees``),
     LibCST's way is taken."""
     lean = _lean_agrees()
-    return _scopes(module, _Stored(by_type) if by_type is not None and lean else None, lazy=lean)
+    if by_type is None or not lean:
+        return _scopes(module, None, lazy=lean)
+    return _scopes(module, _Stored(by_type), lazy=True, typing=_typing_named(by_type))
 
 
-def _scopes(module: cst.Module, contexts: Optional[Mapping], lazy: bool = False) -> Mapping[cst.CSTNode, Any]:
+def _typing_named(by_type: dict[type, list[cst.CSTNode]]) -> bool:
+    """Whether a qualified name in this tree can start with ``typing`` or ``typing_extensions``.
+    Every qualified name LibCST gives is made of names in the tree: an import's module and
+    names, a binding's dotted name, a scope's functions and classes (``builtins.`` aside). So
+    where no ``Name`` is one of those two, none can; and a string annotation's names only read
+    what the tree binds. tests/test_facts.py compares the scopes with LibCST's on every fixture."""
+    return any(node.value in _TYPING for node in by_type.get(cst.Name, ()))
+
+
+def _scopes(module: cst.Module, contexts: Optional[Mapping], lazy: bool = False,
+            typing: bool = True) -> Mapping[cst.CSTNode, Any]:
     """``scopes``, the expression contexts given (``_Stored``), or walked for as LibCST does;
-    ``lazy``: the sets ``infer_accesses`` fills, filled when first read."""
+    ``lazy``: the sets ``infer_accesses`` fills, filled when first read; ``typing``: whether a
+    qualified name can start with ``typing`` (``_typing_named``)."""
     if _ASSIGNMENT_LIKE is None:
         raise AttributeError("LibCST's ScopeVisitor changed")  # Metadata takes the wrapper's way
     with _reading(_Contexts, _Scopes, ExpressionContextVisitor):
@@ -201,6 +240,8 @@ def _scopes(module: cst.Module, contexts: Optional[Mapping], lazy: bool = False)
         provider.metadata = {ExpressionContextProvider: contexts}
         visitor = _Scopes(provider)
         visitor.lazy = lazy
+        visitor.typing = typing or not hasattr(visitor, "_ScopeVisitor__in_type_hint_stack") \
+            or not hasattr(visitor, "_ScopeVisitor__top_level_attribute_stack")
         module.visit(visitor)
     visitor.infer_accesses()
     return provider._computed
@@ -301,7 +342,8 @@ def _lean_agrees() -> bool:
     expression contexts otherwise, or fill its sets otherwise, LibCST's way is taken)."""
     try:
         module = cst.parse_module(_PROBE)
-        ours = _scopes(module, _Stored(_walk(module)[2]), lazy=True)
+        by_type = _walk(module)[2]
+        ours = _scopes(module, _Stored(by_type), lazy=True, typing=_typing_named(by_type))
         theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve(ScopeProvider)
 
         def shape(scope) -> tuple:
