@@ -1702,3 +1702,32 @@ def test_a_loop_over_the_scripts_own_pass_through_generator_draws_from_the_loade
     assert not filtered.changed
     assert any("batches come from `metric_logger.log_every(loader, 10, \"train\")`" in s
                for s in skips(filtered, "AR101")), skips(filtered)
+
+
+def test_a_statement_left_trivial_by_its_moves_goes_whatever_its_tuple():
+    """``x, y = x.to(device), y.to(device)`` and its parenthesised forms do nothing once their
+    moves go, and go; a tuple with another call left (``y.float()``) stays, its move gone. The
+    moves around a tuple's elements are stripped without a transformer (``_without_moves``),
+    as the transformer would strip them."""
+    result = convert("""
+        import torch
+        import torch.nn as nn
+
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model = nn.Linear(4, 2).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 2))
+        loader = torch.utils.data.DataLoader(data, batch_size=4)
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            (x, y) = (x.to(device), y.to(device))
+            x, y = (x.to(device)), y.to(device)
+            x, y = x.to(device), y.float()
+            loss = nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    """)
+    loop = body(result).split("for x, y in loader:\n")[1]
+    assert loop.splitlines()[0] == "    x, y = x, y.float()"
+    assert ".to(" not in loop

@@ -293,16 +293,24 @@ class Devices:
 
     def _without_moves(self, small: cst.BaseSmallStatement, removed: set[int]) -> cst.BaseSmallStatement:
         """``small`` with the moves in ``removed`` gone (``x.to(d)``: ``x``). Where they are all
-        around its value (``x.cuda()``, ``model = model.to(device).to(d)``), that value is
-        replaced by the expression they hold; otherwise the statement is rebuilt by a
-        transformer (for every one of a long script's thousands of moves: a second)."""
+        around its value or around the elements of its tuple (``x.cuda()``, ``model =
+        model.to(device).to(d)``, ``x, y = x.to(d), y.to(d)``), those are replaced by the
+        expressions they hold, as the transformer would; otherwise the statement is rebuilt by
+        the transformer (for every one of a long script's thousands of moves: seconds)."""
         if isinstance(small, (cst.Expr, cst.Assign)):
-            core, around = small.value, set()
-            while isinstance(core, cst.Call) and id(core) in removed:
-                around.add(id(core))
-                core = core.func.value  # type: ignore[attr-defined]
+            value = small.value
+            parts = list(value.elements) if isinstance(value, cst.Tuple) else None
+            cores, around = [], set()
+            for core in [e.value for e in parts] if parts is not None else [value]:
+                while isinstance(core, cst.Call) and id(core) in removed:
+                    around.add(id(core))
+                    core = core.func.value  # type: ignore[attr-defined]
+                cores.append(core)
             if around and all(id(c) in around for c in self.f.find_in(small, m.Call()) if id(c) in removed):
-                return small.with_changes(value=core)
+                if parts is None:
+                    return small.with_changes(value=cores[0])
+                return small.with_changes(value=value.with_changes(
+                    elements=[e.with_changes(value=c) for e, c in zip(parts, cores)]))
         return small.visit(_StripMoves(removed))
 
     def _device_names(self, handled: set[int]) -> None:
