@@ -81,8 +81,8 @@ from accelerate_rewrite.verify.compare import (  # noqa: E402
     Claims,
     Tolerance,
     compare,
-    frozen_names,
 )
+from accelerate_rewrite.verify.claims import frozen_names  # noqa: E402
 from accelerate_rewrite.verify.runner import RunRecord  # noqa: E402
 
 LOSSES = [2.0, 1.8, 1.6, 1.5, 1.4, 1.3]

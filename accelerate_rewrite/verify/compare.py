@@ -28,14 +28,14 @@ DistributedSampler in the rewritten run draws the batches in another order.
 
 from __future__ import annotations
 
-import fnmatch
 import math
-import re
 from dataclasses import asdict, dataclass, replace
 from statistics import median
-from typing import Optional, Sequence
+from typing import Optional
 
+from accelerate_rewrite.verify.claims import check_clip, check_freeze, clip_problem
 from accelerate_rewrite.verify.environment import machine_failure
+from accelerate_rewrite.verify.evidence import evidence_problem, precision_problem, steps_text, unapplied
 from accelerate_rewrite.verify.runner import RunRecord
 
 EXACT, APPROXIMATE, CHANGES_TRAINING = "exact", "approximate", "changes-training"
@@ -44,7 +44,6 @@ NOT_VERIFIED, NOT_COMPARED, DATA_ORDER = "not-verified", "not-compared", "data-o
 EXIT_CODES = {PASS: 0, FAIL: 1, ERROR: 2, NOT_VERIFIED: 2, NOT_COMPARED: 3, DATA_ORDER: 4}
 LABELS = {PASS: "PASS", FAIL: "FAIL", ERROR: "ERROR", NOT_VERIFIED: "NOT VERIFIED",
           NOT_COMPARED: "NOT COMPARED", DATA_ORDER: "DATA ORDER CHANGED (distributed sampler)"}
-HALF = {"16-mixed": "float16", "bf16-mixed": "bfloat16", "16-true": "float16", "bf16-true": "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -143,86 +142,10 @@ def last_line(error: Optional[str]) -> str:
     return lines[-1] if lines else ""
 
 
-def _precision_problem(requested: Optional[str], run: RunRecord) -> Optional[str]:
-    """Why the requested precision did not run, if it did not."""
-    if requested is None:
-        return None
-    actual = run.precision
-    if actual == requested:
-        return None
-    hints = []
-    if requested == "16-mixed" and actual == "bf16-mixed" and run.device == "cpu":
-        hints.append("Fabric turns 16-mixed into bf16-mixed on CPU")
-    if run.traced and requested in HALF and actual == "32-true" and any(on for _, _, on in run.autocast):
-        hints.append(f"an autocast ran, but no training step's loss came from a {HALF[requested]} "
-                     "graph: an autocast outside the training step (e.g. in evaluation) does not count")
-    hints += run.precision_notes
-    if requested != "32-true" and actual == "32-true" and not hints:
-        hints.append("the rewritten script does not use it (see the rewrite's notes)")
-    why = f" ({'; '.join(hints)})" if hints else ""
-    return (f"{requested} was asked for, but the rewritten run used {actual}{why}; parity is not "
-            "reported for a precision that did not run")
-
-
-def _unapplied(original: RunRecord, rewritten: RunRecord, n: int) -> Optional[str]:
-    """A step of the rewritten run that applies no gradient where the original's applied one: not
-    a figure to skip, whatever the precision hides in the losses (a ``zero_grad()`` moved between
-    the backward and the step leaves the model untrained)."""
-    for i in range(min(n, len(original.grad_norms), len(rewritten.grad_norms))):
-        before, after = original.grad_norms[i], rewritten.grad_norms[i]
-        if not before or (i + 1) in original.no_grad_steps:
-            continue
-        if (i + 1) in rewritten.no_grad_steps or after == 0.0:
-            what = ("no parameter had a gradient when the optimizer stepped" if after is None
-                    else "every gradient was zero when the optimizer stepped")
-            return (f"the rewritten script applied no gradient at step {i + 1} (the original's norm "
-                    f"{before:.4g}): {what} (a zero_grad() between the backward and the step?)")
-    return None
-
-
-def _steps_text(steps: list[int]) -> str:
-    shown = ", ".join(str(s) for s in steps[:5])
-    return shown + (f" and {len(steps) - 5} more" if len(steps) > 5 else "")
-
-
-def _evidence_problem(requested: Optional[str], original: RunRecord, rewritten: RunRecord, n: int) -> Optional[str]:
-    """A mixed or half precision must leave a trace in every training step, and change the
-    rounding: losses bit-identical to an fp32 original's mean it did not run."""
-    if requested not in HALF:
-        return None
-    if rewritten.traced and rewritten.untraced_steps:
-        steps = rewritten.untraced_steps
-        return (f"{requested} was asked for, but the loss of step(s) {_steps_text(steps)} (of {n}) came "
-                f"from a graph with no {HALF[requested]} tensor: the training step ran in fp32 there "
-                "(an autocast disabled or left out around the forward); parity is not reported for a "
-                "precision that did not run")
-    if (n >= 2 and original.precision != requested and rewritten.losses[:n] == original.losses[:n]
-            and rewritten.param_dtype in (None, "float32")):
-        return (f"{requested} was asked for, but the losses are bit-identical to the fp32 original's "
-                f"at every one of {n} steps: {requested} changes the rounding of every step, so it did "
-                "not run in training; parity is not reported for a precision that did not run")
-    return None
-
-
 def _step_diffs(before: list[Optional[float]], after: list[Optional[float]]) -> list[tuple[int, float]]:
     """(step index, relative difference) of the steps where both runs have the figure."""
     return [(i, abs(a - b) / max(abs(b), 1e-12)) for i, (b, a) in enumerate(zip(before, after))
             if a is not None and b is not None]
-
-
-def _clip_problem(original: RunRecord, rewritten: RunRecord, clip_diffs: list[tuple[int, float]],
-                  allowed: float, flag: str) -> Optional[str]:
-    """The first step whose gradient, measured by the clip before it clipped, differs: clipped to
-    the same norm, the applied gradients can't show it (issue 27.3)."""
-    i = next((i for i, d in clip_diffs if d > allowed), None)
-    if i is None:
-        return None
-    d = dict(clip_diffs)[i]
-    return (f"the gradient measured before clipping at step {i + 1} differs: norm "
-            f"{rewritten.clip_norms[i]:.6g} instead of {original.clip_norms[i]:.6g} (relative {d:.2e}, "
-            f"allowed {allowed:g}: {flag}); clipped to the same limit, the applied gradients look "
-            "alike, but the step's gradient changed (gradients left from the previous step, a loss "
-            "scaled differently)")
 
 
 def _exact_problem(original: RunRecord, rewritten: RunRecord, diffs, grad_diffs,
@@ -234,7 +157,7 @@ def _exact_problem(original: RunRecord, rewritten: RunRecord, diffs, grad_diffs,
     first_grad = next((i for i, d in enumerate(grad_diffs) if d > tolerance.max_rel), None)
     first_clip = next((i for i, d in clip_diffs if d > tolerance.max_rel), None)
     if first_clip is not None and all(x is None or first_clip < x for x in (first, first_grad)):
-        return _clip_problem(original, rewritten, clip_diffs, tolerance.max_rel, "--rtol")
+        return clip_problem(original, rewritten, clip_diffs, tolerance.max_rel, "--rtol")
     if first_grad is not None and (first is None or first_grad < first):
         losses = ("the losses agree" if first is None else
                   f"the losses agree until step {first}")
@@ -284,7 +207,7 @@ def _approximate_problem(original: RunRecord, rewritten: RunRecord, comparison: 
 
     mean_clip = comparison.get("mean_clip_norm_rel_diff")
     if mean_clip is not None and mean_clip > tolerance.grad_rel:
-        return _clip_problem(original, rewritten, [(i, d) for i, d in clip_diffs if d > tolerance.grad_rel],
+        return clip_problem(original, rewritten, [(i, d) for i, d in clip_diffs if d > tolerance.grad_rel],
                              tolerance.grad_rel, f"--grad-rtol; {mean_clip:.2e} on average over the steps"), ""
     if mean_grad is not None and mean_grad > tolerance.grad_rel:
         return (f"the gradients the steps apply differ by {mean_grad:.2e} on average (norms; max "
@@ -324,7 +247,7 @@ def _scaler_settling(original: RunRecord, rewritten: RunRecord, diffs: list[floa
     if not skipped or skipped[0] >= n:
         return None
     first = skipped[0]
-    steps = f"step(s) {_steps_text(skipped)} of {n}"
+    steps = f"step(s) {steps_text(skipped)} of {n}"
     if all(g is None for g in rewritten.grad_norms[first:n]):
         return FAIL, (f"the GradScaler skipped every step from step {first} on ({steps}): its loss scale "
                       "never settles (gradients that overflow fp16 at any scale, or a scale that is never "
@@ -359,85 +282,6 @@ def _curves_also(original: RunRecord, rewritten: RunRecord, comparison: dict, to
     if why is None:
         return ""
     return f"; and the curves differ beyond what the precision could explain: {why}"
-
-
-def frozen_names(patterns: Sequence[str], names: Sequence[str]) -> set[str]:
-    """The parameter names ``--freeze`` patterns name (a module path, a slice of a ModuleList, a
-    glob): the verifier's own reading of the claim, not the rewrite's code."""
-    out: set[str] = set()
-    for pattern in patterns:
-        slice_ = re.fullmatch(r"(.+)\[(-?\d*):(-?\d*)\]", pattern)
-        if slice_:
-            path, start, stop = slice_.group(1), slice_.group(2), slice_.group(3)
-            indices = {int(m.group(1)) for n in names
-                       for m in [re.match(re.escape(path) + r"\.(\d+)\.", n)] if m}
-            size = max(indices) + 1 if indices else 0
-            keep = range(size)[slice(int(start) if start else None, int(stop) if stop else None)]
-            out |= {n for n in names if any(n.startswith(f"{path}.{i}.") for i in keep)}
-        elif any(c in pattern for c in "*?["):
-            out |= set(fnmatch.filter(names, pattern))
-        else:
-            out |= {n for n in names if n == pattern or n.startswith(pattern + ".")}
-    return out
-
-
-def _names(names: Sequence[str]) -> str:
-    shown = ", ".join(sorted(names)[:4])
-    return shown + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-
-
-def check_freeze(patterns: Sequence[str], original: RunRecord, rewritten: RunRecord) -> tuple[Optional[str], str]:
-    """(the failure, or None; what was checked)."""
-    before, after = rewritten.params_start, rewritten.params_end
-    if not before or not after:
-        return None, ""  # not recorded (a run that timed out): the claim stays unchecked
-    names = list(before)
-    frozen = frozen_names(patterns, names)
-    if not frozen:
-        return (f"--freeze {' '.join(patterns)} names none of the model's parameters "
-                f"({_names(names)}): nothing was frozen"), ""
-    moved = sorted(n for n in frozen if after.get(n) != before[n])
-    if moved:
-        return (f"--freeze {' '.join(patterns)}: {len(moved)} of the {len(frozen)} parameters it names "
-                f"changed during training ({_names(moved)}): they were not frozen"), ""
-    trained = set(names) - frozen
-    if original.params_start and original.params_end:  # the others: those the original moved
-        trained = {n for n in trained if original.params_end.get(n) != original.params_start.get(n)}
-    still = sorted(n for n in trained if after.get(n) == before[n])
-    if still:
-        return (f"--freeze {' '.join(patterns)}: {len(still)} parameter(s) it does not name did not "
-                f"change ({_names(still)}), though the original trained them: more was frozen "
-                "than asked"), ""
-    return None, (f"the {len(frozen)} parameters --freeze names are bitwise unchanged, the other "
-                  f"{len(trained)} moved")
-
-
-def check_clip(max_norm: float, original: RunRecord, rewritten: RunRecord, basis: str) -> tuple[Optional[str], str, int]:
-    """(the failure, or None; what was checked; the steps before clipping first acts)."""
-    norms = [(i, g) for i, g in enumerate(rewritten.grad_norms) if g is not None]
-    over = [(i, g) for i, g in norms if g > max_norm * (1 + 1e-3)]
-    if over:
-        i, g = over[0]
-        return (f"--clip-grad-norm {max_norm:g}: the gradient applied at step {i + 1} has norm {g:.4g}, "
-                f"above {max_norm:g} ({len(over)} of {len(norms)} steps): the gradients are not "
-                "clipped (or clipped while still scaled)"), "", 0
-    first = next((i for i, g in enumerate(original.grad_norms) if g is not None and g > max_norm), None)
-    if first is None:
-        first = len(original.grad_norms)
-    if basis == EXACT:  # before clipping first acts, the original's steps; at that step, the norm
-        for i in range(min(first + 1, len(rewritten.losses), len(original.losses))):
-            before, after = original.losses[i], rewritten.losses[i]
-            if before is not None and after is not None and abs(after - before) > 1e-5 * max(abs(before), 1e-12):
-                return (f"--clip-grad-norm {max_norm:g}: the loss of step {i + 1} differs ({after:.6g} instead "
-                        f"of {before:.6g}), before clipping could act (the original's gradient norms stay "
-                        f"under {max_norm:g} until step {first + 1})"), "", first
-    if basis == EXACT and first < len(rewritten.grad_norms) and rewritten.grad_norms[first] is not None:
-        g = rewritten.grad_norms[first]
-        if abs(g - max_norm) > max_norm * 1e-3:
-            return (f"--clip-grad-norm {max_norm:g}: at step {first + 1}, where the original's gradient "
-                    f"norm is {original.grad_norms[first]:.4g}, the rewritten run applied {g:.4g} instead "
-                    f"of {max_norm:g}: it clips to another norm"), "", first
-    return None, (f"no applied gradient norm above {max_norm:g} in {len(norms)} steps"), first
 
 
 def compare(
@@ -512,7 +356,7 @@ def compare(
         mean_clip_norm_rel_diff=sum(d for _, d in clip_diffs) / len(clip_diffs) if clip_diffs else None,
         warmup_steps=warmup,
     )
-    problem = _precision_problem(requested_precision, rewritten)
+    problem = precision_problem(requested_precision, rewritten)
     if problem is not None:
         return verdict(NOT_VERIFIED, problem + _curves_also(original, rewritten, comparison, tolerance, n,
                                                             clip_diffs, noise))
@@ -524,10 +368,10 @@ def compare(
     if bad:
         return verdict(FAIL, f"the {rewritten.label} run's loss is {rewritten.losses[bad[0]]} at step "
                              f"{bad[0] + 1}")
-    why = _unapplied(original, rewritten, n)
+    why = unapplied(original, rewritten, n)
     if why is not None:
         return verdict(FAIL, why)
-    problem = _evidence_problem(requested_precision, original, rewritten, n)
+    problem = evidence_problem(requested_precision, original, rewritten, n)
     if problem is not None:
         return verdict(NOT_VERIFIED, problem + _curves_also(original, rewritten, comparison, tolerance, n,
                                                             clip_diffs, noise))
@@ -573,8 +417,7 @@ def compare(
                                      f"(relative {diffs[0]:.2e}): freezing can't change the first forward")
         if claims.clip_grad_norm is not None:
             why, what, _ = check_clip(claims.clip_grad_norm, original, rewritten,
-                                      EXACT if claims.basis == EXACT and same_data and not claims.freeze
-                                      else APPROXIMATE)
+                                      exact=claims.basis == EXACT and same_data and not claims.freeze)
             if why is not None:
                 return verdict(FAIL, why)
             checked.append(what)

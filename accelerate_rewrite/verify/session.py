@@ -18,7 +18,6 @@ from accelerate_rewrite.options import Options
 from accelerate_rewrite.verify import environment
 from accelerate_rewrite.verify.compare import (
     APPROXIMATE,
-    HALF,
     CHANGES_TRAINING,
     EXACT,
     FAIL,
@@ -31,6 +30,7 @@ from accelerate_rewrite.verify.compare import (
     last_line,
     noise_floor,
 )
+from accelerate_rewrite.verify.evidence import HALF
 from accelerate_rewrite.verify.runner import RunRecord, run_script
 
 
