@@ -24,8 +24,8 @@ from accelerate_rewrite.codemod.flow import maybe_unbound
 from accelerate_rewrite.codemod.layout import Splice
 from accelerate_rewrite.codemod.parse import parse_module
 from accelerate_rewrite.codemod.result import Kind, Result  # noqa: F401 (plain data: codemod/result.py)
-from accelerate_rewrite.codemod.project import (Project, Realias, Scope, Unit, analyse, build, candidates, relocate,
-                                                units_of)
+from accelerate_rewrite.codemod.project import Project, Realias, Scope, analyse, build, candidates
+from accelerate_rewrite.codemod.project_units import Unit, relocate, units_of
 from accelerate_rewrite.codemod.preserve import (Region, lost_trivia, lost_trivia_spliced, removed_comments,
                                                  removed_comments_spliced, restore, split_tail)
 from accelerate_rewrite.codemod.rule import Note, Rule, RuleContext
