@@ -167,7 +167,8 @@ class ScriptFacts(Places, Index, Flow):
         """Let the scope analysis go once the rules have run (a long script: the engine then
         keeps these facts for no other rewrite). What is asked of the scopes afterwards (the
         first read of a name a result no longer defines) is asked of a new analysis: keys are
-        nodes and names, never scopes, so nothing kept refers to the old one."""
+        nodes and names, never scopes, so nothing kept refers to the old one (the qualified names
+        kept by scope, ``_qualnames_by_name``, are emptied with it)."""
         self._bound.clear()
         self._qualnames_by_name.clear()
         self._meta.release_scopes()

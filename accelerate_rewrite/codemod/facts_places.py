@@ -84,8 +84,9 @@ class Places:
         name in that scope, else None. LibCST answers a call or an attribute that is no read of
         its own (``_accesses_by_node``) from the bindings of the longest bound prefix of its
         dotted name in its scope, all of them, wherever the node stands; unless the node is the
-        name an import binds (``_is_assignment``). Those answers are kept by name: ``loss`` bound
-        and ``loss.backward()`` called a thousand times in one function were a million steps."""
+        name an import binds (``_is_assignment``). Those answers are kept by name, so each
+        lookup (a walk of every binding of ``loss`` for ``loss.backward()``) is made once a
+        function, not once a call."""
         kind = type(node)
         if kind is not cst.Call and kind is not cst.Attribute:
             return None
