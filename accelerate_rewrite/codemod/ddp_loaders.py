@@ -19,6 +19,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import DATALOADERS, Binding, ScriptFacts, code
+from accelerate_rewrite.codemod.loops import data_source
 
 
 @dataclass
@@ -74,7 +75,7 @@ def _sharded(f: ScriptFacts, loader: Binding, sampler: cst.BaseExpression) -> Sh
     def is_loader(node: cst.BaseExpression) -> bool:
         return f.same_object(f.key_of(node), loader.key)
 
-    loops = [loop for loop in f.find(m.For()) if is_loader(_unwrap(f, loop.iter))]
+    loops = [loop for loop in f.find(m.For()) if is_loader(data_source(f, loop.iter))]
     calls = [c for c in f.attribute_calls if c.func.attr.value == "set_epoch" and (
         (isinstance(sampler, cst.Name) and code(c.func.value) == code(sampler))
         or m.matches(c.func.value, m.Attribute(attr=m.Name("sampler"))) and is_loader(c.func.value.value))]
@@ -98,9 +99,3 @@ def _sharded(f: ScriptFacts, loader: Binding, sampler: cst.BaseExpression) -> Sh
                          f"{keep} and is not set up: Fabric would call `set_epoch` with the number of "
                          f"times it was iterated, and {why}, so the batches would change; its batches "
                          "move to `fabric.device`")
-
-
-def _unwrap(f: ScriptFacts, source: cst.BaseExpression) -> cst.BaseExpression:
-    from accelerate_rewrite.codemod.loops import data_source
-
-    return data_source(f, source)
