@@ -37,7 +37,6 @@ import argparse
 import ast
 import gc
 import io
-import os
 import re
 import shutil
 import statistics
