@@ -86,8 +86,9 @@ def changes(source: Path, output: Path) -> tuple[set[int], list[str]]:
 
 
 def touched_statements(tree: ast.Module, lines: list[str], changed: set[int]) -> list[str]:
-    """The text of the innermost statement holding each changed line, dedented; a compound
-    statement stands for its header only (its body's lines belong to their own statements)."""
+    """The lines of the innermost statement holding each changed line, dedented; a compound
+    statement stands for its header only (its body's lines belong to their own statements),
+    but where its body starts on the header's line, that line is the body's statement's text."""
     innermost: dict[int, tuple[int, int, bool]] = {}
     for node in ast.walk(tree):
         if not isinstance(node, ast.stmt):
@@ -203,7 +204,7 @@ def main() -> None:
         print("| part (CPU s) | seconds |\n| --- | --- |")
         for name, value in rows:
             print(f"| {name} | {value:.2f} |")
-        print(f"| **the floor (all but the scale row)** | **{floor:.2f}** |")
+        print(f"| **the floor (all but the scale rows)** | **{floor:.2f}** |")
         print(f"\nLeft of the {GOAL_SECONDS:.0f} s goal for the analysis and every rule: {left:.2f} s, "
               f"{left / walk:.1f} bare `ast.walk`s of the input. The floor is {floor / whole_parse:.2f} LibCST parses "
               f"of the whole input; the whole command today is {whole['cpu'] / whole_parse:.2f}.")
