@@ -503,3 +503,14 @@ def synthetic_source(models: int) -> str:
         *(_STEP.format(k=k) for k in range(models)),
         _TAIL,
     ])
+
+
+def synthetic_of_lines(target: int) -> str:
+    """The ``synthetic_source`` of the fewest models with at least ``target`` lines (the size
+    curve's scripts: benchmarks/speed_goals.py, benchmarks/redesign_floor.py)."""
+    models = max(1, round(target / 47.5))  # about 47.5 lines a model: a guess, then exact
+    while models > 1 and n_lines(synthetic_source(models - 1)) >= target:
+        models -= 1
+    while n_lines(synthetic_source(models)) < target:
+        models += 1
+    return synthetic_source(models)

@@ -5,7 +5,7 @@ edit touches) could not avoid, measured on this machine.
     .venv/bin/python benchmarks/redesign_floor.py                # about 5 minutes on 2 cores
     .venv/bin/python benchmarks/redesign_floor.py --markdown     # a table to paste
 
-It generates the size curve's 50k-line script (benchmarks/corpus.py ``synthetic_source``, as
+It generates the size curve's 50k-line script (benchmarks/corpus.py ``synthetic_of_lines``, as
 benchmarks/speed_goals.py does), rewrites it with the whole command (``-o``, ``--no-cache``,
 the default options, as the size curve runs it: wall, CPU, peak RSS), and then times, in this
 process and at the rewrite's collector thresholds, every part of a rewrite that does not
@@ -53,18 +53,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import libcst as cst  # noqa: E402
 
-from corpus import n_lines, synthetic_source  # noqa: E402
+from accelerate_rewrite.codemod.engine import fewer_collections  # noqa: E402
+
+from corpus import n_lines, synthetic_of_lines  # noqa: E402
 from speed_goals import console_script, log, timed  # noqa: E402
 
 GOAL_SECONDS = 15.0
-
-
-def script_of(target: int) -> str:
-    """The size curve's generated script of at least ``target`` lines (speed_goals.size_curve)."""
-    models = max(1, round(target / 47.5))
-    while n_lines(synthetic_source(models)) < target:
-        models += 1
-    return synthetic_source(models)
 
 
 def changes(source: Path, output: Path) -> tuple[set[int], list[str]]:
@@ -131,9 +125,7 @@ def floor_once(source: str, output: str, texts: list[str], added: list[cst.Modul
         times[name] = time.process_time() - start
         return value
 
-    before = gc.get_threshold()
-    gc.set_threshold(100_000, 50, 100)  # the rewrite's (codemod/engine.py GC_THRESHOLDS)
-    try:
+    with fewer_collections():  # the rewrite's collector thresholds
         tree = clock("Python's parse of the input (`ast.parse`)", lambda: ast.parse(source))
         clock("its symbol tables (`symtable`)", lambda: symtable.symtable(source, path, "exec"))
         modules = clock("LibCST's parse of the changed statements only",
@@ -153,8 +145,6 @@ def floor_once(source: str, output: str, texts: list[str], added: list[cst.Modul
         clock("scale: LibCST's parse of the whole input (what the rewrite parses today)",
               lambda: cst.parse_module(source))
         gc.collect()
-    finally:
-        gc.set_threshold(*before)
     times["nodes"] = walk
     return times
 
@@ -171,7 +161,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         source_path, output_path = folder / f"train_{args.lines}.py", folder / "out.py"
-        source = script_of(args.lines)
+        source = synthetic_of_lines(args.lines)
         source_path.write_text(source, encoding="utf-8")
         log(f"the whole command on {n_lines(source)} lines")
         whole = timed([tool, str(source_path), "--no-cache", "-o", str(output_path)])

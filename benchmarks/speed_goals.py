@@ -49,7 +49,7 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from corpus import n_lines, synthetic_source, write_corpus  # noqa: E402
+from corpus import n_lines, synthetic_of_lines, write_corpus  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ONE_FILE = ROOT / "fixtures" / "module_loop" / "input.py"
@@ -185,10 +185,7 @@ def real_files(mirrors: Path, folder: Path) -> list[Path]:
 def size_curve(tool: str, sizes: list[int], folder: Path) -> list[dict]:
     out = []
     for target in sizes:
-        models = max(1, round(target / 47.5))
-        while n_lines(synthetic_source(models)) < target:
-            models += 1
-        text = synthetic_source(models)
+        text = synthetic_of_lines(target)
         path = folder / f"train_{target}.py"
         path.write_text(text, encoding="utf-8")
         lines = n_lines(text)
