@@ -8,7 +8,8 @@
 
 The corpus is ``../shared/real-corpus/scripts.tsv`` (its README says what it is) followed by
 ``benchmarks/real-corpus-more.tsv``, the scripts this project added in families the shared list
-lacks (``--tsv``, repeatable, names other lists instead). One
+lacks, and ``benchmarks/real-corpus-46.tsv``, issue 46's research codebases, chosen before they
+were measured (``--tsv``, repeatable, names other lists instead). One
 line a script, tab-separated ``repo  commit  script  family``, ``#`` lines are comments. The
 repositories' git mirrors are in ``--mirrors`` (default /work/.mirror), one folder
 ``<owner>+<name>`` each, whose git directory is ``repo/.git`` or else ``repo``. Nothing of them
@@ -84,6 +85,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TSV = ROOT.parent / "shared" / "real-corpus" / "scripts.tsv"
 #: the scripts this project added, in families the shared list lacks (read after it)
 MORE_TSV = ROOT / "benchmarks" / "real-corpus-more.tsv"
+#: issue 46's research codebases, chosen before they were measured (read last)
+RESEARCH_TSV = ROOT / "benchmarks" / "real-corpus-46.tsv"
 DEFAULT_MIRRORS = Path("/work/.mirror")
 TIMEOUT_S = 300
 REASON_CHARS = 120
@@ -620,7 +623,8 @@ def to_json(results: list[dict], meta: dict) -> dict:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tsv", type=Path, action="append",
-                        help=f"the corpus, repeatable (default {DEFAULT_TSV} and then {MORE_TSV.relative_to(ROOT)})")
+                        help=f"the corpus, repeatable (default {DEFAULT_TSV}, then {MORE_TSV.relative_to(ROOT)} "
+                             f"and {RESEARCH_TSV.relative_to(ROOT)})")
     parser.add_argument("--mirrors", type=Path, default=DEFAULT_MIRRORS,
                         help=f"folder of the git mirrors, <owner>+<name>/repo (default {DEFAULT_MIRRORS})")
     parser.add_argument("--only", metavar="PATTERN", action="append",
@@ -637,7 +641,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if pyflakes is None:
         sys.exit("this benchmark needs pyflakes: .venv/bin/pip install pyflakes")
 
-    entries = [entry for path in (args.tsv or [DEFAULT_TSV, MORE_TSV]) for entry in read_tsv(path)]
+    entries = [entry for path in (args.tsv or [DEFAULT_TSV, MORE_TSV, RESEARCH_TSV]) for entry in read_tsv(path)]
     if args.only:
         entries = [e for e in entries if any(p.lower() in f"{e.repo}/{e.script}".lower() for p in args.only)]
     if not entries:
