@@ -13,6 +13,7 @@ from accelerate_rewrite.codemod.facts import (
     DEVICE,
     code,
     init_of,
+    param_for,
     positional_params,
 )
 from accelerate_rewrite.rules._fabric import NAME
@@ -41,12 +42,13 @@ class Reach:
     def _refs(self) -> None:
         f, p = self.f, self.p
         p.refs[id(p.home)] = NAME
-        if isinstance(p.home, cst.Module):
-            self._block_early_functions()
+        at_top = isinstance(p.home, cst.Module)
+        if at_top:
             # a global: every function of this file that runs after its creation sees it;
-            # another file of the project receives it
-            self._new_params(setups=False)
-            return
+            # another file of the project receives it. A function that took the device still
+            # takes `fabric` in its place (below): no parameter is left that nothing reads, and
+            # the function keeps working when another module imports it
+            self._block_early_functions()
         changed = True
         while changed:
             changed = False
@@ -54,12 +56,13 @@ class Reach:
                 target = fn.node
                 func = target if isinstance(target, cst.FunctionDef) else init_of(target)
                 if func is None or id(func) in p.threaded_params or fn.other_uses or not fn.calls \
-                        or id(func) in self.excluded:
+                        or id(func) in self.excluded or id(func) in p.blocked or id(target) in p.blocked:
                     continue
                 param = self._device_param(func, fn)
                 if param is None:
                     continue
-                if not all(p.ref_at(f, call) and p.after_creation(f, call) for call in fn.calls):
+                if not all(p.ref_at(f, call) and p.after_creation(f, call)
+                           and self._passes_device(target, call, param) for call in fn.calls):
                     continue
                 p.threaded_params[id(func)] = param
                 p.refs[id(func)] = NAME
@@ -71,7 +74,7 @@ class Reach:
                         for stmt_ in target.body.body:
                             if isinstance(stmt_, cst.FunctionDef) and stmt_ is not func:
                                 p.refs[id(stmt_)] = f"self.{NAME}"
-        self._new_params()
+        self._new_params(setups=not at_top)
 
     def _block_early_functions(self) -> None:
         """With Fabric created at module level, a function called (or handed on) before the
@@ -111,6 +114,22 @@ class Reach:
                     return None
                 return param
         return None
+
+    def _passes_device(self, target, call: cst.CSTNode, param: cst.Param) -> bool:
+        """``call`` passes ``param`` a name that holds the device (which becomes `fabric` there),
+        not a literal or another expression (``probe(model, "cpu")``: that one call would hand
+        a string to a function that now reads ``fabric.device``)."""
+        f = self.f
+        if not isinstance(call, cst.Call):
+            return False
+        params = positional_params(target)
+        for index, arg in enumerate(call.args):
+            if arg.star:
+                return False
+            if param_for(params, target, arg, index) is param:
+                key = f.key_of(arg.value) if isinstance(arg.value, (cst.Name, cst.Attribute)) else None
+                return key is not None and DEVICE in f.kinds.get(key, set())
+        return False
 
     def _device_attr(self, cls: cst.ClassDef, param: cst.Param) -> Optional[str]:
         init = init_of(cls)
