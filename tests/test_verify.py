@@ -204,8 +204,7 @@ def test_fixture_at_bf16_mixed(name, fixture_script):
 
 #: fixtures whose native (--backend torch) rewrite refuses mixed precision, and says why
 #: (scheduled_optim: its wrapper's own method steps the optimizer, which a GradScaler can't step)
-#: (vit_finetune: its optimizer is built only under `if __name__ == "__main__":`, and stepped in train())
-REFUSE_NATIVE = {"already_autocast", "cuda_amp", "gan_bce", "lbfgs", "scheduled_optim", "vit_finetune"}
+REFUSE_NATIVE = {"already_autocast", "cuda_amp", "gan_bce", "lbfgs", "scheduled_optim"}
 #: a loss that is a sum: fp16 gradients overflow at the GradScaler's starting scale, which skips
 #: steps while it settles, and the curves part there by design (NOT COMPARED, exit 3)
 SCALER_SETTLES = {("autoencoder_sums", "16-mixed")}

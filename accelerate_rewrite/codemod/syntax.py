@@ -52,6 +52,19 @@ def unwrap_moves(expr: cst.BaseExpression) -> cst.BaseExpression:
 _MOVES = frozenset({"to", "cuda", "cpu", "train", "float", "half", "bfloat16", "double"})
 
 
+#: ``if __name__ == "__main__":`` (or the operands the other way round)
+MAIN_GUARD = m.If(test=m.Comparison(left=m.Name("__name__"), comparisons=[
+    m.ComparisonTarget(operator=m.Equal(), comparator=m.SimpleString('"__main__"') | m.SimpleString("'__main__'"))])
+    | m.Comparison(left=m.SimpleString('"__main__"') | m.SimpleString("'__main__'"), comparisons=[
+        m.ComparisonTarget(operator=m.Equal(), comparator=m.Name("__name__"))]))
+
+
+def is_main_guard(node: Optional[cst.CSTNode]) -> bool:
+    """``if __name__ == "__main__":``: the block a script runs when it is run, never on import.
+    Run as a script, its body runs unconditionally (its caller checks it is at the top level)."""
+    return isinstance(node, cst.If) and m.matches(node, MAIN_GUARD)
+
+
 def positional_params(node: Union[cst.FunctionDef, cst.ClassDef]) -> list[cst.Param]:
     if isinstance(node, cst.ClassDef):
         init = init_of(node)

@@ -14,6 +14,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import CLIP_NORM, CLIP_VALUE, code
+from accelerate_rewrite.codemod.syntax import is_main_guard
 from accelerate_rewrite.rules._fabric import common_after, short
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ class Scaler:
                 return
         for opt in f.optimizers:
             guard = f.parent(f.block(opt.stmt))
+            if is_main_guard(guard) and isinstance(f.parent(guard), cst.Module):
+                continue  # the script's main block: it runs whenever the script does
             if isinstance(guard, cst.If) and not any(
                     o is not opt and o.path == opt.path and guard in f.ancestors(o.stmt) for o in f.optimizers):
                 # bound on one path only: the scaler's calls next to its steps would read it where
