@@ -98,14 +98,19 @@ def tool_fingerprint() -> str:
 
 def _siblings(path: Path, text: str) -> list[Path]:
     """The project's own modules the script imports (``codemod.siblings.imported_files``), read
-    with Python's parser only when the text names a module or package of its folder at all."""
+    with Python's parser only when the text names a module or package of its folder, or of its
+    project's root, at all."""
+    from accelerate_rewrite.codemod.siblings import project_root
+
     folder = path.parent
-    try:
-        names = os.listdir(folder if str(folder) else ".")
-    except OSError:
-        return []
-    stems = {name[:-3] if name.endswith(".py") else name for name in names
-             if name.endswith(".py") or "." not in name}
+    stems: set[str] = set()
+    for where in {folder if str(folder) else Path("."), project_root(folder if str(folder) else Path("."))}:
+        try:
+            names = os.listdir(where)
+        except OSError:
+            continue
+        stems |= {name[:-3] if name.endswith(".py") else name for name in names
+                  if name.endswith(".py") or "." not in name}
     stems.discard(path.stem)
     if not any(stem.isidentifier() and stem in text for stem in stems):
         return []

@@ -121,6 +121,9 @@ def test_a_model_built_in_a_try_and_an_optimizer_in_an_elif_chain_train_as_befor
 
 
 def test_an_optimizer_left_unbound_by_an_elif_chain_is_refused_with_the_reason():
+    """The script's own reads of ``optimizer`` after the chain are in a loop, which may not run:
+    where the chain binds nothing, the script may never fail, so a set-up there is refused
+    (tests/test_research_code.py: where the script reads it on every path, it converts)."""
     source = _BUILT_IN_A_TRY.replace('    else:\n        raise ValueError(name)\n', '')
     result = rewrite(source, Options.create(), path="train.py")
     assert not result.changed

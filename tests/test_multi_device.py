@@ -178,7 +178,8 @@ def _runnable() -> list[str]:
 RUNNABLE = ["accelerator_api", "already_autocast", "apex_o1", "checkpointing", "conditional_optimizer",
             "cuda_amp", "cyclegan_chain", "data_parallel", "finetune_encoder", "gan", "gan_bce", "lbfgs",
             "manual_sgd", "module_loop", "param_groups", "scheduled_optim", "text_classification",
-            "torchmetrics_metrics", "train_function", "trainer_class", "trainer_given_loaders", "trainer_run", "transformer_lm"]
+            "torchmetrics_metrics", "train_function", "trainer_class", "trainer_given_loaders", "trainer_run", "transformer_lm",
+            "vit_finetune"]
 
 
 def test_the_list_of_converted_fixtures_is_current():

@@ -80,6 +80,10 @@ def test_the_script_alone_does_not_change_the_module_and_says_why(tmp_path):
 
 
 def test_modules_not_followed_say_why(tmp_path):
+    """A module that runs as a script of its own is followed without its main block (importing
+    it never runs that); one imported relatively too (issue 46); a name imported under another
+    name is read under its own, unless that name is the script's as well (then it is not
+    followed, and the note says why)."""
     root = _engine_driver(tmp_path)
     engine = root / "engine.py"
     engine.write_text(engine.read_text() + '\n\nif __name__ == "__main__":\n    print("a demo")\n')
@@ -93,10 +97,12 @@ def test_modules_not_followed_say_why(tmp_path):
     path.write_text(text)
     result = rewrite(text, Options.create(), path=str(path), scope=Scope(follow=True))
     reasons = [n.message for n in result.skips if n.rule == "project"]
-    assert any("engine.py is not followed: it runs as a script of its own" in r for r in reasons), reasons
-    assert any("helpers.py is not followed: `main` is imported under another name" in r for r in reasons), reasons
-    assert any("__init__.py is not followed: it imports relatively" in r for r in reasons), reasons
-    assert not any(Path(m.path).name == "engine.py" for m in result.members)
+    assert not any("engine.py" in r or "__init__.py" in r for r in reasons), reasons
+    assert any("helpers.py is not followed: `main` is imported as `helper_main`, and `main` is defined there too"
+               in r for r in reasons), reasons
+    engine_out = next(m.output for m in result.members if Path(m.path).name == "engine.py")
+    assert "fabric.backward(loss)" in engine_out
+    assert engine_out.endswith('if __name__ == "__main__":\n    print("a demo")\n')
 
 
 @pytest.mark.parametrize("line", [
@@ -205,12 +211,11 @@ def test_a_module_imported_whole_and_read_otherwise_is_not_followed(tmp_path):
     path = root / "train.py"
     base = _whole(path.read_text(encoding="utf-8"))
     engine = root / "engine.py"
+    # (a script of its own as well: its main block never runs on import, and is no reason)
+    engine.write_text(engine.read_text() + '\n\nif __name__ == "__main__":\n    print("a demo")\n')
     for extra, reason in [("print(engine)", "`engine` is read other than as `engine.name`"),
-                          ("evaluate = None", "`evaluate` is both `engine.evaluate` and a name of the script"),
-                          ("", "it runs as a script of its own")]:
-        if not extra:  # read only as ``engine.name``, but a script of its own
-            engine.write_text(engine.read_text() + '\n\nif __name__ == "__main__":\n    print("a demo")\n')
-        text = base.replace("    torch.save(", f"    {extra}\n    torch.save(") if extra else base
+                          ("evaluate = None", "`evaluate` is both `engine.evaluate` and a name of the script")]:
+        text = base.replace("    torch.save(", f"    {extra}\n    torch.save(")
         result = rewrite(text, Options.create(), path=str(path), scope=Scope(follow=True))
         reasons = [n.message for n in result.skips if n.rule == "project"]
         assert any(f"engine.py is not followed: {reason}" in r for r in reasons), reasons

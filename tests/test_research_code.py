@@ -89,3 +89,49 @@ def test_a_device_parameter_is_threaded_only_where_every_call_passes_the_device(
         assert "train(model, optimizer, loader, fabric)" in out
         assert 'probe(model, "cpu")' in out and "probe(model, device)" in out
         assert 'device = "cuda" if torch.cuda.is_available() else "cpu"' in out
+
+
+DINO_CHAIN = """
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def restore(path, optimizer=None):
+    return path
+
+
+def main(name):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = nn.Linear(4, 1).to(device)
+    if name == "adamw":
+        optimizer = torch.optim.AdamW(model.parameters())
+    elif name == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    LATER
+    restore("checkpoint.pth", optimizer=optimizer)
+    loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=2)
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+
+
+main("sgd")
+"""
+
+
+def test_an_elif_chain_the_script_reads_after_on_every_path_converts():
+    """DINO's optimizer: built in an ``if``/``elif`` chain without ``else``, read by the script
+    on the next statement, on every path. The set-up after the chain reads it where the script
+    does: where the chain binds nothing, both fail with a NameError before any training, so it
+    converts. Anything that may leave between the two (``return``, a ``raise`` in a nested
+    ``if``) keeps the refusal."""
+    result = convert(DINO_CHAIN.replace("    LATER\n", ""))
+    assert ("        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "    model, optimizer = fabric.setup(model, optimizer)\n") in result.output
+    for leave in ("    if name == 'none':\n        return\n", "    if name == 'none':\n        raise SystemExit\n"):
+        result = convert(DINO_CHAIN.replace("    LATER\n", leave), allow_dropped=True)
+        assert not result.changed
+        assert any("reads `optimizer`" in d and "some path leaves it unbound" in d for d in result.dropped)

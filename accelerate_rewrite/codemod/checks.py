@@ -194,7 +194,8 @@ def _new_unbound_reads(original: tuple[str, Callable[[], dict[tuple[str, str], l
             else:  # inserted: fine right after an input line at its indentation that read the name so
                 # already (nanoGPT's `optimizer = model.configure_optimizers(...)`, then the set-up):
                 # every path to it went through that read, which failed the same way there
-                ok = i1 in known and _indent(old_lines[i1 - 1]) == _indent(new_lines[line - 1])
+                ok = (i1 in known and _indent(old_lines[i1 - 1]) == _indent(new_lines[line - 1])) \
+                    or _read_later(old_lines, i1, known, _indent(new_lines[line - 1]))
             if not ok:
                 where = scope.replace("<module>.", "").replace("<module>", "the module")
                 return [f"it reads `{name}` (line {line} of the result, in {where}) where some path "
@@ -202,6 +203,41 @@ def _new_unbound_reads(original: tuple[str, Callable[[], dict[tuple[str, str], l
     return []
 
 
+
+
+#: the headers of blocks that run on some paths only
+_BRANCHES = ("if ", "if(", "elif", "else", "for ", "while ", "except", "finally", "def ", "class ", "async ",
+             "match ", "case ", "lambda")
+#: a statement after which the lines that follow it in its block don't run
+_LEAVES = ("return", "raise", "break", "continue", "sys.exit(", "exit(", "quit(")
+
+
+def _read_later(old_lines: list[str], after: int, known: set[int], indent: int) -> bool:
+    """Every path from an inserted line (after input line ``after``, at ``indent``) runs on to
+    an input line that read the name so already (``known``) in the same block: nothing between
+    dedents below ``indent`` or leaves the block (dino's optimizer built in an ``if``/``elif``
+    chain without ``else``, the set-up after the chain, the input's own read of it a few lines
+    on: where the chain binds nothing, both fail there, loudly, before training starts). Any
+    ``return``, ``raise``, ``break``, ``continue`` or exit between, however deep, may leave."""
+    later = sorted(n for n in known if n > after)
+    if not later:
+        return False
+    enclosing = None  # the read's statement in the inserted line's block
+    for number in range(after + 1, later[0] + 1):
+        text = old_lines[number - 1]
+        if text.strip() and not text.lstrip().startswith("#") and _indent(text) == indent:
+            enclosing = text.strip()
+    if enclosing is None or enclosing.startswith(_BRANCHES):
+        return False  # read in a block that may not run (``for``, ``if``): not on every path
+    for number in range(after + 1, later[0] + 1):
+        text = old_lines[number - 1]
+        if not text.strip() or text.lstrip().startswith("#"):
+            continue
+        if _indent(text) < indent:
+            return False
+        if text.strip().startswith(_LEAVES) and number < later[0]:
+            return False  # (in a nested block too: ``if ...: return``)
+    return True
 
 
 def _indent(text: str) -> int:

@@ -334,9 +334,10 @@ def _rewrite(
         that text is the statements' code joined."""
         new = apply_edits(unit.view, edit_sets, touched, imports_read=several, parent=unit.parent,
                           layout=unit.layout)
-        if unit.aliases:  # ``train`` read as ``E.train`` again, in the statements the edits changed
-            kept = unit.layout.statements
-            new = new.with_changes(body=[s if id(s) in kept else s.visit(Realias(unit.aliases)) for s in new.body])
+        if unit.aliases or unit.renames:  # ``train`` read as ``E.train`` again, in the statements the
+            kept = unit.layout.statements  # edits changed (and ``A`` as the ``B`` it was imported as)
+            new = new.with_changes(body=[s if id(s) in kept else s.visit(Realias(unit.aliases, unit.renames))
+                                         for s in new.body])
         splice = unit.layout.splice(new) if unit.layout is not None else None
         code = restore(unit.head, unit.roundtrip, splice.code if splice is not None else new.code)
         return code, (splice if unit.roundtrip == unit.head else None)

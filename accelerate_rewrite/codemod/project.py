@@ -45,9 +45,13 @@ from accelerate_rewrite.codemod.siblings import (  # noqa: F401
     Scope,
     _file,
     candidates,
+    import_folders,
     imported_modules,
+    package_of,
+    relative_base,
     sys_path_folders,
 )
+from accelerate_rewrite.codemod.syntax import is_main_guard
 
 if TYPE_CHECKING:
     from accelerate_rewrite.codemod.facts import ScriptFacts
@@ -71,6 +75,12 @@ class Part:
     aliases: dict[str, str] = field(default_factory=dict)
     #: its statements' code (codemod/layout.py), printed once for every use
     layout: Optional[Layout] = None
+    #: ``from utils import NativeScalerWithGradNormCount as NativeScaler`` followed: the name
+    #: the analysis reads -> the file's own (``NativeScalerWithGradNormCount`` -> ``NativeScaler``)
+    renames: dict[str, str] = field(default_factory=dict)
+    #: the file, for a module (its relative imports start from it), and its package
+    file: Optional[Path] = None
+    package: str = ""
 
 
 @dataclass
@@ -110,37 +120,93 @@ def _in_folders(folders: list[Path], dotted: str) -> Optional[Path]:
     return next((p for p in (_file(f, dotted) for f in folders) if p is not None), None)
 
 
-def _from_sibling(stmt: cst.CSTNode, folders: list[Path]) -> Optional[tuple[str, Path, cst.ImportFrom]]:
-    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
-            and isinstance(stmt.body[0], cst.ImportFrom)):
-        return None
-    imp = stmt.body[0]
-    if imp.relative or imp.module is None:
-        return None
-    dotted = cst.Module(body=[]).code_for_node(imp.module)
-    file = _in_folders(folders, dotted)
-    return (dotted, file, imp) if file is not None else None
+@dataclass
+class _Target:
+    """A module of the project that one import statement of a part brings in."""
+
+    dotted: str  # its absolute dotted name
+    file: Path
+    #: ``from X import a, b`` of names of its own (None: the module is read through a name)
+    imp: Optional[cst.ImportFrom] = None
+    #: the name the module is read through (``import engine as E``, ``from util import misc``)
+    through: Optional[str] = None
 
 
-def _import_sibling(stmt: cst.CSTNode, folders: list[Path]) -> Optional[tuple[str, Path, str]]:
-    """``import engine`` or ``import engine as E`` (``import data.loaders as L``) of a module in
-    the script's folder (or one it puts on ``sys.path``): (dotted name, file, the name it is
-    read through)."""
-    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
-            and isinstance(stmt.body[0], cst.Import) and len(stmt.body[0].names) == 1):
+def _dotted(node: cst.BaseExpression) -> str:
+    return cst.Module(body=[]).code_for_node(node)
+
+
+def _targets(stmt: cst.CSTNode, part: Part, folders: list[Path]) -> Optional[list[_Target]]:
+    """The project's modules an import statement of ``part`` brings in, or None when it
+    imports none (an installed package, or something this reading does not follow):
+
+    - ``from engine import train`` (names of the module's own: read bare, as the script does);
+    - ``from util import misc``, ``from . import dist_util`` (a module of a package: read
+      through its name, ``misc.NativeScaler`` read as ``NativeScaler``);
+    - ``import engine``, ``import engine as E``, ``import util.misc as misc`` (read through
+      the name it binds);
+    - relative imports in a module of the project (``from .logger import create_logger`` in
+      src/utils.py), never in the script (run as a script, it has no package)."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
         return None
-    alias = stmt.body[0].names[0]
-    dotted = cst.Module(body=[]).code_for_node(alias.name)
-    if alias.asname is not None:
-        if not isinstance(alias.asname.name, cst.Name):
+    node = stmt.body[0]
+    if isinstance(node, cst.Import):
+        if len(node.names) != 1:
             return None
-        through = alias.asname.name.value
-    elif "." in dotted:
-        return None  # ``import data.loaders``: read as ``data.loaders.make``, not followed
+        alias = node.names[0]
+        dotted = _dotted(alias.name)
+        if alias.asname is not None:
+            if not isinstance(alias.asname.name, cst.Name):
+                return None
+            through = alias.asname.name.value
+        elif "." in dotted:
+            return None  # ``import data.loaders``: read as ``data.loaders.make``, not followed
+        else:
+            through = dotted
+        file = _in_folders(folders, dotted)
+        return [_Target(dotted, file, through=through)] if file is not None else None
+    if not isinstance(node, cst.ImportFrom):
+        return None
+    module = _dotted(node.module) if node.module is not None else ""
+    if node.relative:
+        if part.file is None:
+            return None  # the script: run as a script, it has no package
+        level = len(node.relative)
+        base = relative_base(part.file, level)
+        if base is None:
+            return None
+        bases = [base]
+        prefix = part.package.split(".") if part.package else []
+        prefix = prefix[: max(0, len(prefix) - (level - 1))]
+        absolute = ".".join([*prefix, *([module] if module else [])])
     else:
-        through = dotted
-    file = _in_folders(folders, dotted)
-    return (dotted, file, through) if file is not None else None
+        bases = folders
+        absolute = module
+    out: list[_Target] = []
+    names: list[cst.ImportAlias] = []
+    if isinstance(node.names, cst.ImportStar):
+        file = _in_folders(bases, module) if module else None
+        return [_Target(absolute, file, imp=node)] if file is not None else None
+    for alias in node.names:
+        name = _dotted(alias.name)
+        inner = ".".join(p for p in (module, name) if p)
+        sub = _in_folders(bases, inner) if "." not in name else None
+        if sub is not None and (not module or _in_folders(bases, module) is None
+                                or _in_folders(bases, module).name == "__init__.py"):
+            # a module of a package: read through the name it is bound to
+            through = alias.asname.name.value if alias.asname is not None and isinstance(alias.asname.name, cst.Name) \
+                else name
+            out.append(_Target(".".join(p for p in (absolute, name) if p), sub, through=through))
+        else:
+            names.append(alias)
+    if names:
+        file = _in_folders(bases, module) if module else None
+        if file is None:
+            if out:
+                return None  # a package's own name beside its modules: not followed
+            return None
+        out.insert(0, _Target(absolute, file, imp=node.with_changes(names=names)))
+    return out or None
 
 
 def _reads_through(code: str, through: str, names: set[str]) -> tuple[set[str], Optional[str]]:
@@ -184,11 +250,21 @@ def _reads_through(code: str, through: str, names: set[str]) -> tuple[set[str], 
 
 
 class _Dealias(cst.CSTTransformer):
-    """``E.train`` -> ``train`` for the analysis."""
+    """``E.train`` -> ``train`` and, for ``from utils import A as B``, ``B`` -> ``A``, for the
+    analysis."""
 
-    def __init__(self, aliases: dict[str, str]) -> None:
+    def __init__(self, aliases: dict[str, str], renames: Optional[dict[str, str]] = None) -> None:
         super().__init__()
         self.aliases = aliases
+        self.back = {file: analysis for analysis, file in (renames or {}).items()}
+        self.kept: set[int] = set()
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.kept.add(id(node.attr))
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:
+            self.kept.add(id(node.keyword))
 
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
         if (isinstance(updated.value, cst.Name) and self.aliases.get(updated.attr.value) == updated.value.value
@@ -196,14 +272,22 @@ class _Dealias(cst.CSTTransformer):
             return cst.Name(updated.attr.value, lpar=updated.lpar, rpar=updated.rpar)
         return updated
 
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        analysis = self.back.get(updated.value)
+        if analysis is None or id(original) in self.kept:
+            return updated
+        return updated.with_changes(value=analysis)
+
 
 class Realias(cst.CSTTransformer):
     """``train`` -> ``E.train`` again in the file: every ``train`` read there came from ``E.train``
-    (``_reads_through`` made sure the script has no name of its own so)."""
+    (``_reads_through`` made sure the script has no name of its own so); and ``A`` -> ``B`` for
+    ``from utils import A as B`` (``_renamable`` made sure ``A`` is no other name there)."""
 
-    def __init__(self, aliases: dict[str, str]) -> None:
+    def __init__(self, aliases: dict[str, str], renames: Optional[dict[str, str]] = None) -> None:
         super().__init__()
         self.aliases = aliases
+        self.renames = renames or {}
         self.kept: set[int] = set()
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
@@ -214,16 +298,44 @@ class Realias(cst.CSTTransformer):
             self.kept.add(id(node.keyword))
 
     def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        if id(original) in self.kept:
+            return updated
+        renamed = self.renames.get(updated.value)
+        if renamed is not None:
+            return updated.with_changes(value=renamed)
         through = self.aliases.get(updated.value)
-        if through is None or id(original) in self.kept:
+        if through is None:
             return updated
         return cst.Attribute(value=cst.Name(through), attr=cst.Name(updated.value), lpar=updated.lpar,
                              rpar=updated.rpar)
 
 
-def _imports_of(code: str) -> dict[str, frozenset[str]]:
+def _renamable(code: str, analysis: str, own: str) -> Optional[str]:
+    """Why ``from X import analysis as own`` can't be read as ``analysis`` in ``code``: ``own``
+    is bound there otherwise too, or ``analysis`` is a name of it already."""
+    tree = ast.parse(code)
+    binds = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == analysis:
+            return f"`{analysis}` is a name of its own there too"
+        if isinstance(node, ast.arg) and node.arg in (analysis, own):
+            return f"`{node.arg}` is a parameter there too"
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in (analysis, own):
+            return f"`{node.name}` is defined there too"
+        if isinstance(node, ast.alias) and (node.asname or node.name.split(".")[0]) in (analysis, own):
+            binds += 1
+        if isinstance(node, ast.Name) and node.id == own and not isinstance(node.ctx, ast.Load):
+            return f"`{own}` is assigned there too"
+        if isinstance(node, (ast.Global, ast.Nonlocal)) and {analysis, own} & set(node.names):
+            return f"`{own}` is declared global there"
+    return None if binds == 1 else f"`{own}` is imported there more than once"
+
+
+def _imports_of(code: str, package: str = "") -> dict[str, frozenset[str]]:
     """name -> what the import statements at the top level of ``code`` (and in its top-level
-    ``if`` and ``try`` blocks) bind it to: ``torch``, ``torch.nn:functional``."""
+    ``if`` and ``try`` blocks) bind it to, one spelling for one object: ``import torch.nn as
+    nn`` and ``from torch import nn`` both ``torch.nn``; a relative import from ``package``
+    (``from .logger import create_logger`` in src/ -> ``src.logger.create_logger``)."""
     out: dict[str, set[str]] = {}
     try:
         tree = ast.parse(code)
@@ -237,8 +349,15 @@ def _imports_of(code: str) -> dict[str, frozenset[str]]:
                 name = a.asname or a.name.split(".")[0]
                 out.setdefault(name, set()).add(a.name if a.asname else name)
         elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".") if package else []
+                keep = len(parts) - (node.level - 1)
+                base = (".".join([*parts[:keep], *([node.module] if node.module else [])]) if keep >= 0
+                        else f"{'.' * node.level}{node.module or ''}")  # above the top: kept apart
+            else:
+                base = node.module or ""
             for a in node.names:
-                out.setdefault(a.asname or a.name, set()).add(f"{'.' * node.level}{node.module}:{a.name}")
+                out.setdefault(a.asname or a.name, set()).add(".".join(p for p in (base, a.name) if p))
         elif isinstance(node, (ast.If, ast.Try)):
             todo.extend(node.body + node.orelse + getattr(node, "finalbody", [])
                         + [s for h in getattr(node, "handlers", []) for s in h.body])
@@ -257,11 +376,12 @@ def _top_names(code: str) -> tuple[set[str], set[str]]:
     return own, imported
 
 
-def _runs_as_script(module: cst.Module) -> bool:
-    for stmt in module.body:
-        if isinstance(stmt, cst.If) and "__main__" in cst.Module(body=[]).code_for_node(stmt.test):
-            return True
-    return False
+def _without_main(module: cst.Module, head: str) -> str:
+    """A module's text as importing it runs it: without its ``if __name__ == "__main__":``
+    block (what it does when run as a script of its own)."""
+    if not any(is_main_guard(stmt) for stmt in module.body):
+        return head
+    return module.with_changes(body=[stmt for stmt in module.body if not is_main_guard(stmt)]).code
 
 
 def build(path: str, head: str, module: cst.Module, source: str,
@@ -272,10 +392,10 @@ def build(path: str, head: str, module: cst.Module, source: str,
     when it can't be read or parsed. ``words``: a module that mentions none of them (as the
     runner's fast path reads files) is not worth a note when it is not followed."""
     folder = Path(path).parent
-    try:  # and the folders the script puts on sys.path (``sys.path.append("..")``)
-        folders = [folder, *sys_path_folders(folder, ast.parse(source))]
+    try:  # and the folders the script puts on sys.path (``sys.path.append("..")``), its project's root
+        folders = import_folders(folder, ast.parse(source))
     except (SyntaxError, ValueError):
-        folders = [folder]
+        folders = import_folders(folder, None)
     script = Part(path=path, source=source, head=head, tail=source[len(head):], module=module)
     parts = [script]
     unfollowed: list[tuple[int, str]] = []
@@ -298,32 +418,60 @@ def build(path: str, head: str, module: cst.Module, source: str,
         part = parts[part_index]
         out: list[tuple[int, int]] = []
         for index, stmt in enumerate(part.module.body):
-            found = _from_sibling(stmt, folders) or _import_sibling(stmt, folders)
-            if found is None or os.path.realpath(found[1]) == real_script:
+            if part_index and is_main_guard(stmt):
+                continue  # what the module does when run as a script: not on import
+            targets = _targets(stmt, part, folders)
+            if not targets or any(os.path.realpath(t.file) == real_script for t in targets):
                 out.append((part_index, index))
                 continue
-            dotted, file, imp = found
-            read_through: dict[str, str] = {}
-            if isinstance(imp, str):  # ``import engine as E``: read as ``E.train``
-                why = _through(part, file, imp)
+            kept = False
+            for target in targets:
+                why = _take(part, target)
                 if isinstance(why, str):
-                    if part_index == 0:
+                    if part_index == 0 and why:
                         unfollowed.append((line_of(part, index), why))
-                    out.append((part_index, index))
+                    kept = True
+                    if target.imp is not None:
+                        break  # the statement's own names stay imported: its modules are not read
                     continue
-                read_through = why
-            if dotted in included:
-                part.aliases.update(read_through)
-                continue  # its statements are in already: the names are bound
-            why = _follow(dotted, file, None if isinstance(imp, str) else imp)
-            if isinstance(why, str):
-                if part_index == 0:
-                    unfollowed.append((line_of(part, index), why))
+                if why is not None:
+                    out.extend(expand(why))
+            if kept:
                 out.append((part_index, index))
-                continue
-            part.aliases.update(read_through)  # only once the module is followed
-            out.extend(expand(why))
         return out
+
+    def _take(part: Part, target: _Target):
+        """Follow ``target`` for ``part``: the index of its new part (whose statements are to
+        be expanded), None when it is in already, or why it is not followed (a str; "" for no note)."""
+        read_through: dict[str, str] = {}
+        renames: dict[str, str] = {}
+        if target.through is not None:  # ``import engine as E``: read as ``E.train``
+            why = _through(part, target.file, target.through)
+            if isinstance(why, str):
+                return why
+            read_through = why
+        else:
+            for alias in target.imp.names if not isinstance(target.imp.names, cst.ImportStar) else ():
+                if alias.asname is None:
+                    continue
+                name, own_name = _dotted(alias.name), _dotted(alias.asname.name)
+                try:
+                    why = _renamable(part.head, name, own_name)
+                except (SyntaxError, ValueError):
+                    why = "it can't be read or parsed"
+                if why is not None:
+                    return f"{_shown(target.file)} is not followed: `{name}` is imported as `{own_name}`, and {why}"
+                renames[name] = own_name
+        if target.dotted in included:
+            part.aliases.update(read_through)
+            part.renames.update(renames)
+            return None  # its statements are in already: the names are bound
+        why = _follow(target.dotted, target.file, target.imp)
+        if isinstance(why, str):
+            return why
+        part.aliases.update(read_through)  # only once the module is followed
+        part.renames.update(renames)
+        return why
 
     def _through(part: Part, file: Path, through: str):
         """The names ``part`` reads through ``through`` (``import engine as E``), each mapped to
@@ -336,7 +484,7 @@ def build(path: str, head: str, module: cst.Module, source: str,
         if words and not any(w in got[0].lower() for w in words):
             return ""  # nothing there a rule looks at: no note
         try:
-            m_own, _ = _top_names(got[1])
+            m_own, _ = _top_names(_without_main(got[3], got[1]))
             used, why = _reads_through(part.head, through, m_own)
         except (SyntaxError, ValueError):
             return f"{shown} is not followed: it can't be read or parsed"
@@ -363,24 +511,19 @@ def build(path: str, head: str, module: cst.Module, source: str,
             return ""  # nothing there a rule looks at: no note
         if imp is not None and isinstance(imp.names, cst.ImportStar):
             return f"{shown} is not followed: `from {dotted} import *`"
+        imported_code = _without_main(m_module, m_head)  # as importing it runs it
+        package = package_of(file, dotted)
         try:
-            m_own, m_imported = _top_names(m_head)
+            m_own, m_imported = _top_names(imported_code)
         except (SyntaxError, ValueError):
             return f"{shown} is not followed: it can't be read or parsed"
         for alias in imp.names if imp is not None else ():
-            name = cst.Module(body=[]).code_for_node(alias.name)
-            if alias.asname is not None:
-                return f"{shown} is not followed: `{name}` is imported under another name"
+            name = _dotted(alias.name)
             if name not in m_own:  # a name it imports itself (``from apex import amp``) is not its own
                 return f"{shown} is not followed: `{name}` is not defined there (imported, or not at its top level)"
-        if any(m.startswith(".") for meanings in _imports_of(m_head).values() for m in meanings):
-            # its relative imports (``from . import amp``) would mean something else in the script
-            return f"{shown} is not followed: it imports relatively (`from . import ...`)"
-        if _runs_as_script(m_module):
-            return f"{shown} is not followed: it runs as a script of its own (`if __name__ == \"__main__\":`)"
-        m_imports = _imports_of(m_head)
+        m_imports = _imports_of(imported_code, package)
         index = len(parts)
-        itself = lambda name: frozenset({f"{dotted}:{name}"})  # noqa: E731 (imported from it)
+        itself = lambda name: frozenset({f"{dotted}.{name}"})  # noqa: E731 (imported from it)
         for name in sorted(m_own | set(m_imports)):
             if name in bound:
                 return f"{shown} is not followed: `{name}` is defined both there and in {parts[bound[name]].path}"
@@ -396,7 +539,7 @@ def build(path: str, head: str, module: cst.Module, source: str,
         for name, meaning in m_imports.items():
             imports.setdefault(name, (index, meaning))
         part = Part(path=str(file) if os.path.isabs(path) else os.path.relpath(file), source=text,
-                    head=m_head, tail=m_tail, module=m_module, dotted=dotted)
+                    head=m_head, tail=m_tail, module=m_module, dotted=dotted, file=file, package=package)
         part.layout = Layout(m_module, text=m_head)
         part.starts = part.layout.starts()
         parts.append(part)
@@ -409,7 +552,8 @@ def build(path: str, head: str, module: cst.Module, source: str,
         return Project(parts, module, origin, unfollowed) if unfollowed else None
     # names the script imports from the modules followed are bound by their statements now, and
     # those it reads through a module (``E.train``) are read bare
-    read_as = [p.module.visit(_Dealias(p.aliases)) if p.aliases else p.module for p in parts]
+    read_as = [p.module.visit(_Dealias(p.aliases, p.renames)) if p.aliases or p.renames else p.module
+               for p in parts]
     body = [read_as[p].body[i] for p, i in origin]
     combined = module.with_changes(body=body)
     return Project(parts, combined, origin, [(line, why) for line, why in unfollowed if why])

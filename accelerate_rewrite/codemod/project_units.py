@@ -38,6 +38,7 @@ class Unit:
     #: why this file may not change as it would (given its text before and after), or None
     refusal: Optional[Callable[[str, str], Optional[str]]] = None
     aliases: dict[str, str] = field(default_factory=dict)  # Part.aliases
+    renames: dict[str, str] = field(default_factory=dict)  # Part.renames
     first_read: Callable[[str], Optional[int]] = lambda name: None
     #: the view's statements' code (codemod/layout.py; the file's own, for a file read with
     #: aliases): the result's code reuses that of the statements the edits leave as they were
@@ -80,7 +81,8 @@ def units_of(facts: "ScriptFacts", project: Project, scope: Scope) -> list[Unit]
             undefined={} if _all_names_resolve([part.head]) else undefined_names(part.module),
             unbound=(part.head, lambda head=part.head: maybe_unbound(head)), where=where, index=p,
             refusal=(lambda before, after, path=part.path: scope.refusal(path, changed_names(before, after)))
-            if p else None, aliases=part.aliases, parent=facts.parent)
+            if p else None, aliases=part.aliases, renames=part.renames,
+            parent=facts.parent)
         unit.first_read = lambda name, u=unit: (lambda line: u.local(line) if line is not None else None)(
             facts.first_read(name))
         units.append(unit)

@@ -21,12 +21,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Optional
 
+from accelerate_rewrite.codemod.libraries import is_library
 from accelerate_rewrite.codemod.toplevel import line_list, top_level_imports
 
 
 def _file(folder: Path, dotted: str) -> Optional[Path]:
     if not dotted or dotted.startswith(".") or not all(part.isidentifier() for part in dotted.split(".")):
         return None
+    if is_library(dotted):
+        return None  # a library's copy in the tree is not the project's code (codemod/libraries.py)
     base = folder.joinpath(*dotted.split("."))
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.is_file():
@@ -107,26 +110,96 @@ def sibling_defines(folder: Optional[Path], dotted: str, name: str) -> bool:
     return module is not None and any(isinstance(n, ast.FunctionDef) and n.name == name for n in module.body)
 
 
-def imported_modules(folder: Optional[Path], module: ast.Module) -> list[tuple[str, Path]]:
+#: files that mark the root of a project (a repository, an installable package)
+ROOT_MARKERS = ("setup.py", "setup.cfg", "pyproject.toml", ".git")
+#: how far above the script's folder its project's root is looked for
+ROOT_DEPTH = 4
+
+
+@lru_cache(maxsize=256)
+def project_root(folder: Path) -> Path:
+    """The folder of the script's project: the nearest folder at or above ``folder`` (at most
+    ``ROOT_DEPTH`` up) that holds a ``setup.py``, ``setup.cfg``, ``pyproject.toml`` or ``.git``;
+    ``folder`` itself when there is none. Its packages are importable where its user works (an
+    editable install, ``python -m``, PYTHONPATH): ``scripts/image_train.py`` importing
+    ``improved_diffusion.train_util`` from the repository's root."""
+    here = folder.resolve()
+    for candidate in [here, *list(here.parents)[:ROOT_DEPTH]]:
+        if any((candidate / marker).exists() for marker in ROOT_MARKERS):
+            return candidate
+    return here
+
+
+def import_folders(folder: Path, module: Optional[ast.Module]) -> list[Path]:
+    """Where the script at ``folder`` imports its project's modules from, first found first:
+    its folder, the folders it puts on ``sys.path`` (``sys_path_folders``), then its project's
+    root (``project_root``)."""
+    out = [folder, *(sys_path_folders(folder, module) if module is not None else [])]
+    root = project_root(folder)
+    if all(root != f.resolve() for f in out):
+        out.append(root)
+    return out
+
+
+def package_of(file: Path, dotted: str) -> str:
+    """The package a module's relative imports start from: ``src`` for ``src.utils``
+    (src/utils.py), ``src`` for ``src`` itself (src/__init__.py), "" for a top-level module."""
+    if file.name == "__init__.py":
+        return dotted
+    return dotted.rpartition(".")[0]
+
+
+def relative_base(file: Path, level: int) -> Optional[Path]:
+    """The folder ``from .`` (level 1), ``from ..`` (2), ... means in the module at ``file``."""
+    folder = file.parent
+    return folder if level == 1 else (folder.parents[level - 2] if level - 2 < len(folder.parents) else None)
+
+
+def imported_modules(folder: Optional[Path], module: ast.Module, at: Optional[Path] = None,
+                     package: Optional[str] = None) -> list[tuple[str, Path]]:
     """The project's own modules that ``module`` imports at its top level (``from engine import
-    train``, ``import utils``): (dotted name, file), in import order, each once. Only files in
-    ``folder`` are named (never an installed package, never a relative import)."""
+    train``, ``import utils``, ``from util import misc`` -- the package and its module): (dotted
+    name, file), in import order, each once. Only files in the script's import folders
+    (``import_folders``) are named, never an installed package; a relative import
+    (``from .logger import create_logger``) only in a module of the project found so
+    (``at``: its file, ``package``: its dotted package, ``package_of``)."""
     if folder is None:
         return []
-    folders = [folder, *sys_path_folders(folder, module)]
+    folders = import_folders(folder, module)
     out: dict[str, Path] = {}
+
+    def add(bases: list[Path], dotted: str, shown: str) -> None:
+        path = next((p for p in (_file(f, dotted) for f in bases) if p is not None), None)
+        if path is not None and shown not in out:
+            out[shown] = path
+
     for node in module.body:
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
+            add(folders, node.module, node.module)
+            for alias in node.names:
+                if alias.name != "*" and _file_in(folders, f"{node.module}.{alias.name}") is not None:
+                    add(folders, f"{node.module}.{alias.name}", f"{node.module}.{alias.name}")
+        elif isinstance(node, ast.ImportFrom) and node.level > 0 and at is not None and package is not None:
+            base = relative_base(at, node.level)
+            if base is None:
+                continue
+            prefix = package.split(".")[: max(0, len(package.split(".")) - (node.level - 1))] if package else []
+            stem = [*prefix, *([node.module] if node.module else [])]
+            if node.module:
+                add([base], node.module, ".".join(stem))
+            for alias in node.names:
+                if alias.name != "*":
+                    inner = ".".join(p for p in (node.module, alias.name) if p)
+                    if _file(base, inner) is not None:
+                        add([base], inner, ".".join([*stem, alias.name]))
         elif isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        else:
-            continue
-        for dotted in names:
-            path = next((p for p in (_file(f, dotted) for f in folders) if p is not None), None)
-            if path is not None and dotted not in out:
-                out[dotted] = path
+            for alias in node.names:
+                add(folders, alias.name, alias.name)
     return list(out.items())
+
+
+def _file_in(folders: list[Path], dotted: str) -> Optional[Path]:
+    return next((p for p in (_file(f, dotted) for f in folders) if p is not None), None)
 
 
 def sys_path_folders(folder: Path, module: ast.Module) -> list[Path]:
@@ -180,14 +253,16 @@ def _path_of(folder: Path, node: ast.expr) -> Optional[Path]:
 
 
 def imported_files(path: Path, source: str) -> list[Path]:
-    """The files of the project's own modules that the script at ``path`` imports (see
-    ``imported_modules``): what its rewrite may read besides itself, so a cache of its result
-    must be keyed by them too."""
-    try:
-        module = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return []
-    return [p for _, p in imported_modules(Path(path).parent, module)]
+    """The files of the project's own modules that the script at ``path`` imports, and those
+    they import in turn (``candidates``): what its rewrite may read besides itself, so a cache of
+    its result must be keyed by them too."""
+    def text_of(file: Path) -> Optional[str]:
+        try:
+            return file.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+
+    return candidates(Path(path), source, text_of)
 
 
 #: at most this many modules are analysed with one script
@@ -219,7 +294,7 @@ def _imports_of(path: str, mtime_ns: int, size: int, root: str) -> frozenset[str
     if tree is None:
         return frozenset()
     folder = Path(path).parent
-    folders = [folder, *sys_path_folders(folder, tree), Path(root)]
+    folders = [*import_folders(folder, tree), Path(root)]
     out: set[str] = set()
 
     def add(bases: list[Path], dotted: str) -> None:
@@ -254,7 +329,7 @@ def _names_used(path: str, mtime_ns: int, size: int, root: str, target: str) -> 
     if tree is None:
         return None
     folder = Path(path).parent
-    folders = [folder, *sys_path_folders(folder, tree), Path(root)]
+    folders = [*import_folders(folder, tree), Path(root)]
 
     def resolves(bases: list[Path], dotted: str) -> bool:
         return any((found := _file(base, dotted)) is not None and os.path.realpath(found) == target
@@ -424,21 +499,21 @@ class Scope:
 
 def candidates(path: Path, source: str, text_of: Callable[[Path], Optional[str]]) -> list[Path]:
     """The files of the project's own modules that the script at ``path`` imports at its top
-    level (``from X import ...``, ``import X``), and those they import so, in turn: Python's ``ast``
-    only, no analysis (``text_of(file)``: a file's text, or None)."""
+    level (``from X import ...``, ``import X``), and those they import so, in turn (relatively
+    too): Python's ``ast`` only, no analysis (``text_of(file)``: a file's text, or None)."""
     folder = path.parent
     seen: dict[str, Path] = {}
-    todo: list[Optional[str]] = [source]
+    todo: list[tuple[Optional[str], Optional[Path], Optional[str]]] = [(source, None, None)]
     while todo and len(seen) < MAX_MODULES:
-        text = todo.pop(0)
+        text, at, package = todo.pop(0)
         if text is None or "import" not in text:
             continue
         tree = top_level_imports(text)  # what imported_modules reads (codemod/toplevel.py)
         if tree is None:
             continue
-        for dotted, file in imported_modules(folder, tree):
+        for dotted, file in imported_modules(folder, tree, at, package):
             if dotted in seen or os.path.realpath(file) == os.path.realpath(path):
                 continue
             seen[dotted] = file
-            todo.append(text_of(file))
+            todo.append((text_of(file), file, package_of(file, dotted)))
     return list(seen.values())
