@@ -103,7 +103,27 @@ def run_project(name: str, option_set: str) -> Result:
     with contextlib.chdir(ROOT):
         path = f"fixtures/projects/{name}/train.py"
         return rewrite(Path(path).read_text(encoding="utf-8"), Options.create(**OPTION_SETS[option_set]),
-                       path=path, scope=Scope(follow=True))
+                       path=path, scope=project_scope(name))
+
+
+def project_scope(name: str):
+    """As ``accelerate-rewrite fixtures/projects/NAME/train.py`` decides: the modules the script
+    imports change with it, or, where another script of the project imports them too (its
+    ``eval.py``), change so that it keeps working (codemod/compat.py)."""
+    import os
+
+    from accelerate_rewrite.codemod.project import Scope
+    from accelerate_rewrite.codemod.siblings import candidates
+
+    folder = (PROJECTS / name).resolve()
+    script = folder / "train.py"
+    files = {os.path.realpath(p) for p in candidates(script, script.read_text(encoding="utf-8"),
+                                                      lambda p: p.read_text(encoding="utf-8"))}
+    others = [p for p in folder.glob("*.py") if p != script and os.path.realpath(p) not in files]
+    if not others:
+        return Scope(follow=True)
+    return Scope(auto=True, root=str(folder), known=frozenset({os.path.realpath(script), *files}),
+                 script=os.path.realpath(script))
 
 
 def project_notes(result: Result) -> str:

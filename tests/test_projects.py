@@ -27,12 +27,12 @@ from accelerate_rewrite.codemod.project import Scope
 from accelerate_rewrite.options import Options
 from tests import processes
 from tests.goldens import (FIXTURES, OPTION_SETS, PROJECT_SETS, PROJECTS, project_names, project_notes, project_outputs,
-                           run_project)
+                           project_scope, run_project)
 
 CASES = [(name, option_set) for name in project_names() for option_set in PROJECT_SETS]
 #: projects whose loop is in a module of their own: it changes with the script (the native
 #: backend may change one file only); in ``sam`` the module is the optimizer, read, not changed
-MODULES_CHANGE = {"engine_driver", "ddp_tutorial", "scaler_class"}
+MODULES_CHANGE = {"engine_driver", "ddp_tutorial", "scaler_class", "research_engine"}
 
 
 def test_there_are_project_fixtures():
@@ -57,8 +57,8 @@ def test_golden_files_and_notes_of_a_project(name, option_set):
         assert len(outputs) >= 2  # the script and the module with its loop change together
     root = PROJECTS / name
     again = rewrite(result.output, Options.create(**OPTION_SETS[option_set]), path=str(root / "train.py"),
-                    scope=Scope(follow=True), sources={str(root / Path(m.path).name): m.output
-                                                       for m in result.members})
+                    scope=project_scope(name), sources={str(root / Path(m.path).name): m.output
+                                                        for m in result.members})
     assert again.output == result.output
     assert {Path(m.path).name: m.output for m in again.members} == \
         {Path(m.path).name: m.output for m in result.members}

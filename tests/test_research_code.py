@@ -135,3 +135,148 @@ def test_an_elif_chain_the_script_reads_after_on_every_path_converts():
         result = convert(DINO_CHAIN.replace("    LATER\n", leave), allow_dropped=True)
         assert not result.changed
         assert any("reads `optimizer`" in d and "some path leaves it unbound" in d for d in result.dropped)
+
+
+def test_two_models_passed_to_one_class_are_two_objects():
+    """DINO's ``MultiCropWrapper(student, ...)`` and ``MultiCropWrapper(teacher, ...)``: the
+    class's parameter holds neither model, so the teacher, which no optimizer trains, is not
+    taken for the student set up with Fabric: its move stays (as `fabric.device`)."""
+    result = convert("""
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        class Wrapper(nn.Module):
+            def __init__(self, backbone, head):
+                super().__init__()
+                self.backbone = backbone
+                self.head = head
+
+            def forward(self, x):
+                return self.head(self.backbone(x))
+
+        def main():
+            student = Wrapper(nn.Linear(4, 3), nn.Linear(3, 1))
+            teacher = Wrapper(nn.Linear(4, 3), nn.Linear(3, 1))
+            student = Wrapper(student, nn.Identity())
+            teacher = Wrapper(teacher, nn.Identity())
+            student, teacher = student.cuda(), teacher.cuda()
+            for p in teacher.parameters():
+                p.requires_grad = False
+            optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
+            loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=2)
+            for x, y in loader:
+                x = x.cuda()
+                loss = nn.functional.mse_loss(student(x) + teacher(x), y.cuda())
+                loss.backward()
+                optimizer.step()
+
+        main()
+    """)
+    assert "    student, teacher = student, teacher.to(fabric.device)\n" in result.output
+    assert "    student, optimizer = fabric.setup(student, optimizer)\n" in result.output
+
+
+# ---- fixtures/projects/research_engine: the research codebase's shape, run ----------------------
+
+def _research_trees(tmp_path, options):
+    """The original project and its rewrite (``accelerate-rewrite train.py`` as its user runs it:
+    eval.py, another script of the repository, imports utils.py too), each in a folder."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from accelerate_rewrite.api import rewrite
+    from accelerate_rewrite.codemod.project import Scope
+    from tests.goldens import PROJECTS
+
+    original, rewritten = tmp_path / "original", tmp_path / "rewritten"
+    for folder in (original, rewritten):
+        shutil.copytree(PROJECTS / "research_engine", folder, ignore=shutil.ignore_patterns("expected"))
+    path = rewritten / "train.py"
+    scope = Scope(auto=True, root=str(rewritten.resolve()), script=os.path.realpath(path),
+                  known=frozenset(os.path.realpath(rewritten / f) for f in ("train.py", "engine.py", "utils.py")))
+    result = rewrite(path.read_text(encoding="utf-8"), options, path=str(path), scope=scope)
+    assert not result.dropped, result.dropped
+    path.write_text(result.output, encoding="utf-8")
+    for member in result.members:
+        Path(member.path).write_text(member.output, encoding="utf-8")
+    return original, rewritten, result
+
+
+def test_research_engine_trains_every_rank_as_before_and_its_other_script_still_runs(tmp_path):
+    """DeiT's, MAE's and DINO's shape (fixtures/projects/research_engine): the process group
+    started in utils.py, the loss scaler of utils.py running backward and the step, the loop in
+    engine.py, and eval.py importing utils.py too. The original under torchrun on 2 gloo
+    processes, the rewrite with Fabric on 2 CPU devices: each rank's losses and gradient norms
+    equal, digit for digit, and rank 0's checkpoint holds the same weights; utils.py changes
+    compatibly, so eval.py, untouched, runs on the rewritten utils.py and prints what it did."""
+    import re
+    import sys
+
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("lightning")
+    from accelerate_rewrite.options import Options
+    from tests import processes
+
+    original, rewritten, result = _research_trees(tmp_path, Options.create(devices=2, accelerator="cpu"))
+    utils = next(m for m in result.members if m.path.endswith("utils.py"))
+    assert "def init_distributed_mode(args, fabric=None):" in utils.output
+    assert "utils.init_distributed_mode(args, fabric=fabric)" in result.output
+    runs = [processes.run_ranks(processes.torchrun("train.py"), original),
+            processes.run_ranks([sys.executable, "train.py"], rewritten)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+    line = re.compile(r"\[rank (\d)\] epoch (\d+) step (\d+) loss (\d+\.\d{6}) norm (\d+\.\d{6})")
+    before, after = (sorted(line.findall(run.stdout)) for run in runs)
+    assert {rank for rank, *_ in before} == {"0", "1"} and len(before) == 32
+    assert after == before
+    saved = [torch.load(folder / "output" / "checkpoint.pth", weights_only=False) for folder in (original, rewritten)]
+    assert all(torch.equal(saved[0]["model"][k], saved[1]["model"][k]) for k in saved[0]["model"])
+    evals = [processes.run([sys.executable, "eval.py"], cwd=folder, timeout=120) for folder in (original, rewritten)]
+    assert evals[0].returncode == evals[1].returncode == 0, evals[1].stderr[-2000:]
+    assert "logits sum" in evals[0].stdout and evals[1].stdout == evals[0].stdout
+
+
+# ---- codemod/compat.py: a module other files import, changed compatibly -------------------------
+
+def test_a_shared_function_takes_fabric_last_and_optional_and_guards_what_changed():
+    from accelerate_rewrite.codemod.compat import calls_by_keyword, compatible
+
+    old = ("import torch.distributed as dist\n\n\n"
+           "def reduce(t, *rest, op=None):\n    # sum over the processes\n    dist.all_reduce(t)\n"
+           "    return t / dist.get_world_size()\n")
+    new = ("import torch.distributed as dist\n\n\n"
+           "def reduce(fabric, t, *rest, op=None):\n    # sum over the processes\n"
+           "    t = fabric.all_reduce(t, reduce_op=\"sum\")\n    return t / fabric.world_size\n")
+    made = compatible(old, new)
+    assert made.code == (
+        "import torch.distributed as dist\n\n\n"
+        "def reduce(t, *rest, op=None, fabric=None):\n    # sum over the processes\n"
+        "    if fabric is not None:\n        t = fabric.all_reduce(t, reduce_op=\"sum\")\n"
+        "        return t / fabric.world_size\n    else:\n        dist.all_reduce(t)\n"
+        "        return t / dist.get_world_size()\n")
+    assert made.keyword_calls == {"reduce": 0} and made.changed == ["reduce"]
+    assert calls_by_keyword("y = utils.reduce(fabric, x, 1)\nz = reduce(fabric, x)\n", made.keyword_calls) == \
+        "y = utils.reduce(x, 1, fabric=fabric)\nz = reduce(x, fabric=fabric)\n"
+    namespace: dict = {}
+    exec(compile(made.code.replace("import torch.distributed as dist", "class dist:\n"
+                                   "    all_reduce = staticmethod(lambda t: None)\n"
+                                   "    get_world_size = staticmethod(lambda: 2)"), "<compat>", "exec"), namespace)
+    assert namespace["reduce"](4.0) == 2.0  # called as before: the old code runs
+
+
+def test_a_change_that_reads_no_fabric_is_made_and_one_that_can_t_keep_its_callers_is_none():
+    from accelerate_rewrite.codemod.compat import compatible
+
+    old = "import torch\n\n\ndef scaler():\n    return torch.cuda.amp.GradScaler()\n"
+    new = "import torch\n\n\ndef scaler():\n    return torch.amp.GradScaler(\"cuda\")\n"
+    assert compatible(old, new).code == new  # an API migration computes the same for every caller
+    # ``device`` threaded into `fabric`: the callers that pass a device would pass it to `fabric`
+    old = "def train(model, device):\n    model.to(device)\n"
+    new = "def train(model, fabric):\n    pass\n"
+    assert compatible(old, new) is None
+    # another top-level statement changed
+    assert compatible("X = 1\n\n\ndef f():\n    pass\n", "X = 2\n\n\ndef f():\n    pass\n") is None

@@ -23,6 +23,7 @@ from accelerate_rewrite.codemod.flow import maybe_unbound
 from accelerate_rewrite.codemod.layout import Splice
 from accelerate_rewrite.codemod.parse import parse_module
 from accelerate_rewrite.codemod.result import Kind, Result  # noqa: F401 (plain data: codemod/result.py)
+from accelerate_rewrite.codemod.compat import Compatible, calls_by_keyword, compatible
 from accelerate_rewrite.codemod.project import Project, Realias, Scope, analyse, build, candidates
 from accelerate_rewrite.codemod.project_units import Unit, relocate, units_of
 from accelerate_rewrite.codemod.preserve import (Region, lost_trivia, lost_trivia_spliced, removed_comments,
@@ -370,6 +371,9 @@ def _rewrite(
                 protected, local, n.rule) is None)(unit.local(n.line))]
 
     splices: dict[int, Optional[Splice]] = {}  # of the last attempt: unit -> its result's Splice
+    #: of the last attempt: unit -> its compatible change (codemod/compat.py), and the files
+    #: that import what changes there
+    compats: dict[int, tuple[Compatible, list[str]]] = {}
 
     def attempt(chosen: Sequence[Rule]) -> tuple[list[str], list[str]]:
         splices.clear()
@@ -379,16 +383,43 @@ def _rewrite(
         touched: list[tuple[cst.CSTNode, bool]] = []
         outputs, problems = [], []
         regions: Optional[list[Region]] = None
+        heads: list[str] = []
+        refused: dict[int, str] = {}
+        compats.clear()
         for unit in units:
             head_code, splice = apply_to(unit, edit_sets, touched if unit.index == 0 else None)
             splices[unit.index] = splice
+            heads.append(head_code)
             code = head_code + unit.tail
-            outputs.append(code)
             if code == unit.source:
                 continue
             why = unit.refusal(unit.source, code) if unit.refusal is not None else None
-            if why is not None:
-                problems.append(why)
+            if why is None:
+                continue
+            made = compatible(unit.head, head_code) if unit.compatible else None
+            if made is None:
+                refused[unit.index] = why
+                continue
+            # a module other files import changes so that they keep working (codemod/compat.py)
+            compats[unit.index] = (made, unit.users(unit.source, code))
+            heads[unit.index], splices[unit.index] = made.code, None
+        keyword_calls = {name: i for made, _ in compats.values() for name, i in made.keyword_calls.items()}
+        for unit in units:
+            head_code = heads[unit.index]
+            if keyword_calls and head_code != unit.head:
+                # as the file spells them (``from utils import A as B``: ``B(fabric)``)
+                spelled = {**keyword_calls, **{unit.renames[n]: i for n, i in keyword_calls.items()
+                                               if n in unit.renames}}
+                moved = calls_by_keyword(head_code, spelled)
+                if moved != head_code:
+                    heads[unit.index], splices[unit.index] = moved, None
+            outputs.append(heads[unit.index] + unit.tail)
+        for unit in units:
+            head_code, splice, code = heads[unit.index], splices[unit.index], outputs[unit.index]
+            if code == unit.source:
+                continue
+            if unit.index in refused:
+                problems.append(refused[unit.index])
                 continue
             found = check(unit.undefined, head_code, unit.first_read, unit.unbound, splice, unit.trees)
             if not found and unit.tail:
@@ -446,6 +477,20 @@ def _rewrite(
                                    if several else note)
     for line, why in unfollowed:
         per_unit[0].append(Note("project", line, why, skipped=True))
+    for index, (made, users) in compats.items():
+        per_unit[index] = [replace(n, message=n.message.replace(
+            "receives `fabric` as its first parameter (its callers pass it)",
+            "receives `fabric` as a last, optional parameter (its callers pass `fabric=fabric`)"))
+            for n in per_unit[index]]
+        shown = ", ".join(users[:3]) + (f" and {len(users) - 3} more" if len(users) > 3 else "")
+        taking = [n for n in made.changed if n in made.keyword_calls]
+        per_unit[index].append(Note(
+            "project", 1,
+            f"changed so that {shown or 'the other files that import it'} keep{'s' if len(users) == 1 else ''} "
+            "working: " + (f"{', '.join(f'`{n}`' for n in taking)} take{'s' if len(taking) == 1 else ''} `fabric` "
+                           "as a last, optional parameter (`fabric=None`); " if taking else "")
+            + "each statement the conversion changes runs only with `fabric`, the one it was without it",
+            kind=Kind.SAFE))
     for unit in units:  # what the reader of the diff would otherwise find missing
         if outputs[unit.index] != unit.source:
             per_unit[unit.index] += [

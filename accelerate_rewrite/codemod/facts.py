@@ -329,9 +329,9 @@ class ScriptFacts(Places, Index, Flow):
         def compute() -> dict[Key, list[Binding]]:
             index: dict[Key, list[Binding]] = {}
             for b in self.bindings_of(kind):
-                index.setdefault(self._find(b.key), []).append(b)
+                index.setdefault(self._identity(b.key), []).append(b)
             return index
-        return list(self.memo(("bound-as", kind), compute).get(self._find(key), ()))
+        return list(self.memo(("bound-as", kind), compute).get(self._identity(key), ()))
 
     @property
     def loaders(self) -> list[Binding]:

@@ -19,8 +19,11 @@ class Flow:
 
     def _flow(self) -> None:
         """Keys joined by a flow (an alias, an argument into a parameter, ``self.x = param``)
-        hold the same object: they share one set of kinds."""
-        find, seen = self._joined()
+        share one set of kinds; keys hold the same object (``same_object``) where an alias
+        joins them, or a parameter that every call passes the same object (a parameter given a
+        student in one call and a teacher in another holds neither: ``Wrapper(student, ...)``,
+        ``Wrapper(teacher, ...)``)."""
+        find, seen, self._identity = self._joined()
 
         by_root: dict[Key, set[str]] = {}
         for b in self.bindings:
@@ -35,26 +38,28 @@ class Flow:
         self._find = find
 
     def _joined(self):
-        """The flows between keys as a union-find: (find, every key a flow joins)."""
-        parent: dict[Key, Key] = {}
-
-        def find(k: Key) -> Key:
-            root = k
-            while parent.get(root, root) != root:
-                root = parent[root]
-            while k != root:  # each key on the way now points at the root (the sets are the same)
-                parent[k], k = root, parent[k]
-            return root
-
+        """The flows between keys as union-finds: (find of the kinds, every key a flow joins,
+        find of the objects)."""
+        kinds = _UnionFind()
+        objects = _UnionFind()
         seen: set[Key] = set()
 
         def union(a: Optional[Key], b: Optional[Key]) -> None:
             if a is not None and b is not None:
                 seen.update((a, b))
-                parent[find(a)] = find(b)
+                kinds.union(a, b)
+
+        by_param: dict[Key, list[Key]] = {}
+
+        def into(param: Key, value: Optional[Key]) -> None:
+            union(param, value)
+            if value is not None:
+                by_param.setdefault(param, []).append(value)
 
         for target, value in self._aliases:
             union(target, self.key_of(value))
+            if target is not None and self.key_of(value) is not None:
+                objects.union(target, self.key_of(value))
         for fn in self.functions.values():
             owner = fn.node if isinstance(fn.node, cst.FunctionDef) else init_of(fn.node)
             if owner is None:
@@ -63,17 +68,25 @@ class Flow:
                 for index, arg in enumerate(call.args):
                     param = param_for(fn.params, fn.node, arg, index)
                     if param is not None:
-                        union((owner, param.name.value), self.key_of(arg.value))
+                        into((owner, param.name.value), self.key_of(arg.value))
         for call, method in self._method_calls_of_objects():  # ``simclr.train(train_loader)``
             params = positional_params(method)[1:]  # without self
             for index, arg in enumerate(call.args):
                 if arg.keyword is None and not arg.star and index < len(params):
-                    union((method, params[index].name.value), self.key_of(arg.value))
+                    into((method, params[index].name.value), self.key_of(arg.value))
                 elif arg.keyword is not None:
                     named = [p for p in positional_params(method)[1:] if p.name.value == arg.keyword.value]
                     if named:
-                        union((method, named[0].name.value), self.key_of(arg.value))
-        return find, seen
+                        into((method, named[0].name.value), self.key_of(arg.value))
+        changed = True
+        while changed:  # a parameter holds what its calls pass, when they all pass one object
+            changed = False
+            for param, values in by_param.items():
+                roots = {objects.find(v) for v in values}
+                if len(roots) == 1 and objects.find(param) != next(iter(roots)):
+                    objects.union(param, next(iter(roots)))
+                    changed = True
+        return kinds.find, seen, objects.find
 
     def _method_calls_of_objects(self) -> list[tuple[cst.Call, cst.FunctionDef]]:
         """``obj.method(...)`` where ``obj = C(...)`` (its one assignment) is an object of a class
@@ -96,8 +109,25 @@ class Flow:
         return out
 
     def same_object(self, a: Optional[Key], b: Optional[Key]) -> bool:
-        return a is not None and b is not None and self._find(a) == self._find(b)
+        return a is not None and b is not None and self._identity(a) == self._identity(b)
 
     def object_of(self, key: Key) -> Key:
         """The one key that stands for every key holding the same object as ``key``."""
-        return self._find(key)
+        return self._identity(key)
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[Key, Key] = {}
+
+    def find(self, k: Key) -> Key:
+        parent = self.parent
+        root = k
+        while parent.get(root, root) != root:
+            root = parent[root]
+        while k != root:  # each key on the way now points at the root (the sets are the same)
+            parent[k], k = root, parent[k]
+        return root
+
+    def union(self, a: Key, b: Key) -> None:
+        self.parent[self.find(a)] = self.find(b)

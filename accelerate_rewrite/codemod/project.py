@@ -266,6 +266,9 @@ class _Dealias(cst.CSTTransformer):
         if node.keyword is not None:
             self.kept.add(id(node.keyword))
 
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        self.kept.add(id(node.name))  # ``from utils import A as B``: the module's name for it
+
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
         if (isinstance(updated.value, cst.Name) and self.aliases.get(updated.attr.value) == updated.value.value
                 and not updated.value.lpar):
@@ -296,6 +299,9 @@ class Realias(cst.CSTTransformer):
     def visit_Arg(self, node: cst.Arg) -> None:
         if node.keyword is not None:
             self.kept.add(id(node.keyword))
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        self.kept.add(id(node.name))  # ``from utils import A as B``: the module's name for it
 
     def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
         if id(original) in self.kept:

@@ -37,6 +37,10 @@ class Unit:
     index: int = 0
     #: why this file may not change as it would (given its text before and after), or None
     refusal: Optional[Callable[[str, str], Optional[str]]] = None
+    #: where it may not, whether it may change compatibly (codemod/compat.py), and the files
+    #: that import what would change there
+    compatible: bool = False
+    users: Callable[[str, str], list[str]] = lambda before, after: []
     aliases: dict[str, str] = field(default_factory=dict)  # Part.aliases
     renames: dict[str, str] = field(default_factory=dict)  # Part.renames
     first_read: Callable[[str], Optional[int]] = lambda name: None
@@ -81,7 +85,8 @@ def units_of(facts: "ScriptFacts", project: Project, scope: Scope) -> list[Unit]
             undefined={} if _all_names_resolve([part.head]) else undefined_names(part.module),
             unbound=(part.head, lambda head=part.head: maybe_unbound(head)), where=where, index=p,
             refusal=(lambda before, after, path=part.path: scope.refusal(path, changed_names(before, after)))
-            if p else None, aliases=part.aliases, renames=part.renames,
+            if p else None, compatible=bool(p) and scope.compatible_change(part.path),
+            users=lambda before, after, path=part.path: scope.users(path, changed_names(before, after)), aliases=part.aliases, renames=part.renames,
             parent=facts.parent)
         unit.first_read = lambda name, u=unit: (lambda line: u.local(line) if line is not None else None)(
             facts.first_read(name))

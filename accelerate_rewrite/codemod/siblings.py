@@ -468,6 +468,22 @@ class Scope:
     known: frozenset[str] = frozenset()
     script: str = ""
 
+    def compatible_change(self, path: str) -> bool:
+        """Whether ``path`` may change compatibly where it may not change as the conversion
+        would (codemod/compat.py): only where it would be refused for the other files of the
+        repository that import it (``auto``), not where the user kept to the paths given, nor
+        for a module another script given imports (converted too, it changes for that one)."""
+        real = os.path.realpath(path)
+        return self.alone is None and self.auto and not self.follow and real not in self.writable \
+            and all(shared != real for shared, _ in self.shared)
+
+    def users(self, path: str, changed: Optional[frozenset[str]] = None) -> list[str]:
+        """The files under the script's folder, other than the script and its modules, that read
+        what changes in ``path`` (relative to it), at most a few."""
+        others = importers(Path(self.root), os.path.realpath(path), self.known | self.writable, self.script,
+                           changed) or []
+        return [os.path.relpath(o, self.root) for o in others]
+
     def refusal(self, path: str, changed: Optional[frozenset[str]] = None) -> Optional[str]:
         """Why ``path`` may not change, or None. ``changed``: the top-level names whose
         definitions would change there (``changed_names``), when known."""
