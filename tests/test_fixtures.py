@@ -31,6 +31,7 @@ NATIVE_LEFT_ALONE = {
     "manual_sgd": "no `optimizer.step()` found for a GradScaler to step (the parameters are updated by hand",
     "nothing_to_do": "no training found",
     "scheduled_optim": "no `optimizer.step()` found for a GradScaler to step",
+    "timm_scaler": "runs its own autocast: nothing is wrapped twice",
 }
 
 

@@ -74,6 +74,9 @@ def _both(name: str, tmp: str, options: Options = TWO) -> tuple[subprocess.Compl
     (root / "rewritten").mkdir()
     (root / "original" / "input.py").write_text(source, encoding="utf-8")
     (root / "rewritten" / "input.py").write_text(result.output, encoding="utf-8")
+    if name.startswith("timm"):  # a stand-in for timm (tests/stubs/timm)
+        for folder in ("original", "rewritten"):
+            shutil.copytree(FIXTURES.parent / "tests" / "stubs" / "timm", root / folder / "timm")
     original = _run(root / "original" / "input.py", args, root / "original")
     rewritten = _run(root / "rewritten" / "input.py", args, root / "rewritten")
     return original, rewritten, root
@@ -177,7 +180,7 @@ def _runnable() -> list[str]:
 #: tests (once per xdist worker) rewrites nothing; the test below keeps it current
 RUNNABLE = ["accelerator_api", "already_autocast", "apex_o1", "checkpointing", "conditional_optimizer",
             "cuda_amp", "cyclegan_chain", "data_parallel", "finetune_encoder", "gan", "gan_bce", "lbfgs",
-            "manual_sgd", "module_loop", "param_groups", "scheduled_optim", "text_classification",
+            "manual_sgd", "module_loop", "param_groups", "scheduled_optim", "text_classification", "timm_scaler",
             "torchmetrics_metrics", "train_function", "trainer_class", "trainer_given_loaders", "trainer_run", "transformer_lm",
             "vit_finetune"]
 

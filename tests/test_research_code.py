@@ -280,3 +280,35 @@ def test_a_change_that_reads_no_fabric_is_made_and_one_that_can_t_keep_its_calle
     assert compatible(old, new) is None
     # another top-level statement changed
     assert compatible("X = 1\n\n\ndef f():\n    pass\n", "X = 2\n\n\ndef f():\n    pass\n") is None
+
+
+# ---- codemod/libraries.py: well-known library APIs, as data ------------------------------------
+
+def test_timm_s_optimizer_factory_and_loss_scaler_are_known_as_data():
+    """fixtures/timm_scaler (DeiT's shape on timm): ``create_optimizer_v2(model, ...)`` is an
+    optimizer over ``model``, set up with it; ``loss_scaler(loss, optimizer, ...)`` (timm's
+    NativeScaler) is the training step, run by the library: left as it is under DDP, with the
+    reason; FSDP and DeepSpeed, which need ``fabric.backward``, are refused; accumulation and
+    clipping say which of its arguments does it."""
+    result = run("timm_scaler", "bf16-mixed-devices-4")
+    assert "    model, optimizer = fabric.setup(model, optimizer)\n" in result.output
+    assert "        loss_scaler(loss, optimizer, clip_grad=max_norm, parameters=model.parameters())\n" in result.output
+    assert any(n.rule == "AR106" and "(timm.utils.NativeScaler) runs backward and the optimizer step itself"
+               in n.message for n in result.skips)
+    fsdp = run("timm_scaler", "fsdp")
+    assert not fsdp.changed or "fabric.setup" not in fsdp.output
+    assert any("--strategy fsdp needs `fabric.backward(loss)`" in n.message for n in fsdp.skips)
+    accumulate = run("timm_scaler", "accumulate-4")
+    assert any(n.rule == "AR302" and "its `need_update=` argument accumulates" in n.message for n in accumulate.skips)
+    clip = run("timm_scaler", "clip-1.0")
+    assert any(n.rule == "AR301" and "give it `clip_grad=` (1.0)" in n.message for n in clip.skips)
+
+
+def test_every_library_entry_cites_the_release_it_was_read_from():
+    from accelerate_rewrite.codemod import libraries
+
+    entries = [*libraries.LOSS_SCALERS.values(), *libraries.OPTIMIZER_FACTORIES.values(),
+               *libraries.SCHEDULER_FACTORIES.values()]
+    assert entries and all(any(c.isdigit() for c in e.source.split(",")[0]) for e in entries)
+    assert all(name.split(".")[0] in libraries.LIBRARIES for name in
+               [*libraries.LOSS_SCALERS, *libraries.OPTIMIZER_FACTORIES, *libraries.SCHEDULER_FACTORIES])

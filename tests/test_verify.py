@@ -62,11 +62,11 @@ NOT_RUN = {"accumulates_already", "hf_finetune", "ddp_spawn", "ddp_torchrun", "d
 RUNNABLE = ["accelerator_api", "already_autocast", "apex_o1", "apex_o2_two_losses", "autoencoder_sums",
             "checkpointing", "cuda_amp", "cyclegan_chain", "data_parallel", "finetune_encoder", "gan", "gan_bce",
             "imagenet_ddp", "imagenet_style", "init_distributed_mode", "lbfgs", "local_rank_finetune", "mnist_style", "module_loop",
-            "param_groups", "rnn_classifier", "scheduled_optim", "text_classification", "torchmetrics_metrics",
-            "train_function", "trainer_class", "trainer_given_loaders", "trainer_run", "transformer_lm", "vae", "vit_finetune",
+            "param_groups", "rnn_classifier", "scheduled_optim", "text_classification", "timm_scaler",
+            "torchmetrics_metrics", "train_function", "trainer_class", "trainer_given_loaders", "trainer_run", "transformer_lm", "vae", "vit_finetune",
             "word_lm"]
 #: fixtures whose rewrite refuses bf16-mixed (the script's own autocast; LBFGS) and says why
-REFUSE_BF16 = {"already_autocast", "cuda_amp", "lbfgs"}  # their own autocast; LBFGS
+REFUSE_BF16 = {"already_autocast", "cuda_amp", "lbfgs", "timm_scaler"}  # their own autocast; LBFGS
 #: the tolerance kind of the rewrites whose rules are not all "safe" at 32-true: the GradScaler
 #: fixes (AR202, AR203: changes-training)
 KIND_AT_32_TRUE = {"cuda_amp": CHANGES_TRAINING}
@@ -97,6 +97,8 @@ def fixture_script(fixture_dirs, tmp_path_factory, originals, monkeypatch):
             shutil.copy(FIXTURES / name / "input.py", folder / "input.py")
             if name.startswith("apex"):  # apex.amp is gone and never ran on CPU: a stand-in
                 shutil.copytree(ROOT / "tests" / "stubs" / "apex", folder / "apex")
+            if name.startswith("timm"):  # timm needs torchvision, which this torch can't import: a stand-in
+                shutil.copytree(ROOT / "tests" / "stubs" / "timm", folder / "timm")
             fixture_dirs[name] = folder
         monkeypatch.chdir(fixture_dirs[name])
         monkeypatch.setattr(session, "run_script", originals.run_script)
@@ -204,7 +206,7 @@ def test_fixture_at_bf16_mixed(name, fixture_script):
 
 #: fixtures whose native (--backend torch) rewrite refuses mixed precision, and says why
 #: (scheduled_optim: its wrapper's own method steps the optimizer, which a GradScaler can't step)
-REFUSE_NATIVE = {"already_autocast", "cuda_amp", "gan_bce", "lbfgs", "scheduled_optim"}
+REFUSE_NATIVE = {"already_autocast", "cuda_amp", "gan_bce", "lbfgs", "scheduled_optim", "timm_scaler"}
 #: a loss that is a sum: fp16 gradients overflow at the GradScaler's starting scale, which skips
 #: steps while it settles, and the curves part there by design (NOT COMPARED, exit 3)
 SCALER_SETTLES = {("autoencoder_sums", "16-mixed")}

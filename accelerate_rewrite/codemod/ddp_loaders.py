@@ -45,12 +45,38 @@ def sharded_loaders(f: ScriptFacts, samplers: list[cst.Call]) -> list[ShardedLoa
         if arg is None:
             continue
         value = arg.value
-        built = value if isinstance(value, cst.Call) else (
-            f.assigned_value(value) if isinstance(value, cst.Name) else None)
-        if not (isinstance(built, cst.Call) and id(built) in sampler_ids):
+        # what it may hold: DeiT's ``sampler_train`` is a RASampler or a DistributedSampler when
+        # distributed, a RandomSampler otherwise
+        built = [value] if isinstance(value, cst.Call) else (
+            [v for _, v in f.assignments(value)] if isinstance(value, cst.Name) else [])
+        own = next((b for b in built if isinstance(b, cst.Call) and _shards_itself(f, b)), None)
+        if own is not None:
+            out.append(ShardedLoader(loader, value, False, (
+                f"`{loader.key[1]}` keeps its own sampler, `{code(own.func)}`, which shards the data by the "
+                "process's rank itself, and is not set up: Fabric would wrap it in a distributed sampler of "
+                "its own and shard the data twice; its batches move to `fabric.device`")))
+            continue
+        if not any(isinstance(b, cst.Call) and id(b) in sampler_ids for b in built):
             continue
         out.append(_sharded(f, loader, value))
     return out
+
+
+#: what a sampler reads when it shards the data by the process's place itself
+_SHARDING = ("get_world_size", "get_rank", "num_replicas")
+
+
+def _shards_itself(f: ScriptFacts, call: cst.Call) -> bool:
+    """``RASampler(dataset, num_replicas=..., rank=...)``: an object of a class of the project
+    (not a DistributedSampler, which Fabric leaves in place) that reads the world size or the
+    rank, so that each process draws its own part of the data."""
+    fn = f.functions.get(call.func.value) if isinstance(call.func, cst.Name) else None
+    if fn is None or not isinstance(fn.node, cst.ClassDef):
+        return False
+    if any(code(base.value).endswith("DistributedSampler") for base in fn.node.bases):
+        return False
+    return any(isinstance(n, (cst.Name, cst.Attribute)) and (n.value if isinstance(n, cst.Name) else n.attr.value)
+               in _SHARDING for n in f.find_in(fn.node, m.Name() | m.Attribute()))
 
 
 def _returned_call(f: ScriptFacts, loader: Binding) -> Optional[cst.Call]:

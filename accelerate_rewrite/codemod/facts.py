@@ -51,6 +51,7 @@ from accelerate_rewrite.codemod.facts_kinds import (  # noqa: F401
     MODEL,
     MODULE,
     OPTIMIZER,
+    LOSS_SCALER,
     SCALER,
     SCHEDULER,
     BackwardSite,

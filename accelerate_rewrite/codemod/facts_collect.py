@@ -16,6 +16,7 @@ from accelerate_rewrite.codemod.facts_kinds import (
     DEVICE,
     GRAD_SCALERS,
     LOADER,
+    LOSS_SCALER,
     MODULE,
     OPTIMIZER,
     SCALER,
@@ -33,6 +34,7 @@ from accelerate_rewrite.codemod.facts_kinds import (
 )
 
 from accelerate_rewrite.codemod.facts_optimizers import OptimizerSearch
+from accelerate_rewrite.codemod.libraries import LOSS_SCALERS, OPTIMIZER_FACTORIES, SCHEDULER_FACTORIES, Argument
 from accelerate_rewrite.codemod.facts_walk import LeanVisitor
 from accelerate_rewrite.codemod.syntax import (
     ITER_WRAPPERS,
@@ -81,6 +83,7 @@ class _Collector(OptimizerSearch, LeanVisitor):
         super().__init__()
         self.f = facts
         self._pending: list[tuple[cst.CSTNode, cst.BaseExpression, cst.BaseExpression]] = []
+        self._name_calls: list[cst.Call] = []
 
     def collect(self) -> None:
         f = self.f
@@ -98,9 +101,30 @@ class _Collector(OptimizerSearch, LeanVisitor):
         for target, value, node in self._pending:
             self._assignment(target, value, node)
         self._stepped_unknowns()
+        self._library_steps()
         if self._lifted:  # what a method builds and returns is bound where its result is
             f.bindings = [b for b in f.bindings if not (isinstance(b.stmt, cst.SimpleStatementLine)
                                                        and any(id(s) in self._lifted for s in b.stmt.body))]
+
+    def _library_steps(self) -> None:
+        """``loss_scaler(loss, optimizer, ...)`` where ``loss_scaler`` holds an object of a
+        library's loss-scaler class (timm's NativeScaler), here or passed in: a backward site
+        that is the library's (``BackwardSite.library``)."""
+        f = self.f
+        scalers = [b for b in f.bindings if b.kind == LOSS_SCALER]
+        if not scalers:
+            return
+        find, _, _ = f._joined()
+        roots = {find(b.key): b.qualname for b in scalers}
+        for call in self._name_calls:
+            key = f.key_of(call.func)
+            qual = roots.get(find(key)) if key is not None else None
+            if qual is None:
+                continue
+            loss = _argument(call, LOSS_SCALERS[qual].loss)
+            if loss is not None:
+                f.backward_sites.append(BackwardSite(call, loss, f.statement(call), f.function(call), library=qual))
+        f.backward_sites.sort(key=lambda s: f.line(s.call))
 
     def _walk(self) -> None:
         """This visitor's ``visit_<Node>`` methods called on every node in the order of LibCST's
@@ -248,6 +272,17 @@ class _Collector(OptimizerSearch, LeanVisitor):
                                         models=self._param_models(core), custom=True))
         elif qual in GRAD_SCALERS:
             f.bindings.append(Binding(key, SCALER, stmt, value, core, qual))
+        elif qual in OPTIMIZER_FACTORIES:  # ``create_optimizer_v2(model, ...)`` (codemod/libraries.py)
+            given = _argument(core, OPTIMIZER_FACTORIES[qual].model)
+            models = self._param_models(core) if given is None or not isinstance(given, (cst.Name, cst.Attribute)) \
+                else [k for k in [f.key_of(given)] if k is not None]
+            if given is not None and not models:
+                models = self._param_models(cst.Call(func=core.func, args=[cst.Arg(given)]))
+            f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, qual, models=models))
+        elif qual in LOSS_SCALERS:
+            f.bindings.append(Binding(key, LOSS_SCALER, stmt, value, core, qual))
+        elif qual in SCHEDULER_FACTORIES:
+            f.bindings.append(Binding(key, SCHEDULER, stmt, value, core, qual))
         elif qual in DATALOADERS:
             f.bindings.append(Binding(key, LOADER, stmt, value, core, qual))
         elif self._is_module_ctor(core, qual):
@@ -411,6 +446,8 @@ class _Collector(OptimizerSearch, LeanVisitor):
             f.prints.append(node)
         func = node.func
         if not isinstance(func, cst.Attribute):
+            if isinstance(func, cst.Name):
+                self._name_calls.append(node)  # ``loss_scaler(loss, optimizer)``: _library_steps
             return
         f.attribute_calls.append(node)
         attr = func.attr.value
@@ -440,6 +477,17 @@ class _Collector(OptimizerSearch, LeanVisitor):
             return False
         parent = self.f.parent(call)
         return isinstance(parent, cst.Attribute) and parent.attr.value in ("numpy", "tolist", "item")
+
+
+def _argument(call: cst.Call, where: Argument) -> Optional[cst.BaseExpression]:
+    """The expression ``call`` passes at ``where`` (a position, or its keyword), or None."""
+    for index, arg in enumerate(call.args):
+        if arg.star:
+            return None
+        if (arg.keyword is None and index == where.index) or (arg.keyword is not None
+                                                            and arg.keyword.value == where.keyword):
+            return arg.value
+    return None
 
 
 def _only_sync_args(args: Iterable[cst.Arg]) -> bool:

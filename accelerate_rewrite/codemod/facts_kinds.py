@@ -23,6 +23,9 @@ LOADER = "loader"
 DEVICE = "device"
 MODULE = "module"  # any nn.Module that is not trained by an optimizer (a loss, a metric, ...)
 SCALER = "scaler"  # a GradScaler
+#: an object of a library's loss-scaler class (timm's NativeScaler): called, it runs backward and
+#: the step itself (codemod/libraries.py)
+LOSS_SCALER = "loss scaler"
 GRAD_SCALERS = (
     "torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler", "torch.cuda.amp.GradScaler",
     "torch.cuda.amp.grad_scaler.GradScaler", "torch.cpu.amp.GradScaler",
@@ -126,6 +129,10 @@ class BackwardSite:
     loss: cst.BaseExpression
     stmt: cst.BaseStatement
     function: Optional[cst.FunctionDef]  # the function it is in, if any
+    #: a call of a library's loss scaler (``loss_scaler(loss, optimizer, ...)``, timm's
+    #: NativeScaler): its class's qualified name. It runs backward and steps itself
+    #: (codemod/libraries.py); the rules leave it as it is, or refuse, and say so
+    library: Optional[str] = None
 
 
 @dataclass

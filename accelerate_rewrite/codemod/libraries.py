@@ -23,3 +23,100 @@ def is_library(dotted: str) -> bool:
     """Whether the module ``dotted`` (``timm.optim``, ``apex.amp``) belongs to a library of
     ``LIBRARIES``."""
     return dotted.split(".", 1)[0] in LIBRARIES
+
+
+# ---- what their calls do to training, as data --------------------------------------------------
+#
+# Each entry names the API it describes as the analysis resolves it (the qualified name of the
+# import: ``from timm.utils import NativeScaler`` -> ``timm.utils.NativeScaler``; every public
+# spelling of one object is listed), and cites the release its source was read from. Adding a
+# library is adding entries here, not a rule.
+
+
+from dataclasses import dataclass  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Argument:
+    """Where a call receives something: its position (without ``self``), or its keyword."""
+
+    index: int
+    keyword: str
+
+
+@dataclass(frozen=True)
+class LossScaler:
+    """A class whose objects, called, run the backward of ``loss`` themselves (through a
+    GradScaler of their own, or apex's), optionally unscale and clip, and step ``optimizer``:
+    the call is the training step (a backward site that is the library's)."""
+
+    loss: Argument
+    optimizer: Argument
+    #: the keyword that makes the call stop before the step (gradient accumulation by hand)
+    update: str
+    #: the keyword that clips (unscaled first), and the one that gives the parameters
+    clip: str
+    source: str
+
+
+@dataclass(frozen=True)
+class OptimizerFactory:
+    """A function that builds an optimizer over the parameters of the ``model`` it is given
+    (a module, or its parameters)."""
+
+    model: Argument
+    source: str
+
+
+@dataclass(frozen=True)
+class SchedulerFactory:
+    """A function that builds a learning-rate scheduler over ``optimizer``; ``per_step``: made
+    to be stepped after every optimizer step (warm-up over steps), not every epoch."""
+
+    optimizer: Argument
+    per_step: bool
+    source: str
+
+
+_TIMM = "timm 1.0.29 (pytorch-image-models aa4b585), timm/utils/cuda.py"
+_TIMM_SCALER = LossScaler(Argument(0, "loss"), Argument(1, "optimizer"), update="need_update", clip="clip_grad",
+                          source=_TIMM + ": NativeScaler.__call__ runs self._scaler.scale(loss).backward(), "
+                                         "unscale_ and dispatch_clip_grad when clip_grad, step, update")
+_TIMM_APEX = LossScaler(Argument(0, "loss"), Argument(1, "optimizer"), update="need_update", clip="clip_grad",
+                        source=_TIMM + ": ApexScaler.__call__ runs amp.scale_loss(...).backward(), "
+                                       "clips amp.master_params, optimizer.step()")
+
+#: qualified name -> what calling its objects does
+LOSS_SCALERS: dict[str, LossScaler] = {
+    "timm.utils.NativeScaler": _TIMM_SCALER,
+    "timm.utils.cuda.NativeScaler": _TIMM_SCALER,
+    "timm.utils.ApexScaler": _TIMM_APEX,
+    "timm.utils.cuda.ApexScaler": _TIMM_APEX,
+}
+
+_TIMM_OPTIM = "timm 1.0.29 (pytorch-image-models aa4b585), timm/optim/_optim_factory.py"
+#: qualified name -> where the model goes
+OPTIMIZER_FACTORIES: dict[str, OptimizerFactory] = {
+    **{f"timm.optim{path}.create_optimizer_v2": OptimizerFactory(
+        Argument(0, "model_or_params"), _TIMM_OPTIM + ": create_optimizer_v2(model_or_params, opt, lr, ...)")
+       for path in ("", "._optim_factory", ".optim_factory")},
+    **{f"timm.optim{path}.create_optimizer": OptimizerFactory(
+        Argument(1, "model"), _TIMM_OPTIM + ": create_optimizer(args, model, filter_bias_and_bn) calls "
+                                            "create_optimizer_v2(model, **optimizer_kwargs(args))")
+       for path in ("", "._optim_factory", ".optim_factory")},
+}
+
+_HF = "transformers 5.23.0, transformers/optimization.py"
+#: qualified name -> the optimizer it schedules
+SCHEDULER_FACTORIES: dict[str, SchedulerFactory] = {
+    **{f"transformers{path}.{name}": SchedulerFactory(
+        Argument(0, "optimizer"), True, _HF + f": {name}(optimizer, num_warmup_steps, ...) -> LambdaLR, "
+                                              "stepped per optimizer step")
+       for path in ("", ".optimization")
+       for name in ("get_linear_schedule_with_warmup", "get_cosine_schedule_with_warmup",
+                    "get_cosine_with_hard_restarts_schedule_with_warmup", "get_polynomial_decay_schedule_with_warmup",
+                    "get_constant_schedule_with_warmup", "get_constant_schedule", "get_inverse_sqrt_schedule")},
+    **{f"transformers{path}.get_scheduler": SchedulerFactory(
+        Argument(1, "optimizer"), True, _HF + ": get_scheduler(name, optimizer, num_warmup_steps, ...)")
+       for path in ("", ".optimization")},
+}

@@ -78,6 +78,12 @@ class _Planner(Home, Loaders, Reach, Devices):
                 return self.refuse(ddp.kept[0], f"hand-made distributed training: `{short(ddp.kept[0])}` "
                                                 "needs the process group, which Fabric starts only with "
                                                 "several devices (--devices 1 was given)")
+        library = [s for s in f.backward_sites if s.library is not None]
+        if library and (self.o.strategy or "").startswith(("fsdp", "deepspeed")):
+            return self.refuse(library[0].call, f"`{short(library[0].call)}` ({library[0].library}) runs backward "
+                                                f"itself, where --strategy {self.o.strategy} needs "
+                                                "`fabric.backward(loss)`; nothing was converted (the default "
+                                                "strategy, DDP, converts it)")
         if self.o.strategy in FUNCTION_LAUNCH_STRATEGIES:
             return self.refuse(
                 None,
@@ -124,6 +130,8 @@ class _Planner(Home, Loaders, Reach, Devices):
         self._precision()
         self._refs()
         for site in self.f.backward_sites:
+            if site.library is not None:
+                continue  # the library's own backward: left as it is (fabric_backward.py)
             if p.ref_at(self.f, site.call) is None or not p.after_creation(self.f, site.call):
                 func = self.f.function(site.call)
                 where = f"in {func.name.value}()" if func is not None else "there"
@@ -168,6 +176,15 @@ class _Planner(Home, Loaders, Reach, Devices):
                 f"precision {p.precision} not set on Fabric: the script runs its own "
                 f"{own[0].qualname.rsplit('.', 1)[-1]}, and Fabric's on top would apply it twice; "
                 "leave the script's mixed precision as it is, or remove it and rerun",
+            )
+            return
+        library = [s for s in f.backward_sites if s.library is not None]
+        if library:
+            p.omit_precision = (
+                library[0].call,
+                f"precision {p.precision} not set on Fabric: `{short(library[0].call)}` ({library[0].library}) "
+                "runs backward itself, where Fabric's precision would need `fabric.backward(loss)`; the "
+                "script's own mixed precision (its flag for it) applies as before",
             )
             return
         lbfgs = [opt for opt in f.optimizers if opt.qualname.endswith("LBFGS")]
@@ -469,3 +486,9 @@ def _over_tensors(opt: Optimizer) -> bool:
 def plan(facts: ScriptFacts, options: Options) -> FabricPlan:
     """The plan for this file and these options: made by the first rule that asks."""
     return facts.memo(("fabric-plan", options), lambda: make_plan(facts, options))
+
+
+def library_backward(site) -> str:
+    """What is said of a library's loss scaler called with the loss (``BackwardSite.library``)."""
+    return (f"`{short(site.call)}` ({site.library}) runs backward and the optimizer step itself, with the "
+            "script's own GradScaler: left as it is (under DDP that is the backward Fabric would run)")

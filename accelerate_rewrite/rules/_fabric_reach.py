@@ -146,7 +146,7 @@ class Reach:
         Fabric a global (``setups=False``), this is for the project's other files, whose
         optimizers are set up where the driver receives them."""
         f, p = self.f, self.p
-        needs = [s.call for s in f.backward_sites] + [o.stmt for o in f.optimizers if setups] \
+        needs = [s.call for s in f.backward_sites if s.library is None] + [o.stmt for o in f.optimizers if setups] \
             + ([n for n, _ in p.ddp.reads] if p.ddp else [])
         changed = True
         while changed:

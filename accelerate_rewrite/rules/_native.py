@@ -147,6 +147,10 @@ class _Planner(Scaler):
                                f"{own[0].qualname.rsplit('.', 1)[-1]}: nothing is wrapped twice")
         if not f.backward_sites:
             return self.refuse(None, "no training found (no backward call); nothing to do")
+        library = [s for s in f.backward_sites if s.library is not None]
+        if library:
+            return self.refuse(library[0].call, f"`{short(library[0].call)}` ({library[0].library}) runs its "
+                                                "own GradScaler: nothing is wrapped twice")
         lbfgs = [opt for opt in f.optimizers if opt.qualname.endswith("LBFGS")]
         if lbfgs:
             why = ("a GradScaler can't step an LBFGS closure" if precision == "16-mixed" else

@@ -18,6 +18,7 @@ from accelerate_rewrite.codemod.facts import (
     code,
 )
 from accelerate_rewrite.codemod.facts_kinds import stepped_by
+from accelerate_rewrite.codemod.libraries import LOSS_SCALERS
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._apex import apex_use
@@ -122,7 +123,13 @@ def _loop_of(f: ScriptFacts, node: cst.CSTNode) -> Optional[cst.For]:
 
 
 def _existing(f: ScriptFacts) -> Optional[tuple[cst.CSTNode, str]]:
-    """Where the script accumulates gradients on its own, if it does."""
+    """Where the script accumulates gradients on its own, if it does (or steps through a
+    library's loss scaler, which steps at each call: it is asked to with its own keyword)."""
+    for site in f.backward_sites:
+        if site.library is not None:
+            update = LOSS_SCALERS[site.library].update
+            return site.call, (f"`{short(site.call)}` ({site.library}) runs backward and steps the optimizer at "
+                               f"each call itself (its `{update}=` argument accumulates)")
     for call in f.attribute_calls:
         if call.func.attr.value in ("no_sync", "no_backward_sync"):
             return call, f"the script already accumulates gradients (`{short(call)}`)"

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from accelerate_rewrite.codemod.facts import CLIP_NORM, CLIP_VALUE, OPTIMIZER, SCALER, code
 from accelerate_rewrite.codemod.facts_kinds import stepped_by
+from accelerate_rewrite.codemod.libraries import LOSS_SCALERS
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._fabric import short, stmt, visible_name
@@ -54,6 +55,12 @@ class ClipGradNorm(Rule):
             ctx.skip(node, f"--clip-grad-norm: the script already uses {label}; clip with its API by hand")
             return
         limit = repr(o.clip_grad_norm)
+        library = [s for s in f.backward_sites if s.library is not None]
+        if library:
+            clip = LOSS_SCALERS[library[0].library].clip
+            ctx.skip(library[0].call, f"--clip-grad-norm: `{short(library[0].call)}` ({library[0].library}) clips "
+                                      f"and steps itself: give it `{clip}=` ({limit}) by hand")
+            return
         fabric = plan(f, o) if o.fabric else None
         if fabric is not None and fabric.refusal is not None:
             fabric = None  # not converted: plain torch clipping

@@ -5,7 +5,7 @@ import libcst as cst
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.rules._fabric import FabricRule, core_except, expr, short
-from accelerate_rewrite.rules._fabric_plan import plan
+from accelerate_rewrite.rules._fabric_plan import library_backward, plan
 
 
 class FabricBackward(FabricRule):
@@ -22,7 +22,11 @@ class FabricBackward(FabricRule):
     Kind: safe.
 
     Leaves alone: a backward where `fabric` can't be reached (a helper function with no
-    `fabric` passed in), and says where.
+    `fabric` passed in), and says where; a library's loss scaler called with the loss
+    (`loss_scaler(loss, optimizer, ...)`, timm's `NativeScaler`: codemod/libraries.py), which
+    runs backward and the step itself with the script's own GradScaler: under DDP that is the
+    backward Fabric would run (Fabric's precision is then not set, and FSDP and DeepSpeed,
+    which need `fabric.backward`, are refused: rules/_fabric_plan.py).
     """
 
     code = "AR106"
@@ -40,6 +44,9 @@ class FabricBackward(FabricRule):
         for site in f.backward_sites:
             if id(site.call) in apex_blocks:
                 continue  # AR211 turns apex's scale_loss block into fabric.backward(loss)
+            if site.library is not None:
+                ctx.skip(site.call, library_backward(site))
+                continue
             ref = p.ref_at(f, site.call)
             if ref is None or not p.after_creation(f, site.call):
                 ctx.skip(site.call, f"`{short(site.call)}` left as is: `fabric` can't be reached here")
