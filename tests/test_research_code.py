@@ -312,3 +312,39 @@ def test_every_library_entry_cites_the_release_it_was_read_from():
     assert entries and all(any(c.isdigit() for c in e.source.split(",")[0]) for e in entries)
     assert all(name.split(".")[0] in libraries.LIBRARIES for name in
                [*libraries.LOSS_SCALERS, *libraries.OPTIMIZER_FACTORIES, *libraries.SCHEDULER_FACTORIES])
+
+
+def test_a_module_name_another_file_defines_too_is_read_as_its_own():
+    """SwAV's ``logger = getLogger()`` in main_swav.py and in src/utils.py: the module is still
+    followed (its ``logger`` read under a name of its own by the analysis, and written back as
+    ``logger``), so its ``init_distributed_mode`` is seen starting the process group."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from accelerate_rewrite.api import rewrite
+    from accelerate_rewrite.codemod.project import Scope
+    from accelerate_rewrite.options import Options
+
+    root = Path(tempfile.mkdtemp())
+    (root / "src").mkdir()
+    (root / "src" / "__init__.py").write_text("")
+    (root / "src" / "utils.py").write_text(
+        "import os\nfrom logging import getLogger\n\nimport torch.distributed as dist\n\nlogger = getLogger()\n\n\n"
+        "def init_distributed_mode(args):\n    args.rank = int(os.environ[\"RANK\"])\n"
+        "    args.world_size = int(os.environ[\"WORLD_SIZE\"])\n"
+        "    dist.init_process_group(backend=\"gloo\", world_size=args.world_size, rank=args.rank)\n"
+        "    logger.info(\"started\")\n")
+    script = root / "main.py"
+    script.write_text(DINO_CHAIN.replace("    LATER\n", "").replace(
+        "import torch\n", "import argparse\nfrom logging import getLogger\n\nimport torch\n", 1).replace(
+        "def main(name):\n", "logger = getLogger()\n\n\ndef main(name):\n    args = argparse.Namespace()\n"
+                            "    init_distributed_mode(args)\n").replace(
+        "from torch.utils.data import DataLoader, TensorDataset\n",
+        "from torch.utils.data import DataLoader, TensorDataset\n\nfrom src.utils import init_distributed_mode\n"))
+    result = rewrite(script.read_text(), Options.create(devices=2), path=str(script), scope=Scope(follow=True))
+    assert not result.dropped, result.dropped
+    assert "    init_distributed_mode(fabric, args)\n" in result.output
+    utils = next(m for m in result.members if m.path.endswith(os.path.join("src", "utils.py")))
+    assert "logger = getLogger()\n" in utils.output and "    logger.info(\"started\")\n" in utils.output
+    assert "init_process_group" not in utils.output and "__src_utils" not in utils.output

@@ -139,7 +139,7 @@ class _Fail(Exception):
 
 def _merge(old: Sequence[cst.BaseStatement], new: Sequence[cst.BaseStatement], test: str) -> list[cst.BaseStatement]:
     """The statements of a block, ``old`` where the conversion kept them, guarded where it
-    changed them (``_guard``)."""
+    changed them (``_guard``); a compound statement whose header it kept is merged inside."""
     old_codes = [_stmt_code(s.with_changes(leading_lines=())) for s in old]
     new_codes = [_stmt_code(s.with_changes(leading_lines=())) for s in new]
     out: list[cst.BaseStatement] = []
@@ -154,21 +154,29 @@ def _merge(old: Sequence[cst.BaseStatement], new: Sequence[cst.BaseStatement], t
                     in (f"self.{NAME} = {NAME}",)]
         those = [s for s in those if s not in kept_new]
         out.extend(s.with_changes(leading_lines=()) for s in kept_new)
-        if len(these) == len(those) == 1 and _header(these[0]) is not None \
-                and _header(these[0]) == _header(those[0]):
-            out.append(_merge_inside(these[0], those[0], test))
-            continue
-        if not these and not those:
-            continue
-        if those and not any(_reads_fabric(t) for t in those):
-            # a change that needs no `fabric` (an API migration that computes the same): as it is
-            out.extend(those)
-            continue
-        leading = these[0].leading_lines if these else those[0].leading_lines
-        out.append(_guard(test, [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(those)],
-                          [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(these)],
-                          leading))
+        # statements of the same header (``if args.is_slurm_job:`` changed inside) are merged
+        # inside; the others, in runs, guarded
+        keys = lambda stmts: [_header(s) or _stmt_code(s.with_changes(leading_lines=())) for s in stmts]  # noqa: E731
+        inner = difflib.SequenceMatcher(None, keys(these), keys(those), autojunk=False)
+        for kind, a1, a2, b1, b2 in inner.get_opcodes():
+            if kind == "equal":
+                for a, b in zip(these[a1:a2], those[b1:b2]):
+                    out.append(_merge_inside(a, b, test) if _header(a) is not None else a)
+            else:
+                out.extend(_changed(these[a1:a2], those[b1:b2], test))
     return out
+
+
+def _changed(these: list[cst.BaseStatement], those: list[cst.BaseStatement], test: str) -> list[cst.BaseStatement]:
+    """A run of statements the conversion changed: as it made them when they read no `fabric`
+    (an API migration that computes the same), else guarded."""
+    if not these and not those:
+        return []
+    if those and not any(_reads_fabric(t) for t in those):
+        return those
+    leading = these[0].leading_lines if these else those[0].leading_lines
+    return [_guard(test, [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(those)],
+                   [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(these)], leading)]
 
 
 def _merge_inside(old: cst.BaseStatement, new: cst.BaseStatement, test: str) -> cst.BaseStatement:
@@ -330,16 +338,19 @@ class _ByKeyword(cst.CSTTransformer):
                 or code(args[index].value) not in (NAME, f"self.{NAME}"):
             return updated
         moved = args.pop(index)
-        if args and index == len(args):  # it was last: the comma before it goes to it
-            moved = moved.with_changes(comma=args[-1].comma)
-            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         keyword = moved.with_changes(keyword=cst.Name(NAME), equal=cst.AssignEqual(
             whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
-        if args:
-            last = args[-1]
-            comma = last.comma if isinstance(last.comma, cst.Comma) else cst.Comma(
-                whitespace_after=cst.SimpleWhitespace(" "))
-            args[-1] = last.with_changes(comma=comma)
+        if not args:
+            keyword = keyword.with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        elif isinstance(args[-1].comma, cst.Comma):
+            # a trailing comma (``amp=apex.amp,`` and ``)`` on a line of its own): the new
+            # argument goes on a line of its own too, before the ``)``
+            between = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) \
+                else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            keyword = keyword.with_changes(comma=args[-1].comma)
+            args[-1] = args[-1].with_changes(comma=between)
+        else:
+            args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
             keyword = keyword.with_changes(comma=cst.MaybeSentinel.DEFAULT)
         self.changed = True
         return updated.with_changes(args=[*args, keyword])

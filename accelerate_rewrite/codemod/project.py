@@ -382,6 +382,24 @@ def _top_names(code: str) -> tuple[set[str], set[str]]:
     return own, imported
 
 
+def _own_name(name: str, dotted: str) -> str:
+    """The name the analysis reads a module's ``name`` by, where another file of the project
+    defines ``name`` too: ``logger`` of src/utils.py -> ``logger__src_utils``."""
+    return f"{name}__{dotted.replace('.', '_')}"
+
+
+def _same_meaning(these: frozenset[str], those: frozenset[str]) -> bool:
+    """Two imports of a library's one object: the same spelling, or the same name through a
+    package that re-exports it (``timm.data.Mixup`` and ``timm.data.mixup.Mixup``)."""
+    if these == those:
+        return True
+    if len(these) != 1 or len(those) != 1:
+        return False
+    a, b = next(iter(these)), next(iter(those))
+    (pa, _, na), (pb, _, nb) = a.rpartition("."), b.rpartition(".")
+    return na == nb and bool(pa) and bool(pb) and (pa.startswith(pb + ".") or pb.startswith(pa + "."))
+
+
 def _without_main(module: cst.Module, head: str) -> str:
     """A module's text as importing it runs it: without its ``if __name__ == "__main__":``
     block (what it does when run as a script of its own)."""
@@ -472,7 +490,9 @@ def build(path: str, head: str, module: cst.Module, source: str,
             part.aliases.update(read_through)
             part.renames.update(renames)
             return None  # its statements are in already: the names are bound
-        why = _follow(target.dotted, target.file, target.imp)
+        wanted = set(read_through) if target.through is not None else {
+            _dotted(a.name) for a in (target.imp.names if not isinstance(target.imp.names, cst.ImportStar) else ())}
+        why = _follow(target.dotted, target.file, target.imp, wanted)
         if isinstance(why, str):
             return why
         part.aliases.update(read_through)  # only once the module is followed
@@ -504,8 +524,11 @@ def build(path: str, head: str, module: cst.Module, source: str,
     def _shown(file: Path) -> str:
         return os.path.relpath(file) if not os.path.isabs(path) else str(file)
 
-    def _follow(dotted: str, file: Path, imp: Optional[cst.ImportFrom]):
-        """The index of the new part, or why the module is not followed."""
+    def _follow(dotted: str, file: Path, imp: Optional[cst.ImportFrom], wanted: set[str] = frozenset()):
+        """The index of the new part, or why the module is not followed. ``wanted``: the names
+        the importer reads of it; a name of the module's own that another file defines too
+        (``logger = getLogger()`` in both) is read under a name of its own (``_own_name``) when
+        the importer does not read it."""
         shown = _shown(file)
         if len(parts) > MAX_MODULES:
             return f"{shown} is not followed: more than {MAX_MODULES} modules"
@@ -530,22 +553,32 @@ def build(path: str, head: str, module: cst.Module, source: str,
         m_imports = _imports_of(imported_code, package)
         index = len(parts)
         itself = lambda name: frozenset({f"{dotted}.{name}"})  # noqa: E731 (imported from it)
+        own_names: dict[str, str] = {}  # the analysis's name -> the module's
         for name in sorted(m_own | set(m_imports)):
+            clash = name in bound or (name in imports and imports[name][1] != itself(name) and name in m_own)
+            if clash and name in m_own and name not in wanted:
+                own_names[_own_name(name, dotted)] = name
+                continue
             if name in bound:
                 return f"{shown} is not followed: `{name}` is defined both there and in {parts[bound[name]].path}"
             if name not in imports or imports[name][1] == itself(name):
                 continue
-            if name in m_own or imports[name][1] != m_imports.get(name):
+            if name in m_own or not _same_meaning(imports[name][1], m_imports.get(name, frozenset())):
                 return (f"{shown} is not followed: `{name}` is defined both there and in "
                         f"{parts[imports[name][0]].path}" if name in m_own else
                         f"{shown} is not followed: it imports `{name}` as something else than "
                         f"{parts[imports[name][0]].path} does")
+        renamed = set(own_names.values())
         for name in m_own:
+            if name not in renamed:
+                bound[name] = index
+        for name in own_names:
             bound[name] = index
         for name, meaning in m_imports.items():
             imports.setdefault(name, (index, meaning))
         part = Part(path=str(file) if os.path.isabs(path) else os.path.relpath(file), source=text,
                     head=m_head, tail=m_tail, module=m_module, dotted=dotted, file=file, package=package)
+        part.renames.update(own_names)
         part.layout = Layout(m_module, text=m_head)
         part.starts = part.layout.starts()
         parts.append(part)
