@@ -293,16 +293,18 @@ def test_the_script_named_alone_changes_the_modules_only_it_imports(tmp_path):
     assert "engine.py: rewritten (with train.py)" in followed.output
 
 
-def test_a_module_another_file_imports_changes_only_when_told(tmp_path):
+def test_a_module_another_file_imports_changes_compatibly_unless_told(tmp_path):
     """engine.py's train_one_epoch read by another file (from a subfolder through a module that
-    imports it, inside a function, through the module read whole) would break it: not changed
-    by default, and the reason names the file; --follow-imports changes it anyway. A file that
-    reads only a name the rewrite leaves as it was does not hold it back."""
+    imports it, inside a function, through the module read whole) would break it: by default it
+    changes so that the other file keeps working (issue 46: `fabric` last and optional, the
+    changed statements guarded, codemod/compat.py), and the note names the file;
+    --follow-imports changes it as the conversion would. A file that reads only a name the
+    rewrite leaves as it was does not hold it back."""
     cases = {
         "helpers": ({"helpers.py": "from engine import train_one_epoch\n", "tools/evaluate.py": "import helpers\n"},
-                    "helpers.py imports as well"),
-        "function": ({"report.py": "def main():\n    from engine import train_one_epoch\n"}, "report.py imports as well"),
-        "whole": ({"report.py": "import engine as E\nprint(E)\n"}, "report.py imports as well"),
+                    "helpers.py"),
+        "function": ({"report.py": "def main():\n    from engine import train_one_epoch\n"}, "report.py"),
+        "whole": ({"report.py": "import engine as E\nprint(E)\n"}, "report.py"),
         "unchanged": ({"report.py": "import engine\nprint(engine.PRINT_FREQ)\n"}, None),
     }
     for case, (files, said_of) in cases.items():
@@ -311,18 +313,30 @@ def test_a_module_another_file_imports_changes_only_when_told(tmp_path):
         for name, text in files.items():
             (root / name).parent.mkdir(exist_ok=True)
             (root / name).write_text(text)
-        before = (root / "train.py").read_text()
         alone = _cli("train.py", "--write", cwd=root)
         assert alone.exit_code == 0, alone.output
         said = " ".join(alone.output.split())
+        assert "engine.py: rewritten (with train.py)" in said, said
+        engine = (root / "engine.py").read_text()
         if said_of is None:
-            assert "engine.py: rewritten (with train.py)" in said, said
+            assert "def train_one_epoch(model, optimizer, data_loader, fabric, epoch, print_freq=2):" in engine
             continue
-        assert (root / "train.py").read_text() == before
-        assert "it would change engine.py, which" in said and "(pass --follow-imports to change it anyway)" in said
-        assert said_of in said, (case, said)
-        followed = _cli("train.py", "--check", "--follow-imports", cwd=root)
-        assert "Would rewrite: engine.py" in followed.output
+        assert f"changed so that {said_of} keeps working" in said, (case, said)
+        assert "def train_one_epoch(model, optimizer, data_loader, device, epoch, print_freq=2, fabric=None):" \
+            in engine
+        assert "        if fabric is not None:\n            fabric.backward(loss)\n        else:\n" \
+               "            loss.backward()\n" in engine
+        assert "train_one_epoch(model, optimizer, train_loader, fabric.device, epoch, fabric=fabric)" in \
+            (root / "train.py").read_text()
+        compile(engine, "engine.py", "exec")
+        root = _engine_driver(tmp_path / f"{case}-follow")
+        for name, text in files.items():
+            (root / name).parent.mkdir(exist_ok=True)
+            (root / name).write_text(text)
+        followed = _cli("train.py", "--write", "--follow-imports", cwd=root)
+        assert followed.exit_code == 0, followed.output
+        assert "def train_one_epoch(model, optimizer, data_loader, fabric, epoch, print_freq=2):" in \
+            (root / "engine.py").read_text()
 
 
 def test_output_and_the_hook_keep_to_the_paths_given(tmp_path):

@@ -243,7 +243,7 @@ def test_research_engine_trains_every_rank_as_before_and_its_other_script_still_
 # ---- codemod/compat.py: a module other files import, changed compatibly -------------------------
 
 def test_a_shared_function_takes_fabric_last_and_optional_and_guards_what_changed():
-    from accelerate_rewrite.codemod.compat import calls_by_keyword, compatible
+    from accelerate_rewrite.codemod.compat import Taken, calls_by_keyword, compatible
 
     old = ("import torch.distributed as dist\n\n\n"
            "def reduce(t, *rest, op=None):\n    # sum over the processes\n    dist.all_reduce(t)\n"
@@ -258,7 +258,7 @@ def test_a_shared_function_takes_fabric_last_and_optional_and_guards_what_change
         "    if fabric is not None:\n        t = fabric.all_reduce(t, reduce_op=\"sum\")\n"
         "        return t / fabric.world_size\n    else:\n        dist.all_reduce(t)\n"
         "        return t / dist.get_world_size()\n")
-    assert made.keyword_calls == {"reduce": 0} and made.changed == ["reduce"]
+    assert made.keyword_calls == {"reduce": Taken(0)} and made.changed == ["reduce"]
     assert calls_by_keyword("y = utils.reduce(fabric, x, 1)\nz = reduce(fabric, x)\n", made.keyword_calls) == \
         "y = utils.reduce(x, 1, fabric=fabric)\nz = reduce(x, fabric=fabric)\n"
     namespace: dict = {}
@@ -269,15 +269,22 @@ def test_a_shared_function_takes_fabric_last_and_optional_and_guards_what_change
 
 
 def test_a_change_that_reads_no_fabric_is_made_and_one_that_can_t_keep_its_callers_is_none():
-    from accelerate_rewrite.codemod.compat import compatible
+    from accelerate_rewrite.codemod.compat import calls_by_keyword, compatible
 
     old = "import torch\n\n\ndef scaler():\n    return torch.cuda.amp.GradScaler()\n"
     new = "import torch\n\n\ndef scaler():\n    return torch.amp.GradScaler(\"cuda\")\n"
     assert compatible(old, new).code == new  # an API migration computes the same for every caller
-    # ``device`` threaded into `fabric`: the callers that pass a device would pass it to `fabric`
-    old = "def train(model, device):\n    model.to(device)\n"
-    new = "def train(model, fabric):\n    pass\n"
-    assert compatible(old, new) is None
+    # ``device`` threaded into `fabric`: kept, `fabric` last and optional, the converted callers
+    # passing ``fabric.device`` in its place
+    old = "def train(model, device):\n    model.to(device)\n    model(1)\n"
+    new = "def train(model, fabric):\n    model(1)\n"
+    made = compatible(old, new)
+    assert made.code == ("def train(model, device, fabric=None):\n    if fabric is None:\n        model.to(device)\n"
+                         "    model(1)\n")
+    assert calls_by_keyword("train(net, fabric)\ntrain(net, fabric=fabric)\n", made.keyword_calls) == \
+        "train(net, fabric.device, fabric=fabric)\ntrain(net, device=fabric.device, fabric=fabric)\n"
+    # a parameter that changes otherwise
+    assert compatible("def f(a, b):\n    return b\n", "def f(a, c):\n    return c\n") is None
     # another top-level statement changed
     assert compatible("X = 1\n\n\ndef f():\n    pass\n", "X = 2\n\n\ndef f():\n    pass\n") is None
 

@@ -40,13 +40,24 @@ from accelerate_rewrite.codemod.syntax import code
 NAME = "fabric"
 
 
+@dataclass(frozen=True)
+class Taken:
+    """How a function or class of the module takes `fabric` now: at ``index`` among its
+    positional parameters in the conversion, last and optional in the compatible module;
+    ``instead``: the parameter `fabric` took the place of (a ``device`` threaded into it), which
+    the compatible module keeps, its callers passing it ``fabric.device``."""
+
+    index: int
+    instead: Optional[str] = None
+
+
 @dataclass
 class Compatible:
     """The compatible text of a module, and the functions and classes (by name, in that
-    module) whose calls now pass `fabric` by keyword: name -> the positional index it had."""
+    module) whose calls now pass `fabric` by keyword (``Taken``)."""
 
     code: str
-    keyword_calls: dict[str, int] = field(default_factory=dict)
+    keyword_calls: dict[str, Taken] = field(default_factory=dict)
     #: the functions and classes changed so, for the note
     changed: list[str] = field(default_factory=list)
 
@@ -59,23 +70,30 @@ def _param_names(params: cst.Parameters) -> list[str]:
     return [p.name.value for p in [*params.posonly_params, *params.params]]
 
 
-def _with_optional_fabric(old: cst.Parameters, new: cst.Parameters) -> Optional[tuple[cst.Parameters, int]]:
-    """``(args)`` -> ``(fabric, args)``: the old parameters with ``fabric=None`` last, and the
-    index `fabric` had among the positional ones; None when they differ otherwise."""
+def _with_optional_fabric(old: cst.Parameters, new: cst.Parameters) -> Optional[tuple[cst.Parameters, Taken]]:
+    """``(args)`` -> ``(fabric, args)``, or ``(model, device)`` -> ``(model, fabric)``: the old
+    parameters with ``fabric=None`` last, and how the conversion took it (``Taken``); None when
+    they differ otherwise."""
     before, after = _param_names(old), _param_names(new)
     if NAME not in after or NAME in before:
         return None
     index = after.index(NAME)
+    instead = before[index] if len(before) == len(after) else None
 
-    def each(params: cst.Parameters) -> list[str]:
+    def each(params: cst.Parameters, skip: Optional[str]) -> list[str]:
         return [_stmt_code(p.with_changes(comma=cst.MaybeSentinel.DEFAULT))
                 for p in [*params.posonly_params, *params.params, *params.kwonly_params]
-                if p.name.value != NAME] + [_stmt_code(params.star_arg.with_changes(comma=cst.MaybeSentinel.DEFAULT))
-                                            if isinstance(params.star_arg, cst.Param) else "",
-                                            _stmt_code(params.star_kwarg) if params.star_kwarg else ""]
+                if p.name.value not in (NAME, skip)] + [
+            _stmt_code(params.star_arg.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+            if isinstance(params.star_arg, cst.Param) else "", _stmt_code(params.star_kwarg) if params.star_kwarg else ""]
 
-    if after[:index] + after[index + 1:] != before or each(old) != each(new):
+    if instead is not None:
+        if after[:index] + after[index + 1:] != before[:index] + before[index + 1:] \
+                or each(old, instead) != each(new, None):
+            return None
+    elif after[:index] + after[index + 1:] != before or each(old, None) != each(new, None):
         return None
+    taken = Taken(index, instead)
     fabric = cst.Param(cst.Name(NAME), default=cst.Name("None"),
                        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                              whitespace_after=cst.SimpleWhitespace("")))
@@ -84,14 +102,14 @@ def _with_optional_fabric(old: cst.Parameters, new: cst.Parameters) -> Optional[
         kwonly = list(old.kwonly_params)
         if kwonly and kwonly[-1].comma is cst.MaybeSentinel.DEFAULT:
             kwonly[-1] = kwonly[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        return old.with_changes(kwonly_params=[*kwonly, fabric]), index
+        return old.with_changes(kwonly_params=[*kwonly, fabric]), taken
     params = list(old.params)
     if params and params[-1].comma is cst.MaybeSentinel.DEFAULT:
         params[-1] = params[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
     elif params and isinstance(params[-1].comma, cst.Comma):  # ``(a, b,)``: keep its trailing comma
         fabric = fabric.with_changes(comma=params[-1].comma)
         params[-1] = params[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return old.with_changes(params=[*params, fabric]), index
+    return old.with_changes(params=[*params, fabric]), taken
 
 
 def _guard(test: str, new: Sequence[cst.BaseStatement], old: Sequence[cst.BaseStatement],
@@ -161,7 +179,13 @@ def _merge(old: Sequence[cst.BaseStatement], new: Sequence[cst.BaseStatement], t
         for kind, a1, a2, b1, b2 in inner.get_opcodes():
             if kind == "equal":
                 for a, b in zip(these[a1:a2], those[b1:b2]):
-                    out.append(_merge_inside(a, b, test) if _header(a) is not None else a)
+                    if _header(a) is None:
+                        out.append(a)
+                        continue
+                    try:
+                        out.append(_merge_inside(a, b, test))
+                    except _Fail:  # changed where it can't be merged inside (an ``elif``'s test): whole
+                        out.extend(_changed([a], [b], test))
             else:
                 out.extend(_changed(these[a1:a2], those[b1:b2], test))
     return out
@@ -186,24 +210,30 @@ def _merge_inside(old: cst.BaseStatement, new: cst.BaseStatement, test: str) -> 
     merged = []
     for a, b in zip(old_blocks, new_blocks):
         if a is None or b is None:
-            if (a is None) != (b is None) or _stmt_code(old.orelse) != _stmt_code(new.orelse):
-                raise _Fail  # an ``elif`` that changed
-            merged.append(None)
+            if (a is None) != (b is None):
+                raise _Fail
+            if _stmt_code(old.orelse) == _stmt_code(new.orelse):
+                merged.append(None)
+            elif _header(old.orelse) == _header(new.orelse):
+                merged.append(_merge_inside(old.orelse, new.orelse, test))  # an ``elif`` changed inside
+            else:
+                raise _Fail  # an ``elif`` whose test changed
             continue
         if not isinstance(a, cst.IndentedBlock) or not isinstance(b, cst.IndentedBlock):
             raise _Fail
         merged.append(a.with_changes(body=_merge(a.body, b.body, test)))
     node = old.with_changes(body=merged[0])
     if len(merged) > 1 and merged[1] is not None:
-        node = node.with_changes(orelse=old.orelse.with_changes(body=merged[1]))
+        node = node.with_changes(orelse=merged[1] if isinstance(merged[1], cst.If)
+                                 else old.orelse.with_changes(body=merged[1]))
     return node
 
 
-def _function(old: cst.FunctionDef, new: cst.FunctionDef, test: Optional[str]) -> tuple[cst.FunctionDef, Optional[int]]:
+def _function(old: cst.FunctionDef, new: cst.FunctionDef, test: Optional[str]) -> tuple[cst.FunctionDef, Optional[Taken]]:
     """The function as it was, with ``fabric=None`` if the conversion gave it `fabric`, and its
     changed statements guarded by ``test`` (`fabric`, or ``self.fabric`` in a class that keeps
     it); with none to guard by, the new function where it reads no `fabric` (an API migration
-    that computes the same), else nothing. The index `fabric` had, or None."""
+    that computes the same), else nothing. How it takes `fabric`, or None."""
     index = None
     params = old.params
     if _stmt_code(old.params) != _stmt_code(new.params):
@@ -225,7 +255,7 @@ def _function(old: cst.FunctionDef, new: cst.FunctionDef, test: Optional[str]) -
     return old.with_changes(params=params, body=old.body.with_changes(body=body)), index
 
 
-def _class(old: cst.ClassDef, new: cst.ClassDef) -> tuple[cst.ClassDef, Optional[int]]:
+def _class(old: cst.ClassDef, new: cst.ClassDef) -> tuple[cst.ClassDef, Optional[Taken]]:
     if _stmt_code(old.with_changes(body=cst.IndentedBlock([]))) != _stmt_code(new.with_changes(
             body=cst.IndentedBlock([]))) or not isinstance(old.body, cst.IndentedBlock) \
             or not isinstance(new.body, cst.IndentedBlock):
@@ -242,7 +272,7 @@ def _class(old: cst.ClassDef, new: cst.ClassDef) -> tuple[cst.ClassDef, Optional
         found = _with_optional_fabric(init_old.params, init_new.params)
         if found is None:
             raise _Fail
-        index = found[1] - 1  # without ``self``
+        index = Taken(found[1].index - 1, found[1].instead)  # without ``self``
     test = f"self.{NAME}" if index is not None else None
     body = []
     for stmt in old.body.body:
@@ -321,9 +351,11 @@ def _reads_fabric(node: cst.CSTNode) -> bool:
 
 
 class _ByKeyword(cst.CSTTransformer):
-    """``init_distributed_mode(fabric, args)`` -> ``init_distributed_mode(args, fabric=fabric)``."""
+    """``init_distributed_mode(fabric, args)`` -> ``init_distributed_mode(args, fabric=fabric)``;
+    ``create_d_vae(path, size, fabric)``, where `fabric` took ``device``'s place ->
+    ``create_d_vae(path, size, fabric.device, fabric=fabric)``."""
 
-    def __init__(self, calls: dict[str, int]) -> None:
+    def __init__(self, calls: dict[str, Taken]) -> None:
         super().__init__()
         self.calls = calls
         self.changed = False
@@ -332,14 +364,26 @@ class _ByKeyword(cst.CSTTransformer):
         func = updated.func
         name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) \
             else None
-        index = self.calls.get(name) if name is not None else None
-        args = list(updated.args)
-        if index is None or index >= len(args) or args[index].keyword is not None or args[index].star \
-                or code(args[index].value) not in (NAME, f"self.{NAME}"):
+        taken = self.calls.get(name) if name is not None else None
+        if taken is None:
             return updated
-        moved = args.pop(index)
-        keyword = moved.with_changes(keyword=cst.Name(NAME), equal=cst.AssignEqual(
-            whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
+        args = list(updated.args)
+        at = next((i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value == NAME), None)
+        if at is None and taken.index < len(args) and args[taken.index].keyword is None \
+                and not args[taken.index].star and not any(a.star for a in args[:taken.index]):
+            at = taken.index
+        if at is None or code(args[at].value) not in (NAME, f"self.{NAME}"):
+            return updated
+        ref = code(args[at].value)
+        if taken.instead is not None:  # the parameter it took the place of gets the device
+            device = cst.parse_expression(f"{ref}.device")
+            moved = args[at]
+            args[at] = moved.with_changes(value=device, keyword=cst.Name(taken.instead) if moved.keyword else None)
+            keyword = moved.with_changes(keyword=cst.Name(NAME), value=cst.parse_expression(ref), equal=cst.AssignEqual(
+                whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
+        else:
+            keyword = args.pop(at).with_changes(keyword=cst.Name(NAME), equal=cst.AssignEqual(
+                whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
         if not args:
             keyword = keyword.with_changes(comma=cst.MaybeSentinel.DEFAULT)
         elif isinstance(args[-1].comma, cst.Comma):
@@ -356,7 +400,7 @@ class _ByKeyword(cst.CSTTransformer):
         return updated.with_changes(args=[*args, keyword])
 
 
-def calls_by_keyword(text: str, calls: dict[str, int]) -> str:
+def calls_by_keyword(text: str, calls: dict[str, Taken]) -> str:
     """``text`` with every call of the functions and classes of ``calls`` that passes `fabric`
     at that index passing it by keyword instead (they take it last, optional)."""
     if not calls or NAME not in text:
@@ -370,4 +414,4 @@ def calls_by_keyword(text: str, calls: dict[str, int]) -> str:
     return new.code if visitor.changed else text
 
 
-__all__: Union[list[str], tuple] = ("Compatible", "compatible", "calls_by_keyword")
+__all__: Union[list[str], tuple] = ("Compatible", "Taken", "compatible", "calls_by_keyword")

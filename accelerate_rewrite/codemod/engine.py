@@ -13,6 +13,7 @@ from typing import Mapping, Optional, Sequence
 import difflib
 import gc
 import os
+import re
 
 import libcst as cst
 
@@ -33,6 +34,10 @@ from accelerate_rewrite.codemod.rule import Note, Rule, RuleContext
 from accelerate_rewrite.codemod.words import TRAINING_WORDS
 from accelerate_rewrite.codemod.suppress import applies_to, changed_lines, protected_lines, skip_file_line
 from accelerate_rewrite.options import Options
+
+#: what AR105 says of a device parameter threaded into `fabric`, said again of a module changed
+#: compatibly (codemod/compat.py), where the parameter stays
+_THREADED = re.compile(r"parameter `(\w+)` became `fabric` \(its callers pass it\)")
 
 
 class RewriteError(Exception):
@@ -478,9 +483,11 @@ def _rewrite(
     for line, why in unfollowed:
         per_unit[0].append(Note("project", line, why, skipped=True))
     for index, (made, users) in compats.items():
-        per_unit[index] = [replace(n, message=n.message.replace(
-            "receives `fabric` as its first parameter (its callers pass it)",
-            "receives `fabric` as a last, optional parameter (its callers pass `fabric=fabric`)"))
+        per_unit[index] = [replace(n, message=_THREADED.sub(
+            r"parameter `\1` stays, and `fabric` comes last and optional (its callers pass `\1=fabric.device` "
+            r"and `fabric=fabric`)", n.message.replace(
+                "receives `fabric` as its first parameter (its callers pass it)",
+                "receives `fabric` as a last, optional parameter (its callers pass `fabric=fabric`)")))
             for n in per_unit[index]]
         shown = ", ".join(users[:3]) + (f" and {len(users) - 3} more" if len(users) > 3 else "")
         taking = [n for n in made.changed if n in made.keyword_calls]
