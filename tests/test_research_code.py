@@ -355,3 +355,41 @@ def test_a_module_name_another_file_defines_too_is_read_as_its_own():
     utils = next(m for m in result.members if m.path.endswith(os.path.join("src", "utils.py")))
     assert "logger = getLogger()\n" in utils.output and "    logger.info(\"started\")\n" in utils.output
     assert "init_process_group" not in utils.output and "__src_utils" not in utils.output
+
+
+def test_an_elif_chain_over_a_flag_s_every_choice_binds_on_every_path():
+    """MoCo v3's optimizer: ``if args.optimizer == 'lars': ... elif args.optimizer == 'adamw':
+    ...`` with no ``else``, where argparse allows only ``choices=['lars', 'adamw']``: some branch
+    always runs, so the set-up after the chain converts (with a choice the chain misses, it is
+    refused as before)."""
+    source = """
+        import argparse
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument('--optimizer', default='sgd', type=str, choices=CHOICES)
+
+        def main():
+            args = parser.parse_args()
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            model = nn.Linear(4, 1).to(device)
+            if args.optimizer == 'sgd':
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            elif args.optimizer == 'adamw':
+                optimizer = torch.optim.AdamW(model.parameters())
+
+            loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=2)
+            for x, y in loader:
+                x, y = x.to(device), y.to(device)
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                optimizer.step()
+
+        main()
+    """
+    result = convert(source.replace("CHOICES", "['sgd', 'adamw']"))
+    assert "    model, optimizer = fabric.setup(model, optimizer)\n" in result.output
+    result = convert(source.replace("CHOICES", "['sgd', 'adamw', 'lamb']"), allow_dropped=True)
+    assert not result.changed and any("some path leaves it unbound" in d for d in result.dropped)

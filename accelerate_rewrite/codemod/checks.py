@@ -189,13 +189,16 @@ def _new_unbound_reads(original: tuple[str, Callable[[], dict[tuple[str, str], l
             tag, i1, i2, j1, _ = blocks[bisect.bisect_right(firsts, line - 1) - 1]
             if tag == "equal":
                 ok = i1 + (line - 1 - j1) + 1 in known
-            elif tag == "replace":
-                ok = any(i1 < n <= i2 for n in known)
+            elif tag == "replace":  # (a set-up inserted before a line another rule changed)
+                ok = any(i1 < n <= i2 for n in known) \
+                    or _read_later(old_lines, i1, known, _indent(new_lines[line - 1])) \
+                    or _exhaustive_chain(source, i1, _indent(new_lines[line - 1]), name)
             else:  # inserted: fine right after an input line at its indentation that read the name so
                 # already (nanoGPT's `optimizer = model.configure_optimizers(...)`, then the set-up):
                 # every path to it went through that read, which failed the same way there
                 ok = (i1 in known and _indent(old_lines[i1 - 1]) == _indent(new_lines[line - 1])) \
-                    or _read_later(old_lines, i1, known, _indent(new_lines[line - 1]))
+                    or _read_later(old_lines, i1, known, _indent(new_lines[line - 1])) \
+                    or _exhaustive_chain(source, i1, _indent(new_lines[line - 1]), name)
             if not ok:
                 where = scope.replace("<module>.", "").replace("<module>", "the module")
                 return [f"it reads `{name}` (line {line} of the result, in {where}) where some path "
@@ -238,6 +241,67 @@ def _read_later(old_lines: list[str], after: int, known: set[int], indent: int) 
         if text.strip().startswith(_LEAVES) and number < later[0]:
             return False  # (in a nested block too: ``if ...: return``)
     return True
+
+
+def _exhaustive_chain(source: str, after: int, indent: int, name: str) -> bool:
+    """The inserted line follows an ``if``/``elif`` chain without ``else`` that binds ``name``
+    in every branch and tests one command-line flag against each of the choices argparse
+    allows it (MoCo v3's ``if args.optimizer == 'lars': ... elif args.optimizer == 'adamw':
+    ...`` with ``choices=['lars', 'adamw']``): some branch always runs."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    lines = source.splitlines()
+
+    def blank(number: int) -> bool:
+        text = lines[number - 1].strip() if number <= len(lines) else ""
+        return not text or text.startswith("#")
+
+    chain = next((n for n in ast.walk(tree) if isinstance(n, ast.If) and n.col_offset == indent
+                  and n.end_lineno is not None and n.end_lineno <= after
+                  and all(blank(k) for k in range(n.end_lineno + 1, after + 1))), None)
+    tested: set[str] = set()
+    flag = None
+    node = chain
+    while isinstance(node, ast.If):
+        test = node.test
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)
+                and isinstance(test.left, ast.Attribute) and isinstance(test.comparators[0], ast.Constant)
+                and isinstance(test.comparators[0].value, str)):
+            return False
+        if flag not in (None, test.left.attr) or not any(
+                isinstance(t, ast.Name) and t.id == name for s in node.body for t in ast.walk(s)
+                if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)):
+            return False
+        flag = test.left.attr
+        tested.add(test.comparators[0].value)
+        if len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
+            node = node.orelse[0]
+        elif node.orelse:
+            return False
+        else:
+            node = None
+    if flag is None:
+        return False
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                and call.func.attr == "add_argument"):
+            continue
+        names = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        dest = next((k.value.value for k in call.keywords if k.arg == "dest" and isinstance(k.value, ast.Constant)),
+                    None)
+        dests = {dest} if dest else {n.lstrip("-").replace("-", "_") for n in names if n.startswith("--")} \
+            or {n for n in names}
+        if flag not in dests:
+            continue
+        choices = next((k.value for k in call.keywords if k.arg == "choices"), None)
+        if isinstance(choices, (ast.List, ast.Tuple, ast.Set)) and choices.elts and all(
+                isinstance(e, ast.Constant) for e in choices.elts):
+            return {e.value for e in choices.elts} <= tested
+    return False
 
 
 def _indent(text: str) -> int:
