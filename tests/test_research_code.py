@@ -393,3 +393,74 @@ def test_an_elif_chain_over_a_flag_s_every_choice_binds_on_every_path():
     assert "    model, optimizer = fabric.setup(model, optimizer)\n" in result.output
     result = convert(source.replace("CHOICES", "['sgd', 'adamw', 'lamb']"), allow_dropped=True)
     assert not result.changed and any("some path leaves it unbound" in d for d in result.dropped)
+
+
+# ---- codemod/hints.py: every remaining refusal one line away -----------------------------------
+
+HINTED = """
+import torch
+import torch.nn as nn
+
+from somepackage import make_batches, make_optimizer
+
+
+def main():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = nn.Linear(4, 1).to(device)
+    optimizer = make_optimizer(model_config())OPTIMIZER_HINT
+    batches = Stream()LOADER_HINT
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        loss = nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def model_config():
+    return {}
+
+
+class Stream:
+    def __iter__(self):
+        return iter(make_batches())
+
+
+main()
+"""
+
+
+def _hinted(optimizer: str = "", loader: str = "", **options):
+    source = HINTED.replace("OPTIMIZER_HINT", optimizer).replace("LOADER_HINT", loader)
+    return convert(source, allow_dropped=True, **options)
+
+
+def test_an_optimizer_s_model_is_one_hint_away():
+    """``make_optimizer(model_config())`` from a package: the analysis can't tell it trains
+    ``model``; the refusal names the hint and the line, and with ``model=model`` there it is set up
+    with the model."""
+    refused = _hinted(loader="  # accelerate-rewrite: per-process")
+    assert not refused.changed
+    [why] = [n.message for n in refused.skips if n.rule == "AR101"]
+    assert "no optimizer found" in why
+    result = _hinted(optimizer="  # accelerate-rewrite: model=model", loader="  # accelerate-rewrite: per-process")
+    assert "    model, optimizer = fabric.setup(model, optimizer)\n" in result.output
+    assert "fabric.backward(loss)" in result.output
+
+
+def test_a_loader_is_one_hint_away_and_per_process_batches_too():
+    """``batches = Stream()``, an object of the script's own class, iterated by the training loop:
+    refused for several devices, naming both hints and the line; ``loader`` sets it up with
+    Fabric (a TypeError at start-up if it is no DataLoader), ``per-process`` keeps its batches,
+    moved."""
+    hint = "  # accelerate-rewrite: model=model"
+    refused = _hinted(optimizer=hint, devices=2)
+    [why] = [n.message for n in refused.skips if n.rule == "AR101"]
+    assert "add `# accelerate-rewrite: loader` at the end of line 11, where it is bound" in why
+    assert "`# accelerate-rewrite: per-process`" in why
+    loader = _hinted(optimizer=hint, loader="  # accelerate-rewrite: loader", devices=2)
+    assert "    batches = fabric.setup_dataloaders(batches)\n" in loader.output
+    assert any("`batches` is a DataLoader, as the hint on its line says" in n.message for n in loader.changes)
+    own = _hinted(optimizer=hint, loader="  # accelerate-rewrite: per-process", devices=2)
+    assert "setup_dataloaders" not in own.output and "x, y = x.to(fabric.device), y.to(fabric.device)" in own.output
+    assert any("each process's own, as the hint on line 11 says" in n.message for n in own.skips)

@@ -145,6 +145,8 @@ class ScriptFacts(Places, Index, Flow):
         #: loaders taken for loaders where the script receives them from a call the analysis
         #: can't see into (codemod/returns.py): set up there, and the note says it was assumed
         self.assumed_loaders: set[Key] = set()
+        #: what a one-line hint (codemod/hints.py) made a loader or an optimizer's model
+        self.hinted: set[Key] = set()
         #: (statement, wrapper call, the optimizer built in its arguments): a wrapper the script
         #: steps whose class the analysis can't see into, so the optimizer inside can't be reached
         self.opaque_optimizers: list[tuple[cst.BaseStatement, cst.Call, cst.Call]] = []

@@ -4,6 +4,7 @@ syntax helpers it and the rules share are codemod/syntax.py (codemod/facts.py re
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Iterable, Optional
 
 import libcst as cst
@@ -34,6 +35,7 @@ from accelerate_rewrite.codemod.facts_kinds import (
 )
 
 from accelerate_rewrite.codemod.facts_optimizers import OptimizerSearch
+from accelerate_rewrite.codemod.hints import hints_of
 from accelerate_rewrite.codemod.libraries import LOSS_SCALERS, OPTIMIZER_FACTORIES, SCHEDULER_FACTORIES, Argument
 from accelerate_rewrite.codemod.facts_walk import LeanVisitor
 from accelerate_rewrite.codemod.syntax import (
@@ -102,9 +104,37 @@ class _Collector(OptimizerSearch, LeanVisitor):
             self._assignment(target, value, node)
         self._stepped_unknowns()
         self._library_steps()
+        self._hinted_models()
         if self._lifted:  # what a method builds and returns is bound where its result is
             f.bindings = [b for b in f.bindings if not (isinstance(b.stmt, cst.SimpleStatementLine)
                                                        and any(id(s) in self._lifted for s in b.stmt.body))]
+
+    def _hinted_models(self) -> None:
+        """``# accelerate-rewrite: model=NAME`` on an optimizer's line (codemod/hints.py): the
+        model it trains, where the analysis could not tell; on the line of an object the script
+        steps whose class it can't see, that object is an optimizer over it."""
+        f = self.f
+        bound = {b.key for b in f.bindings if isinstance(b, Optimizer)}
+        for i, b in enumerate(f.bindings):
+            if isinstance(b, Optimizer) and not b.models:
+                key = self._hinted_model(b.stmt)
+                if key is not None:
+                    f.bindings[i] = replace(b, models=[key])
+                    f.hinted.add(b.key)
+        for key, stmt, value, core in self._unknown:
+            model = self._hinted_model(stmt) if key not in bound else None
+            if model is not None:
+                f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, callee_text(core), models=[model],
+                                            custom=True))
+                f.hinted.add(key)
+
+    def _hinted_model(self, stmt: cst.BaseStatement) -> Optional[Key]:
+        name = hints_of(stmt).get("model")
+        if not name:
+            return None
+        node = next(iter(m.findall(stmt, m.Name())), stmt)
+        return self.f.key_for_name(node, name) if "." not in name else (
+            self.f.key_of(cst.parse_expression(name)) if name.startswith("self.") else None)
 
     def _library_steps(self) -> None:
         """``loss_scaler(loss, optimizer, ...)`` where ``loss_scaler`` holds an object of a

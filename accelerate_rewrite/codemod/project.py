@@ -555,6 +555,9 @@ def build(path: str, head: str, module: cst.Module, source: str,
         itself = lambda name: frozenset({f"{dotted}.{name}"})  # noqa: E731 (imported from it)
         own_names: dict[str, str] = {}  # the analysis's name -> the module's
         for name in sorted(m_own | set(m_imports)):
+            if name in bound and name not in m_own and parts[bound[name]].dotted is not None \
+                    and m_imports.get(name) == frozenset({f"{parts[bound[name]].dotted}.{name}"}):
+                continue  # ``from .resample import LossAwareSampler``: the one a followed module defines
             clash = name in bound or (name in imports and imports[name][1] != itself(name) and name in m_own)
             if clash and name in m_own and name not in wanted:
                 own_names[_own_name(name, dotted)] = name

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 
+from accelerate_rewrite.codemod.hints import hints_of
 from accelerate_rewrite.codemod import facts_kinds as F
 from accelerate_rewrite.codemod.siblings import loader_results, sibling_defines
 from accelerate_rewrite.codemod.syntax import code
@@ -188,6 +189,14 @@ def assume_received_loaders(f: "ScriptFacts") -> None:
             if key is not None:
                 by_root.setdefault(find(key), []).append((key, assign))
     done: set = set()
+    for root, received in by_root.items():  # ``# accelerate-rewrite: loader`` (codemod/hints.py)
+        for key, assign in received:
+            stmt = f.statement(assign)
+            if root not in roots and "loader" in hints_of(stmt):
+                f.bindings.append(F.Binding(key, F.LOADER, stmt, assign.value, None, f"{code(assign.value.func)}()"))
+                f.assumed_loaders.add(key)
+                f.hinted.add(key)
+                done.add(root)
     for source in sources:
         root = find(f.key_of(source))
         if root in roots or root in done:

@@ -25,6 +25,7 @@ from accelerate_rewrite.codemod.facts import (
     root_of,
     unwrap_moves,
 )
+from accelerate_rewrite.codemod.hints import hints_of, loader_hint
 from accelerate_rewrite.codemod.loops import data_source, drawing_loops, for_loops, is_counter
 from accelerate_rewrite.rules._half import low_casts, strip_half
 from accelerate_rewrite.options import MIXED_PRECISIONS
@@ -133,11 +134,17 @@ class Devices:
                 continue
             if p.ddp is not None and p.ddp.sharded(f, f.key_of(source)) is not None:
                 continue  # sharded by its own DistributedSampler
+            bound = _binding_statements(f, source)
+            if bound and all("per-process" in hints_of(b) for b in bound):
+                p.loader_skips.append((loop, f"batches come from `{short(source)}`, each process's own, as the hint "
+                                             f"on line {f.line(bound[0])} says: not sharded, their moves kept"))
+                continue
             if o.many_devices:
+                hint = f"; {loader_hint([f.line(b) for b in bound])}" if bound else ""
                 self.refuse(loop, f"batches come from `{short(source)}`, which the rewrite can't show to be "
                                   f"a DataLoader it sets up: with devices={o.effective_devices} every process "
                                   "would train on all of them; refused for several devices (--devices 1 "
-                                  "converts it; or build the loader where the rewrite can see it)")
+                                  f"converts it; or build the loader where the rewrite can see it{hint})")
                 return
             p.loader_skips.append((loop, f"batches come from `{short(source)}`, not from a "
                                          "DataLoader built in this script: they keep their "
@@ -419,3 +426,24 @@ def _names_of(node: cst.BaseExpression) -> list[str]:
     if isinstance(node, cst.Attribute):
         return [*_names_of(node.value), node.attr.value]
     return [node.value] if isinstance(node, cst.Name) else [code(node)]
+
+
+def _binding_statements(f: ScriptFacts, source, depth: int = 0) -> list[cst.BaseStatement]:
+    """The statements that bind the name a loop draws its batches from (through the arguments
+    of the calls of a function that receives it), where a hint would go."""
+    if not isinstance(source, cst.Name) or depth > 8:
+        return []
+    bound = f.assignments(source)
+    if bound and all(isinstance(node, cst.Name) for node, _ in bound):  # assigned (not a parameter)
+        return [f.statement(node) for node, _ in bound]
+    key = f.key_of(source)
+    func = key[0] if key is not None else None
+    out: list[cst.BaseStatement] = []
+    if isinstance(func, cst.FunctionDef):  # a parameter: where the callers bind what they pass
+        fn = f.functions.get(func.name.value)
+        for call in (fn.calls if fn is not None and fn.node is func else []):
+            for index, arg in enumerate(call.args):
+                param = param_for(positional_params(func), func, arg, index)
+                if param is not None and param.name.value == source.value:
+                    out += _binding_statements(f, arg.value, depth + 1)
+    return out

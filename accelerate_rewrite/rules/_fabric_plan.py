@@ -21,6 +21,7 @@ from accelerate_rewrite.codemod.facts import (
 from accelerate_rewrite.codemod.ddp import hand_ddp
 from accelerate_rewrite.codemod.ddp_places import PLACE_CALLS
 from accelerate_rewrite.codemod.facts_kinds import custom_steps, hand_updated
+from accelerate_rewrite.codemod.hints import model_hint
 from accelerate_rewrite.codemod.returns import _returns
 from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, Options
@@ -231,7 +232,7 @@ class _Planner(Home, Loaders, Reach, Devices):
                 continue
             if not opt.models:
                 p.setup_skips.append((opt.stmt, f"optimizer `{opt.path}` not set up: could not tell which "
-                                                "model's parameters it takes"))
+                                                f"model's parameters it takes ({model_hint(f.line(opt.stmt))})"))
                 continue
             for key in opt.models:
                 by_model.setdefault(key, []).append(opt)

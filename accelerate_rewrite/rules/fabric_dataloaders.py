@@ -67,7 +67,10 @@ class FabricDataloaders(FabricRule):
             else:
                 ctx.change(group.after, f"set up `{names}` with Fabric")
             for b in group.loaders:
-                if b.key in ctx.facts.assumed_loaders:
+                if b.key in ctx.facts.hinted:
+                    ctx.change(b.stmt, f"`{b.path}` is a DataLoader, as the hint on its line says: "
+                                       "fabric.setup_dataloaders raises a TypeError at start-up if it is not")
+                elif b.key in ctx.facts.assumed_loaders:
                     ctx.change(b.stmt, f"assumed `{b.path}` is a DataLoader, where the script receives it from "
                                        f"`{b.qualname}`, which the rewrite can't see into: "
                                        "fabric.setup_dataloaders raises a TypeError at start-up if it is not")
