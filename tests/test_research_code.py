@@ -227,10 +227,10 @@ def test_research_engine_trains_every_rank_as_before_and_its_other_script_still_
     assert "utils.init_distributed_mode(args, fabric=fabric)" in result.output
     runs = [processes.run_ranks(processes.torchrun("train.py"), original),
             processes.run_ranks([sys.executable, "train.py"], rewritten)]
-    for run in runs:
-        assert run.returncode == 0, run.stderr[-3000:]
+    for done in runs:
+        assert done.returncode == 0, done.stderr[-3000:]
     line = re.compile(r"\[rank (\d)\] epoch (\d+) step (\d+) loss (\d+\.\d{6}) norm (\d+\.\d{6})")
-    before, after = (sorted(line.findall(run.stdout)) for run in runs)
+    before, after = (sorted(line.findall(done.stdout)) for done in runs)
     assert {rank for rank, *_ in before} == {"0", "1"} and len(before) == 32
     assert after == before
     saved = [torch.load(folder / "output" / "checkpoint.pth", weights_only=False) for folder in (original, rewritten)]
@@ -314,11 +314,35 @@ def test_timm_s_optimizer_factory_and_loss_scaler_are_known_as_data():
 def test_every_library_entry_cites_the_release_it_was_read_from():
     from accelerate_rewrite.codemod import libraries
 
-    entries = [*libraries.LOSS_SCALERS.values(), *libraries.OPTIMIZER_FACTORIES.values(),
-               *libraries.SCHEDULER_FACTORIES.values()]
+    tables = (libraries.LOSS_SCALERS, libraries.OPTIMIZER_FACTORIES, libraries.PARAM_GROUPS,
+              libraries.SCHEDULER_FACTORIES)
+    entries = [e for table in tables for e in table.values()]
     assert entries and all(any(c.isdigit() for c in e.source.split(",")[0]) for e in entries)
-    assert all(name.split(".")[0] in libraries.LIBRARIES for name in
-               [*libraries.LOSS_SCALERS, *libraries.OPTIMIZER_FACTORIES, *libraries.SCHEDULER_FACTORIES])
+    assert all(name.split(".")[0] in libraries.LIBRARIES for table in tables for name in table)
+
+
+def test_a_library_s_parameter_groups_are_over_the_model_it_is_given():
+    """MAE's ``optim_factory.add_weight_decay(model_without_ddp, wd)`` (timm), then
+    ``AdamW(param_groups, ...)``: the optimizer trains that model."""
+    result = convert("""
+        import torch
+        import torch.nn as nn
+        import timm.optim.optim_factory as optim_factory
+
+        def main():
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            model = nn.Linear(4, 1).to(device)
+            param_groups = optim_factory.add_weight_decay(model, 0.05)
+            optimizer = torch.optim.AdamW(param_groups, lr=1e-3)
+            for step in range(3):
+                x, y = torch.randn(2, 4, device=device), torch.randn(2, 1, device=device)
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                optimizer.step()
+
+        main()
+    """)
+    assert "    model, optimizer = fabric.setup(model, optimizer)\n" in result.output
 
 
 def test_a_module_name_another_file_defines_too_is_read_as_its_own():

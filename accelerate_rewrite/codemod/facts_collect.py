@@ -36,7 +36,7 @@ from accelerate_rewrite.codemod.facts_kinds import (
 
 from accelerate_rewrite.codemod.facts_optimizers import OptimizerSearch
 from accelerate_rewrite.codemod.hints import hints_of
-from accelerate_rewrite.codemod.libraries import LOSS_SCALERS, OPTIMIZER_FACTORIES, SCHEDULER_FACTORIES, Argument
+from accelerate_rewrite.codemod.libraries import LOSS_SCALERS, OPTIMIZER_FACTORIES, SCHEDULER_FACTORIES
 from accelerate_rewrite.codemod.facts_walk import LeanVisitor
 from accelerate_rewrite.codemod.syntax import (
     ITER_WRAPPERS,
@@ -45,6 +45,7 @@ from accelerate_rewrite.codemod.syntax import (
     init_of,
     is_device_expr,
     param_for,
+    passed_at,
     positional_params,
     root_of,
     unwrap_iter,
@@ -151,7 +152,7 @@ class _Collector(OptimizerSearch, LeanVisitor):
             qual = roots.get(find(key)) if key is not None else None
             if qual is None:
                 continue
-            loss = _argument(call, LOSS_SCALERS[qual].loss)
+            loss = passed_at(call, LOSS_SCALERS[qual].loss.index, LOSS_SCALERS[qual].loss.keyword)
             if loss is not None:
                 f.backward_sites.append(BackwardSite(call, loss, f.statement(call), f.function(call), library=qual))
         f.backward_sites.sort(key=lambda s: f.line(s.call))
@@ -303,7 +304,7 @@ class _Collector(OptimizerSearch, LeanVisitor):
         elif qual in GRAD_SCALERS:
             f.bindings.append(Binding(key, SCALER, stmt, value, core, qual))
         elif qual in OPTIMIZER_FACTORIES:  # ``create_optimizer_v2(model, ...)`` (codemod/libraries.py)
-            given = _argument(core, OPTIMIZER_FACTORIES[qual].model)
+            given = passed_at(core, OPTIMIZER_FACTORIES[qual].model.index, OPTIMIZER_FACTORIES[qual].model.keyword)
             models = self._param_models(core) if given is None or not isinstance(given, (cst.Name, cst.Attribute)) \
                 else [k for k in [f.key_of(given)] if k is not None]
             if given is not None and not models:
@@ -508,16 +509,6 @@ class _Collector(OptimizerSearch, LeanVisitor):
         parent = self.f.parent(call)
         return isinstance(parent, cst.Attribute) and parent.attr.value in ("numpy", "tolist", "item")
 
-
-def _argument(call: cst.Call, where: Argument) -> Optional[cst.BaseExpression]:
-    """The expression ``call`` passes at ``where`` (a position, or its keyword), or None."""
-    for index, arg in enumerate(call.args):
-        if arg.star:
-            return None
-        if (arg.keyword is None and index == where.index) or (arg.keyword is not None
-                                                            and arg.keyword.value == where.keyword):
-            return arg.value
-    return None
 
 
 def _only_sync_args(args: Iterable[cst.Arg]) -> bool:

@@ -11,7 +11,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts_kinds import MODULE, OPTIMIZER, Key, Optimizer
-from accelerate_rewrite.codemod.syntax import callee_text, init_of, param_for, root_of
+from accelerate_rewrite.codemod.libraries import PARAM_GROUPS
+from accelerate_rewrite.codemod.syntax import callee_text, init_of, param_for, passed_at, root_of
 
 if TYPE_CHECKING:
     from accelerate_rewrite.codemod.facts import ScriptFacts
@@ -153,6 +154,12 @@ class OptimizerSearch:
         the keys of the arguments, as the call passes them."""
         f = self.f
         out: list[Key] = []
+        for call in f.find_in(expr, m.Call()):  # a library's, known as data (codemod/libraries.py)
+            known = next((PARAM_GROUPS[n] for n in f.qualnames(call) if n in PARAM_GROUPS), None)
+            given = passed_at(call, known.model.index, known.model.keyword) if known is not None else None
+            key = f.key_of(given) if isinstance(given, (cst.Name, cst.Attribute)) else None
+            if key is not None and key not in out:
+                out.append(key)
         for call in f.find_in(expr, m.Call(func=m.Name())):
             fn = f.functions.get(call.func.value)
             if fn is None or not isinstance(fn.node, cst.FunctionDef):

@@ -106,6 +106,28 @@ OPTIMIZER_FACTORIES: dict[str, OptimizerFactory] = {
        for path in ("", "._optim_factory", ".optim_factory")},
 }
 
+@dataclass(frozen=True)
+class ParamGroups:
+    """A function that returns parameter groups (a list of dicts of ``params``) over the
+    parameters of the ``model`` it is given: an optimizer built over its result trains it."""
+
+    model: Argument
+    source: str
+
+
+_TIMM_GROUPS = "timm 1.0.29 (pytorch-image-models aa4b585), timm/optim/_param_groups.py"
+#: qualified name -> where the model goes
+PARAM_GROUPS: dict[str, ParamGroups] = {
+    **{f"timm.optim{path}.{name}": ParamGroups(Argument(0, "model"), _TIMM_GROUPS + f": {name}(model, ...) "
+                                                                     "-> [{'params': ...}, ...] over model.named_parameters()")
+       for path in ("", "._param_groups", ".optim_factory")
+       for name in ("param_groups_weight_decay", "param_groups_layer_decay")},
+    # timm 0.3-0.6 named the first one add_weight_decay (MAE, BEiT and ConvNeXt call it so)
+    "timm.optim.optim_factory.add_weight_decay": ParamGroups(
+        Argument(0, "model"), "timm 0.4.12, timm/optim/optim_factory.py: add_weight_decay(model, weight_decay, "
+                              "skip_list) -> [{'params': no_decay, ...}, {'params': decay, ...}]"),
+}
+
 _HF = "transformers 5.23.0, transformers/optimization.py"
 #: qualified name -> the optimizer it schedules
 SCHEDULER_FACTORIES: dict[str, SchedulerFactory] = {

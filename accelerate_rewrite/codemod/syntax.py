@@ -89,6 +89,17 @@ def param_for(params: list[cst.Param], node, arg: cst.Arg, index: int) -> Option
     return params[index] if index < len(params) else None
 
 
+def passed_at(call: cst.Call, index: int, keyword: str) -> Optional[cst.BaseExpression]:
+    """The expression ``call`` passes at position ``index`` or as ``keyword``, or None (also
+    where a ``*args`` before it hides the position)."""
+    for position, arg in enumerate(call.args):
+        if arg.star:
+            return None
+        if (arg.keyword is None and position == index) or (arg.keyword is not None and arg.keyword.value == keyword):
+            return arg.value
+    return None
+
+
 def init_of(cls: cst.ClassDef) -> Optional[cst.FunctionDef]:
     if isinstance(cls.body, cst.IndentedBlock):
         for stmt in cls.body.body:
