@@ -180,7 +180,8 @@ def _runnable() -> list[str]:
 #: tests (once per xdist worker) rewrites nothing; the test below keeps it current
 RUNNABLE = ["accelerator_api", "already_autocast", "apex_o1", "checkpointing", "conditional_optimizer",
             "cuda_amp", "cyclegan_chain", "data_parallel", "finetune_encoder", "gan", "gan_bce", "lbfgs",
-            "manual_sgd", "module_loop", "param_groups", "scheduled_optim", "text_classification", "timm_scaler",
+            "manual_sgd", "module_loop", "param_groups", "sample_data", "scheduled_optim", "text_classification",
+            "timm_scaler",
             "torchmetrics_metrics", "train_function", "trainer_class", "trainer_given_loaders", "trainer_run", "transformer_lm",
             "vit_finetune"]
 

@@ -145,6 +145,11 @@ class ScriptFacts(Places, Index, Flow):
         #: loaders taken for loaders where the script receives them from a call the analysis
         #: can't see into (codemod/returns.py): set up there, and the note says it was assumed
         self.assumed_loaders: set[Key] = set()
+        #: ``(owner, "dataset.train")``: attributes of objects of classes of the project that
+        #: their ``__init__`` binds to DataLoaders (codemod/returns.py)
+        #: (and the class of the project that builds them, when it is analysed: its own bindings
+        #: of them are not set up where they are)
+        self.object_attributes: dict[Key, Optional[cst.ClassDef]] = {}
         #: what a one-line hint (codemod/hints.py) made a loader or an optimizer's model
         self.hinted: set[Key] = set()
         #: (statement, wrapper call, the optimizer built in its arguments): a wrapper the script
@@ -233,7 +238,17 @@ class ScriptFacts(Places, Index, Flow):
             cls = self.enclosing_class(func) if func is not None else None
             if cls is not None:
                 return (cls, f"self.{expr.attr.value}")
+        elif self.object_attributes and isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name):
+            return self._object_attribute(expr)
         return None
+
+    def _object_attribute(self, expr: cst.Attribute) -> Optional[Key]:
+        """``dataset.train`` where ``dataset = Cifar(...)`` is an object of a class of the
+        project whose ``__init__`` builds a DataLoader into ``self.train`` (SAM's example):
+        ``(owner, "dataset.train")`` (codemod/returns.py binds it)."""
+        owner = self.key_of(expr.value)
+        key = (owner[0], f"{expr.value.value}.{expr.attr.value}") if owner is not None else None
+        return key if key in self.object_attributes else None
 
     def key_for_name(self, node: cst.CSTNode, name: str) -> Optional[Key]:
         """The key that ``name`` would name if it were read where ``node`` stands."""

@@ -52,7 +52,12 @@ def is_counter(f: ScriptFacts, source: cst.BaseExpression) -> bool:
     ``itertools.count()``: it counts; its items are no data."""
     source = data_source(f, source)
     if isinstance(source, cst.Name):
-        source = f.assigned_value(source) or source
+        # each of its values counts (StyleGAN2's ``pbar = range(args.iter)``, then ``pbar =
+        # tqdm(pbar, ...)`` on rank 0)
+        values = [v for _, v in f.assignments(source)]
+        return bool(values) and all(v is not None and (m.matches(v, m.Call(func=COUNTERS)) or m.matches(
+            data_source(f, v), m.Name(source.value))) for v in values) and any(
+            m.matches(v, m.Call(func=COUNTERS)) for v in values)
     return m.matches(source, m.Call(func=COUNTERS))
 
 
@@ -139,7 +144,12 @@ def drawing_loops(f: ScriptFacts, key: Key) -> list[cst.CSTNode]:
     ``itertools.cycle(loader)`` there."""
     def compute() -> list[cst.CSTNode]:
         found: list[cst.CSTNode] = []
-        for call in f.find(_ITERATOR):
+        through = f.memo("passes-through", lambda: passes_through(f.module, f.find_in))
+        # and StyleGAN2's ``loader = sample_data(loader)``, a generator of the script's own that
+        # yields the loader's batches over and over (``while True: for batch in loader: yield
+        # batch``), drawn by ``next(loader)`` in the loop that steps
+        wrapped = [c for c in f.find(m.Call(func=m.Name())) if c.func.value in through] if through else []
+        for call in [*f.find(_ITERATOR), *wrapped]:
             if not call.args or not f.same_object(f.key_of(data_source(f, call.args[0].value)), key):
                 continue
             found.append(_stepping_loop(f, call))

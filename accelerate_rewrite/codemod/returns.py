@@ -15,8 +15,8 @@ import libcst as cst
 
 from accelerate_rewrite.codemod.hints import hints_of
 from accelerate_rewrite.codemod import facts_kinds as F
-from accelerate_rewrite.codemod.siblings import loader_results, sibling_defines
-from accelerate_rewrite.codemod.syntax import code
+from accelerate_rewrite.codemod.siblings import loader_attributes, loader_results, sibling_defines
+from accelerate_rewrite.codemod.syntax import code, init_of
 
 if TYPE_CHECKING:
     from accelerate_rewrite.codemod.facts import ScriptFacts
@@ -104,6 +104,10 @@ def _alias_results(f: "ScriptFacts", fn: "F.Function") -> None:
 
 def find_returned_loaders(f: "ScriptFacts") -> None:
     for fn in f.functions.values():
+        if isinstance(fn.node, cst.ClassDef) and fn.calls:  # loaders its ``__init__`` builds into attributes
+            attributes = _loader_attributes(f, fn.node)
+            for call in fn.calls:
+                _bind_attributes(f, call, attributes, f"{fn.name}()", fn.node)
         if not isinstance(fn.node, cst.FunctionDef) or not fn.calls:
             continue
         _alias_results(f, fn)
@@ -123,6 +127,43 @@ def find_returned_loaders(f: "ScriptFacts") -> None:
         if shape is not None:
             _bind_results(f, site.call, tuple(() if is_loader else None for is_loader in shape),
                           f"{site.qualname}()")
+        else:
+            _bind_attributes(f, site.call, loader_attributes(f.folder, module, name), f"{site.qualname}()")
+
+
+def _loader_attributes(f: "ScriptFacts", cls: cst.ClassDef) -> frozenset[str]:
+    """The attributes a class of the project that holds data (no backward, no optimizer in it)
+    binds, once, to a DataLoader in its ``__init__``."""
+    init = init_of(cls)
+    if init is None or any(cls in f.ancestors(site.call) for site in f.backward_sites) or any(
+            cls in f.ancestors(b.stmt) for b in f.bindings if b.kind == F.OPTIMIZER):
+        return frozenset()  # a Trainer: its loaders are set up where it holds them
+    counts: dict[str, int] = {}
+    for b in f.bindings:
+        if b.key[0] is cls and b.key[1].startswith("self."):
+            counts[b.key[1]] = counts.get(b.key[1], 0) + (1 if b.kind == F.LOADER and init in f.ancestors(b.stmt)
+                                                          else 100)
+    return frozenset(name[len("self."):] for name, n in counts.items() if n == 1)
+
+
+def _bind_attributes(f: "ScriptFacts", call: cst.Call, attributes: frozenset[str], label: str,
+                     cls: Optional[cst.ClassDef] = None) -> None:
+    """``dataset = Cifar(...)`` of a class of a module next to the script whose ``__init__``
+    builds DataLoaders into attributes (``self.train``): ``dataset.train`` is a loader, bound
+    where the object is (set up there: ``dataset.train = fabric.setup_dataloaders(...)``)."""
+    assign = f.parent(call)
+    if not attributes or not (isinstance(assign, cst.Assign) and assign.value is call and len(assign.targets) == 1
+                              and isinstance(assign.targets[0].target, cst.Name)):
+        return
+    name = assign.targets[0].target
+    key = f.key_of(name)
+    if key is None or len(f.assignments(name)) != 1:
+        return
+    stmt = f.statement(call)
+    for attribute in sorted(attributes):
+        attr_key = (key[0], f"{name.value}.{attribute}")
+        f.object_attributes[attr_key] = cls
+        f.bindings.append(F.Binding(attr_key, F.LOADER, stmt, call, None, f"{label}.{attribute}"))
 
 
 def _bind_results(f: "ScriptFacts", call: cst.Call, positions, label: str) -> None:

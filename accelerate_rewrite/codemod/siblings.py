@@ -103,6 +103,27 @@ def loader_results(folder: Optional[Path], dotted: str, name: str) -> Optional[t
     return shapes[0]
 
 
+def loader_attributes(folder: Optional[Path], dotted: str, name: str) -> frozenset[str]:
+    """For a class ``name`` at the top of the sibling module ``dotted``: the attributes its
+    ``__init__`` binds to DataLoaders it builds there (SAM's ``Cifar``: ``self.train =
+    DataLoader(...)``, ``self.test = ...``), each bound once."""
+    module = _module(folder, dotted) if folder is not None else None
+    cls = next((n for n in module.body if isinstance(n, ast.ClassDef) and n.name == name), None) \
+        if module is not None else None
+    init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None) \
+        if cls is not None else None
+    if init is None:
+        return frozenset()
+    bound: dict[str, list[bool]] = {}
+    for node in _own_nodes(init):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                        and target.value.id == "self":
+                    bound.setdefault(target.attr, []).append(_is_loader_call(node.value))
+    return frozenset(attr for attr, loaders in bound.items() if loaders == [True])
+
+
 def sibling_defines(folder: Optional[Path], dotted: str, name: str) -> bool:
     """Whether ``name`` is a function at the top of the sibling module ``dotted``, a file next to
     the script that the analysis can read (so what it returns can be seen)."""

@@ -64,9 +64,12 @@ class Loaders:
         f, p = self.f, self.p
         groups: dict[tuple[int, bool], list[Binding]] = {}
         reductions: list[tuple[cst.For, str, list[tuple[str, bool, str]], str]] = []
+        on_objects = {(cls, "self." + key[1].split(".", 1)[1]) for key, cls in f.object_attributes.items()
+                      if cls is not None}
         for loader in f.loaders:
-            if loader.key in f.returned_loaders:
-                continue  # set up where the helper that returns it is called
+            if loader.key in f.returned_loaders or loader.key in on_objects:
+                continue  # set up where the helper that returns it is called, or on the object
+                # that holds it (``dataset.train``, codemod/returns.py)
             sharded = p.ddp.sharded(f, loader.key) if p.ddp is not None else None
             if sharded is not None and not sharded.set_up:
                 p.loader_skips.append((loader.stmt, sharded.why))
