@@ -521,3 +521,43 @@ def test_loaders_that_are_attributes_of_a_project_object_run_as_before(tmp_path)
     runs = [processes.run([sys.executable, "train.py"], cwd=folder, timeout=300) for folder in (original, rewritten)]
     assert runs[0].returncode == runs[1].returncode == 0, runs[1].stderr[-2000:]
     assert "test accuracy" in runs[0].stdout and runs[1].stdout == runs[0].stdout
+
+
+def test_parameter_groups_over_a_model_s_submodules_in_a_loop_train_the_model():
+    """semseg's ``for module in modules_ori: params_list.append(dict(params=module.parameters(),
+    lr=...))`` with ``modules_ori = [model.layer0, ...]``, built for one ``args.arch`` or another
+    in an ``if``/``elif`` chain without ``else``: the optimizer trains ``model``, not the loop
+    variable; and where no branch runs the script fails reading ``modules_ori`` right after the
+    chain, so a set-up that reads ``model`` later converts."""
+    result = convert("""
+        import torch
+        import torch.nn as nn
+
+        def main(arch):
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            if arch == "a":
+                model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+                modules_ori = [model[0]]
+                modules_new = [model[1]]
+            elif arch == "b":
+                model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
+                modules_ori = [model[0]]
+                modules_new = [model[1]]
+            params_list = []
+            for module in modules_ori:
+                params_list.append(dict(params=module.parameters(), lr=0.01))
+            for module in modules_new:
+                params_list.append(dict(params=module.parameters(), lr=0.1))
+            optimizer = torch.optim.SGD(params_list, lr=0.01)
+            model = model.to(device)
+            for step in range(3):
+                x = torch.randn(2, 4, device=device)
+                loss = model(x).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+
+        main("a")
+    """)
+    assert "    model, optimizer = fabric.setup(model, optimizer)\n" in result.output
+    assert "module, optimizer" not in result.output

@@ -192,13 +192,15 @@ def _new_unbound_reads(original: tuple[str, Callable[[], dict[tuple[str, str], l
             elif tag == "replace":  # (a set-up inserted before a line another rule changed)
                 ok = any(i1 < n <= i2 for n in known) \
                     or _read_later(old_lines, i1, known, _indent(new_lines[line - 1])) \
-                    or _exhaustive_chain(source, i1, _indent(new_lines[line - 1]), name)
+                    or _exhaustive_chain(source, i1, _indent(new_lines[line - 1]), name) \
+                    or _fails_alike(source, old_lines, i1, _indent(new_lines[line - 1]), name, before, scope)
             else:  # inserted: fine right after an input line at its indentation that read the name so
                 # already (nanoGPT's `optimizer = model.configure_optimizers(...)`, then the set-up):
                 # every path to it went through that read, which failed the same way there
                 ok = (i1 in known and _indent(old_lines[i1 - 1]) == _indent(new_lines[line - 1])) \
                     or _read_later(old_lines, i1, known, _indent(new_lines[line - 1])) \
-                    or _exhaustive_chain(source, i1, _indent(new_lines[line - 1]), name)
+                    or _exhaustive_chain(source, i1, _indent(new_lines[line - 1]), name) \
+                    or _fails_alike(source, old_lines, i1, _indent(new_lines[line - 1]), name, before, scope)
             if not ok:
                 where = scope.replace("<module>.", "").replace("<module>", "the module")
                 return [f"it reads `{name}` (line {line} of the result, in {where}) where some path "
@@ -225,13 +227,16 @@ def _read_later(old_lines: list[str], after: int, known: set[int], indent: int) 
     later = sorted(n for n in known if n > after)
     if not later:
         return False
-    enclosing = None  # the read's statement in the inserted line's block
+    enclosing, at = None, 0  # the read's statement in the inserted line's block, and its line
     for number in range(after + 1, later[0] + 1):
         text = old_lines[number - 1]
         if text.strip() and not text.lstrip().startswith("#") and _indent(text) == indent:
-            enclosing = text.strip()
-    if enclosing is None or enclosing.startswith(_BRANCHES):
-        return False  # read in a block that may not run (``for``, ``if``): not on every path
+            enclosing, at = text.strip(), number
+    if enclosing is None or (enclosing.startswith(_BRANCHES) and not (
+            at == later[0] and enclosing.startswith(("if ", "if(", "for ", "while ", "with ")))):
+        # read in a block that may not run (``for``, ``if``): not on every path; a header's own
+        # read (``for module in modules_ori:``) always runs
+        return False
     for number in range(after + 1, later[0] + 1):
         text = old_lines[number - 1]
         if not text.strip() or text.lstrip().startswith("#"):
@@ -254,15 +259,7 @@ def _exhaustive_chain(source: str, after: int, indent: int, name: str) -> bool:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return False
-    lines = source.splitlines()
-
-    def blank(number: int) -> bool:
-        text = lines[number - 1].strip() if number <= len(lines) else ""
-        return not text or text.startswith("#")
-
-    chain = next((n for n in ast.walk(tree) if isinstance(n, ast.If) and n.col_offset == indent
-                  and n.end_lineno is not None and n.end_lineno <= after
-                  and all(blank(k) for k in range(n.end_lineno + 1, after + 1))), None)
+    chain = _chain_before(tree, source, after, indent)
     tested: set[str] = set()
     flag = None
     node = chain
@@ -301,6 +298,61 @@ def _exhaustive_chain(source: str, after: int, indent: int, name: str) -> bool:
         if isinstance(choices, (ast.List, ast.Tuple, ast.Set)) and choices.elts and all(
                 isinstance(e, ast.Constant) for e in choices.elts):
             return {e.value for e in choices.elts} <= tested
+    return False
+
+
+def _chain_before(tree, source: str, after: int, indent: int):
+    """The ``if`` statement (an ``if``/``elif`` chain) that ends at line ``after`` (blank and
+    comment lines aside), at ``indent``, or None."""
+    import ast
+
+    lines = source.splitlines()
+
+    def blank(number: int) -> bool:
+        text = lines[number - 1].strip() if number <= len(lines) else ""
+        return not text or text.startswith("#")
+
+    return next((n for n in ast.walk(tree) if isinstance(n, ast.If) and n.col_offset == indent
+                 and n.end_lineno is not None and n.end_lineno <= after
+                 and all(blank(k) for k in range(n.end_lineno + 1, after + 1))), None)
+
+
+def _fails_alike(source: str, old_lines: list[str], after: int, indent: int, name: str,
+                 reads: dict, scope: str) -> bool:
+    """The inserted line comes after an ``if``/``elif`` chain without ``else`` whose every branch
+    binds ``name`` and other names, one of which the input reads on every path after the chain
+    (semseg's ``model``, ``modules_ori`` and ``modules_new``, built for one ``args.arch`` or
+    another, and ``for module in modules_ori:`` right after it): where no branch runs, the input
+    fails at that read, loudly, before training starts, as the rewrite would."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    # the last ``if`` at this indentation before the inserted line, in its block
+    lines = source.splitlines()
+    candidates = [n for n in ast.walk(tree) if isinstance(n, ast.If) and n.col_offset == indent
+                  and n.end_lineno is not None and n.end_lineno <= after and all(
+                      not lines[k - 1].strip() or lines[k - 1].lstrip().startswith("#")
+                      or _indent(lines[k - 1]) >= indent for k in range(n.end_lineno + 1, after + 1))]
+    for node in sorted(candidates, key=lambda n: -n.lineno):  # the chains whose branches all bind it
+        end = node.end_lineno
+        common: Optional[set[str]] = None
+        while isinstance(node, ast.If):
+            bound = {t.id for st in node.body for t in ast.walk(st)
+                     if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+            common = bound if common is None else common & bound
+            if len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
+                node = node.orelse[0]
+            elif node.orelse:
+                common = None  # with an ``else``, some branch always runs: not this case
+                break
+            else:
+                node = None
+        if common and name in common and any(
+                _read_later(old_lines, end, set(reads.get((scope, other), [])), indent) for other in sorted(common)):
+            return True
     return False
 
 

@@ -123,9 +123,10 @@ class OptimizerSearch:
             for found in self.f.find_in(
                 expr, m.Call(func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters")))
             ):
-                key = self.f.key_of(root_of(found.func.value))  # type: ignore[union-attr]
-                if key is not None and key not in keys:
-                    keys.append(key)
+                for root in self._over_items(root_of(found.func.value)):  # type: ignore[union-attr]
+                    key = self.f.key_of(root)
+                    if key is not None and key not in keys:
+                        keys.append(key)
             for key in self._given_to_helpers(expr):  # ``set_weight_decay(model, skip)``
                 if key not in keys:
                     keys.append(key)
@@ -135,6 +136,28 @@ class OptimizerSearch:
                     continue  # a scheduler over an optimizer is not over its parameters
                 todo.extend(self._sources(name))
         return keys
+
+    def _over_items(self, root: cst.BaseExpression) -> list[cst.BaseExpression]:
+        """``module`` of ``for module in modules_ori: groups.append(dict(params=module.parameters()))``
+        with ``modules_ori = [model.layer0, model.layer1]`` (semseg's): the roots of the items the
+        loop goes over (``model``), not the loop variable; else ``[root]``."""
+        f = self.f
+        if not isinstance(root, cst.Name):
+            return [root]
+        bound = f.assignments(root)
+        loops = [f.parent(node) for node, _ in bound]
+        if not bound or not all(isinstance(loop, cst.For) and loop.target is node
+                                for loop, (node, _) in zip(loops, bound)):
+            return [root]  # (each binding the target of a loop, the two of semseg's included)
+        out: list[cst.BaseExpression] = []
+        for loop in loops:
+            items = loop.iter
+            values = [v for _, v in f.assignments(items)] if isinstance(items, cst.Name) else [items]
+            for value in values:
+                if not isinstance(value, (cst.List, cst.Tuple)) or not value.elements:
+                    return [root]
+                out += [root_of(e.value) for e in value.elements if isinstance(e, cst.Element)]
+        return out or [root]
 
     def _optimizer_keys(self) -> set[Key]:
         """The keys of the optimizers bound so far (the walk appends to ``bindings`` while it
