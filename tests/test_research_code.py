@@ -268,19 +268,24 @@ def test_a_shared_function_takes_fabric_last_and_optional_and_guards_what_change
     assert namespace["reduce"](4.0) == 2.0  # called as before: the old code runs
 
 
-def test_a_change_that_reads_no_fabric_is_made_and_one_that_can_t_keep_its_callers_is_none():
+def test_a_change_that_reads_no_fabric_stays_out_and_one_that_can_t_keep_its_callers_is_none():
     from accelerate_rewrite.codemod.compat import calls_by_keyword, compatible
 
+    # a change that reads no `fabric` (an API's new spelling, a move Fabric makes anyway) can't be
+    # told from one the other callers would notice: the old code stays
     old = "import torch\n\n\ndef scaler():\n    return torch.cuda.amp.GradScaler()\n"
     new = "import torch\n\n\ndef scaler():\n    return torch.amp.GradScaler(\"cuda\")\n"
-    assert compatible(old, new).code == new  # an API migration computes the same for every caller
+    assert compatible(old, new).code == old
+    # ...but a process group started where no `fabric` comes to tell the two apart: none
+    assert compatible("import torch.distributed as dist\n\n\ndef setup():\n    dist.init_process_group('gloo')\n",
+                      "import torch.distributed as dist\n\n\ndef setup():\n    pass\n") is None
     # ``device`` threaded into `fabric`: kept, `fabric` last and optional, the converted callers
     # passing ``fabric.device`` in its place
-    old = "def train(model, device):\n    model.to(device)\n    model(1)\n"
-    new = "def train(model, fabric):\n    model(1)\n"
+    old = "def train(model, device):\n    model.to(device)\n    fabric_free(model)\n"
+    new = "def train(model, fabric):\n    fabric.print(model)\n"
     made = compatible(old, new)
-    assert made.code == ("def train(model, device, fabric=None):\n    if fabric is None:\n        model.to(device)\n"
-                         "    model(1)\n")
+    assert made.code == ("def train(model, device, fabric=None):\n    if fabric is not None:\n"
+                         "        fabric.print(model)\n    else:\n        model.to(device)\n        fabric_free(model)\n")
     assert calls_by_keyword("train(net, fabric)\ntrain(net, fabric=fabric)\n", made.keyword_calls) == \
         "train(net, fabric.device, fabric=fabric)\ntrain(net, device=fabric.device, fabric=fabric)\n"
     # a parameter that changes otherwise
@@ -561,3 +566,41 @@ def test_parameter_groups_over_a_model_s_submodules_in_a_loop_train_the_model():
     """)
     assert "    model, optimizer = fabric.setup(model, optimizer)\n" in result.output
     assert "module, optimizer" not in result.output
+
+
+def test_a_followed_module_s_code_the_program_never_reaches_does_not_count():
+    """PyTorch-YOLOv3's train.py imports two helpers of test.py, a script of its own whose
+    ``run()`` loads the model with the same factory: that ``run()`` is out of the analysis, so
+    the factory is called once and Fabric is created in the script's ``run()``; and an ``else``
+    that only says the optimizer is unknown is the script's own error path."""
+    import tempfile
+    from pathlib import Path
+
+    from accelerate_rewrite.api import rewrite
+    from accelerate_rewrite.codemod.project import Scope
+    from accelerate_rewrite.options import Options
+
+    root = Path(tempfile.mkdtemp())
+    (root / "models.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n\ndef load_model():\n"
+        "    device = torch.device(\"cuda\" if torch.cuda.is_available() else \"cpu\")\n"
+        "    model = nn.Linear(4, 1).to(device)\n    return model\n")
+    (root / "evaluate.py").write_text(
+        "import torch\n\nfrom models import load_model\n\n\ndef _evaluate(model, x):\n"
+        "    with torch.no_grad():\n        return model(x)\n\n\ndef run():\n    model = load_model()\n"
+        "    print(_evaluate(model, torch.zeros(1, 4)))\n\n\nif __name__ == \"__main__\":\n    run()\n")
+    script = root / "train.py"
+    script.write_text(
+        "import torch\nimport torch.optim as optim\n\nfrom models import load_model\nfrom evaluate import _evaluate\n\n\n"
+        "def run(name=\"adam\"):\n    device = torch.device(\"cuda\" if torch.cuda.is_available() else \"cpu\")\n"
+        "    model = load_model()\n    if name == \"adam\":\n        optimizer = optim.Adam(model.parameters())\n"
+        "    elif name == \"sgd\":\n        optimizer = optim.SGD(model.parameters(), lr=0.1)\n    else:\n"
+        "        print(\"Unknown optimizer. Please choose between (adam, sgd).\")\n"
+        "    for step in range(3):\n        x = torch.randn(2, 4).to(device)\n        loss = model(x).pow(2).mean()\n"
+        "        loss.backward()\n        optimizer.step()\n    print(_evaluate(model, x))\n\n\n"
+        "if __name__ == \"__main__\":\n    run()\n")
+    result = rewrite(script.read_text(), Options.create(), path=str(script), scope=Scope(follow=True))
+    assert not result.dropped, result.dropped
+    assert "def run(name=\"adam\"):\n    fabric = Fabric(devices=1)\n" in result.output
+    assert "        fabric.print(\"Unknown optimizer. Please choose between (adam, sgd).\")\n" \
+           "    model, optimizer = fabric.setup(model, optimizer)\n" in result.output

@@ -189,11 +189,11 @@ def _new_unbound_reads(original: tuple[str, Callable[[], dict[tuple[str, str], l
             tag, i1, i2, j1, _ = blocks[bisect.bisect_right(firsts, line - 1) - 1]
             if tag == "equal":
                 ok = i1 + (line - 1 - j1) + 1 in known
-            elif tag == "replace":  # (a set-up inserted before a line another rule changed)
-                ok = any(i1 < n <= i2 for n in known) \
-                    or _read_later(old_lines, i1, known, _indent(new_lines[line - 1])) \
-                    or _exhaustive_chain(source, i1, _indent(new_lines[line - 1]), name) \
-                    or _fails_alike(source, old_lines, i1, _indent(new_lines[line - 1]), name, before, scope)
+            elif tag == "replace":  # (a set-up inserted next to lines another rule changed)
+                indent = _indent(new_lines[line - 1])
+                ok = any(i1 < n <= i2 for n in known) or _read_later(old_lines, i1, known, indent) \
+                    or any(_exhaustive_chain(source, at, indent, name)
+                           or _fails_alike(source, old_lines, at, indent, name, before, scope) for at in (i1, i2))
             else:  # inserted: fine right after an input line at its indentation that read the name so
                 # already (nanoGPT's `optimizer = model.configure_optimizers(...)`, then the set-up):
                 # every path to it went through that read, which failed the same way there
@@ -345,6 +345,14 @@ def _fails_alike(source: str, old_lines: list[str], after: int, indent: int, nam
             common = bound if common is None else common & bound
             if len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
                 node = node.orelse[0]
+            elif node.orelse and _complains(node.orelse):
+                # ``else: print("Unknown optimizer. Please choose between (adam, sgd).")``
+                # (PyTorch-YOLOv3's): that path is the script's own error, which it goes on from
+                # to fail at its first use of the name
+                if common and name in common:
+                    return True
+                common = None
+                break
             elif node.orelse:
                 common = None  # with an ``else``, some branch always runs: not this case
                 break
@@ -354,6 +362,27 @@ def _fails_alike(source: str, old_lines: list[str], after: int, indent: int, nam
                 _read_later(old_lines, end, set(reads.get((scope, other), [])), indent) for other in sorted(common)):
             return True
     return False
+
+
+#: what an ``else`` that only reports a value nothing handles says
+_COMPLAINTS = re.compile(r"unknown|unsupported|not supported|not implemented|invalid|please choose|no such|"
+                         r"unrecognized|not recognized", re.IGNORECASE)
+
+
+def _complains(body: list) -> bool:
+    """A block that only prints, logs or warns that a value is not one it knows, and binds
+    nothing (``print("Unknown optimizer. Please choose between (adam, sgd).")``)."""
+    import ast
+
+    for stmt in body:
+        if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+            return False
+        func = stmt.value.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if name not in ("print", "warn", "warning", "error", "info", "critical", "exception"):
+            return False
+    texts = [n.value for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    return bool(body) and any(_COMPLAINTS.search(t) for t in texts)
 
 
 def _indent(text: str) -> int:

@@ -17,19 +17,26 @@ args)``): so it changes *compatibly* instead (``compatible``):
       else:
           loss.backward()
 
-  (``self.fabric`` in a class's methods); a statement it removes runs without `fabric` only;
-  a compound statement whose header is unchanged is changed inside (its body, its ``else``); a
-  change that reads no `fabric` (``torch.cuda.amp`` -> ``torch.amp``) is made as it is;
+  (``self.fabric`` in a class's methods); a statement that starts or wraps the processes
+  Fabric starts (``init_process_group``, ``DistributedDataParallel``), which the conversion
+  removes, runs without `fabric` only; a compound statement whose header is unchanged is
+  changed inside (its body, its ``else``, an ``elif``);
+- a change that reads no `fabric` (a move Fabric makes anyway, ``torch.cuda.amp`` ->
+  ``torch.amp``) can't be told from one the other files would notice: the old code stays;
+- a ``device`` parameter threaded into `fabric` stays, `fabric` comes last and optional, and the
+  converted callers pass ``fabric.device`` in its place (``Taken.instead``);
 - imports it no longer reads stay: the old code still reads them.
 
-Called without `fabric`, every function runs its code as it was. What this can't give
-(a parameter renamed, ``device`` threaded into `fabric`; another top-level statement changed)
-is None: the engine then leaves the change out, as before, and says which files import it.
+Called without `fabric`, every function runs its code as it was. What this can't give (a
+parameter that changes otherwise, a process group started where no `fabric` comes, another
+top-level statement changed) is None: the engine then leaves the change out, as before, and
+says which files import it.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
@@ -155,7 +162,8 @@ class _Fail(Exception):
     pass
 
 
-def _merge(old: Sequence[cst.BaseStatement], new: Sequence[cst.BaseStatement], test: str) -> list[cst.BaseStatement]:
+def _merge(old: Sequence[cst.BaseStatement], new: Sequence[cst.BaseStatement],
+           test: Optional[str]) -> list[cst.BaseStatement]:
     """The statements of a block, ``old`` where the conversion kept them, guarded where it
     changed them (``_guard``); a compound statement whose header it kept is merged inside."""
     old_codes = [_stmt_code(s.with_changes(leading_lines=())) for s in old]
@@ -191,19 +199,35 @@ def _merge(old: Sequence[cst.BaseStatement], new: Sequence[cst.BaseStatement], t
     return out
 
 
-def _changed(these: list[cst.BaseStatement], those: list[cst.BaseStatement], test: str) -> list[cst.BaseStatement]:
-    """A run of statements the conversion changed: as it made them when they read no `fabric`
-    (an API migration that computes the same), else guarded."""
+#: what only the old code may run: the processes Fabric starts itself, and the wrap it makes
+_PROCESSES = re.compile(r"\b(init_process_group|destroy_process_group|DistributedDataParallel)\b")
+
+
+def _changed(these: list[cst.BaseStatement], those: list[cst.BaseStatement], test: Optional[str]) -> list[cst.BaseStatement]:
+    """A run of statements the conversion changed, guarded by ``test`` (`fabric`, or
+    ``self.fabric``): the new ones with it, the old ones without. A change that reads no
+    `fabric` (a move Fabric makes anyway, an API's new spelling) can't be told from one that
+    other callers would notice, so the old statements stay, unguarded; but where they start or
+    wrap the processes Fabric starts (``init_process_group``, ``DistributedDataParallel``), they
+    run without `fabric` only (and with no `fabric` to tell, the module can't change so)."""
     if not these and not those:
         return []
-    if those and not any(_reads_fabric(t) for t in those):
-        return those
     leading = these[0].leading_lines if these else those[0].leading_lines
+    if not any(_reads_fabric(t) for t in those):
+        if not any(_PROCESSES.search(_stmt_code(t)) for t in these):
+            return these
+        if test is None:
+            raise _Fail
+        those = [s for s in those if not _PROCESSES.search(_stmt_code(s))] if those else []
+        return [_guard(test, [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(those)],
+                       [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(these)], leading)]
+    if test is None:
+        raise _Fail
     return [_guard(test, [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(those)],
                    [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(these)], leading)]
 
 
-def _merge_inside(old: cst.BaseStatement, new: cst.BaseStatement, test: str) -> cst.BaseStatement:
+def _merge_inside(old: cst.BaseStatement, new: cst.BaseStatement, test: Optional[str]) -> cst.BaseStatement:
     old_blocks, new_blocks = _blocks_of(old), _blocks_of(new)
     if len(old_blocks) != len(new_blocks):
         raise _Fail
@@ -232,8 +256,8 @@ def _merge_inside(old: cst.BaseStatement, new: cst.BaseStatement, test: str) -> 
 def _function(old: cst.FunctionDef, new: cst.FunctionDef, test: Optional[str]) -> tuple[cst.FunctionDef, Optional[Taken]]:
     """The function as it was, with ``fabric=None`` if the conversion gave it `fabric`, and its
     changed statements guarded by ``test`` (`fabric`, or ``self.fabric`` in a class that keeps
-    it); with none to guard by, the new function where it reads no `fabric` (an API migration
-    that computes the same), else nothing. How it takes `fabric`, or None."""
+    it; None where none comes: then only changes that can stay out, ``_changed``). How it takes
+    `fabric`, or None."""
     index = None
     params = old.params
     if _stmt_code(old.params) != _stmt_code(new.params):
@@ -242,10 +266,6 @@ def _function(old: cst.FunctionDef, new: cst.FunctionDef, test: Optional[str]) -
             raise _Fail
         params, index = found
         test = NAME
-    if test is None:
-        if _reads_fabric(new):
-            raise _Fail
-        return new, None
     if _stmt_code(old.with_changes(body=cst.IndentedBlock([]), params=params)) != _stmt_code(
             new.with_changes(body=cst.IndentedBlock([]), params=params)):
         raise _Fail  # decorators, the name, the return annotation

@@ -81,6 +81,9 @@ class Part:
     #: the file, for a module (its relative imports start from it), and its package
     file: Optional[Path] = None
     package: str = ""
+    #: a module's functions and classes the program can reach from what it imports of it
+    #: (``_needed``); None: all of them
+    needed: Optional[set[str]] = None
 
 
 @dataclass
@@ -382,6 +385,35 @@ def _top_names(code: str) -> tuple[set[str], set[str]]:
     return own, imported
 
 
+def _needed(code: str, wanted: set[str]) -> Optional[set[str]]:
+    """The top-level functions and classes of a module that the names ``wanted`` of it reach,
+    directly or through one another, and those its other top-level statements read: the rest is
+    code the importing program never runs by name (another script's ``main`` in a module that is
+    also a script), left out of the analysis (its file keeps it). None where a name is read
+    otherwise than by name (``globals()``, ``getattr(module, ...)``)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+    def reads(node: ast.AST) -> set[str]:
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+    todo = set(wanted) | {name for n in tree.body if not isinstance(n, tuple(type(d) for d in defs.values()))
+                          for name in reads(n)}
+    if "globals" in todo or "__all__" in todo:
+        return None
+    needed: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in needed or name not in defs:
+            continue
+        needed.add(name)
+        todo |= reads(defs[name])
+    return needed
+
+
 def _own_name(name: str, dotted: str) -> str:
     """The name the analysis reads a module's ``name`` by, where another file of the project
     defines ``name`` too: ``logger`` of src/utils.py -> ``logger__src_utils``."""
@@ -444,6 +476,9 @@ def build(path: str, head: str, module: cst.Module, source: str,
         for index, stmt in enumerate(part.module.body):
             if part_index and is_main_guard(stmt):
                 continue  # what the module does when run as a script: not on import
+            if part_index and part.needed is not None and isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) \
+                    and stmt.name.value not in part.needed:
+                continue  # nothing the script runs uses it (pytorchyolo/test.py's own ``run``)
             targets = _targets(stmt, part, folders)
             if not targets or any(os.path.realpath(t.file) == real_script for t in targets):
                 out.append((part_index, index))
@@ -458,7 +493,11 @@ def build(path: str, head: str, module: cst.Module, source: str,
                     if target.imp is not None:
                         break  # the statement's own names stay imported: its modules are not read
                     continue
-                if why is not None:
+                if isinstance(why, tuple):  # more of a module in already: its definitions the importer needs
+                    more_of, names = why
+                    out.extend((more_of, i) for i, st in enumerate(parts[more_of].module.body)
+                               if isinstance(st, (cst.FunctionDef, cst.ClassDef)) and st.name.value in names)
+                elif why is not None:
                     out.extend(expand(why))
             if kept:
                 out.append((part_index, index))
@@ -489,7 +528,18 @@ def build(path: str, head: str, module: cst.Module, source: str,
         if target.dotted in included:
             part.aliases.update(read_through)
             part.renames.update(renames)
-            return None  # its statements are in already: the names are bound
+            other = parts[included[target.dotted]]
+            if other.needed is None:
+                return None  # its statements are in already: the names are bound
+            wanted = set(read_through) if target.through is not None else {
+                _dotted(a.name) for a in (target.imp.names if not isinstance(target.imp.names, cst.ImportStar) else ())}
+            more = _needed(_without_main(other.module, other.head), wanted | other.needed)
+            added = (more or set()) - other.needed
+            if more is None:
+                added = {st.name.value for st in other.module.body if isinstance(st, (cst.FunctionDef, cst.ClassDef))
+                         and st.name.value not in other.needed}
+            other.needed |= added
+            return (included[target.dotted], added) if added else None
         wanted = set(read_through) if target.through is not None else {
             _dotted(a.name) for a in (target.imp.names if not isinstance(target.imp.names, cst.ImportStar) else ())}
         why = _follow(target.dotted, target.file, target.imp, wanted)
@@ -582,6 +632,7 @@ def build(path: str, head: str, module: cst.Module, source: str,
         part = Part(path=str(file) if os.path.isabs(path) else os.path.relpath(file), source=text,
                     head=m_head, tail=m_tail, module=m_module, dotted=dotted, file=file, package=package)
         part.renames.update(own_names)
+        part.needed = _needed(imported_code, wanted) if wanted else None
         part.layout = Layout(m_module, text=m_head)
         part.starts = part.layout.starts()
         parts.append(part)
