@@ -604,3 +604,27 @@ def test_a_followed_module_s_code_the_program_never_reaches_does_not_count():
     assert "def run(name=\"adam\"):\n    fabric = Fabric(devices=1)\n" in result.output
     assert "        fabric.print(\"Unknown optimizer. Please choose between (adam, sgd).\")\n" \
            "    model, optimizer = fabric.setup(model, optimizer)\n" in result.output
+
+
+def test_a_trainer_package_s_trainer_receives_fabric_despite_its_static_methods(tmp_path):
+    """minGPT's shape: the Trainer (its ``run()`` builds the optimizer and trains) lives in a
+    module of its own, the script makes it in its main block (Fabric a global there) and reads
+    its ``@staticmethod get_default_config()`` as ``Trainer.get_default_config()``: reading a
+    static method makes no object, so the Trainer receives `fabric` and keeps it in
+    ``self.fabric``."""
+    from accelerate_rewrite.api import rewrite
+    from accelerate_rewrite.codemod.project import Scope
+    from accelerate_rewrite.options import Options
+
+    source = (FIXTURES / "trainer_run" / "input.py").read_text()
+    start, end = source.index("class Trainer:"), source.index("def batch_end_callback")
+    (tmp_path / "trainer.py").write_text("from collections import defaultdict\n\nimport torch\n"
+                                         "from torch.utils.data import DataLoader\n\n\n" + source[start:end].rstrip() + "\n")
+    script = tmp_path / "train.py"
+    script.write_text(source[:start].replace('"""Style:', "from trainer import Trainer\n\"\"\"Style:", 1)
+                      + source[end:])
+    result = rewrite(script.read_text(), Options.create(devices=2), path=str(script), scope=Scope(follow=True))
+    assert not result.dropped, result.dropped
+    trainer = next(m for m in result.members if m.path.endswith("trainer.py"))
+    assert "self.fabric.backward(self.loss)" in trainer.output
+    assert "Trainer(fabric, train_config, TinyLM(), SortDataset())" in result.output

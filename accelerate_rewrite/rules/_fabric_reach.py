@@ -158,7 +158,9 @@ class Reach:
                 cls = f.enclosing_class(func)
                 target = cls if cls is not None else func
                 fn = f.functions.get(target.name.value)
-                if id(target) in p.added_params or fn is None or fn.node is not target or fn.other_uses \
+                others = (self._other_uses(fn) if isinstance(fn.node, cst.ClassDef) else fn.other_uses) \
+                    if fn is not None else []
+                if id(target) in p.added_params or fn is None or fn.node is not target or others \
                         or not fn.calls or any(id(a) in p.blocked for a in (target, func)):
                     continue
                 init = init_of(cls) if cls is not None else func
@@ -166,7 +168,7 @@ class Reach:
                         or any(x.name.value == NAME for x in positional_params(init)):
                     continue
                 if cls is not None and (f.find_in(cls, m.Attribute(value=m.Name("self"), attr=m.Name(NAME)))
-                                        or not self._plain_methods(cls)):
+                                        or not self._plain_methods(cls, needs)):
                     continue
                 if not all(p.ref_at(f, c) is not None and p.after_creation(f, c) for c in fn.calls):
                     continue
@@ -174,16 +176,23 @@ class Reach:
                 p.refs[id(init)] = NAME
                 if cls is not None:
                     for method in cls.body.body:
-                        if isinstance(method, cst.FunctionDef) and method is not init:
+                        if isinstance(method, cst.FunctionDef) and method is not init and _plain(method):
                             p.refs[id(method)] = f"self.{NAME}"
                 changed = True
 
-    @staticmethod
-    def _plain_methods(cls: cst.ClassDef) -> bool:
-        """Every method takes ``self`` first: no static or class methods that would not see it."""
+    def _plain_methods(self, cls: cst.ClassDef, needs: list[cst.CSTNode]) -> bool:
+        """Every method that needs `fabric` takes ``self`` first: a static or class method
+        would not see ``self.fabric`` (minGPT's ``@staticmethod get_default_config()``, which
+        needs none, is no matter)."""
+        f = self.f
         for method in cls.body.body:
-            if isinstance(method, cst.FunctionDef):
-                params = positional_params(method)
-                if method.decorators or not params or params[0].name.value != "self":
-                    return False
+            if isinstance(method, cst.FunctionDef) and not _plain(method) \
+                    and any(method in f.ancestors(node) for node in needs):
+                return False
         return True
+
+
+def _plain(method: cst.FunctionDef) -> bool:
+    """A method that takes ``self`` first, with no decorator (not static, not a class method)."""
+    params = positional_params(method)
+    return not method.decorators and bool(params) and params[0].name.value == "self"
