@@ -628,3 +628,41 @@ def test_a_trainer_package_s_trainer_receives_fabric_despite_its_static_methods(
     trainer = next(m for m in result.members if m.path.endswith("trainer.py"))
     assert "self.fabric.backward(self.loss)" in trainer.output
     assert "Trainer(fabric, train_config, TinyLM(), SortDataset())" in result.output
+
+
+def test_a_backward_in_a_closure_reaches_fabric_through_the_function_around_it():
+    """MSN's ``def train_step(): ... loss.backward()`` inside ``main(args)``, run through a
+    timer (``gpu_timer(train_step)``), with Fabric created by the caller: ``run`` receives
+    `fabric`, which the closure reads."""
+    result = convert("""
+        import torch
+        import torch.nn as nn
+
+        def timer(closure):
+            return closure()
+
+        def run(model, optimizer, steps):
+            for step in range(steps):
+                x = torch.randn(2, 4)
+
+                def train_step():
+                    optimizer.zero_grad()
+                    loss = model(x).pow(2).mean()
+                    loss.backward()
+                    optimizer.step()
+                    return float(loss)
+
+                timer(train_step)
+
+        def main():
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            model = nn.Linear(4, 1).to(device)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            run(model, optimizer, 3)
+
+        if __name__ == "__main__":
+            main()
+    """)
+    assert "def run(fabric, model, optimizer, steps):" in result.output
+    assert "            fabric.backward(loss)\n" in result.output
+    assert "    run(fabric, model, optimizer, 3)\n" in result.output

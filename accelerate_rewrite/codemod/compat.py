@@ -131,7 +131,9 @@ def _guard(test: str, new: Sequence[cst.BaseStatement], old: Sequence[cst.BaseSt
                   orelse=cst.Else(body=block(old)) if old else None, leading_lines=leading)
 
 
-_COMPOUND = (cst.If, cst.For, cst.While, cst.With, cst.Try)
+#: (a function nested in the one that changes, MSN's ``def train_step():`` in ``main``: merged
+#: inside too, its guards reading the enclosing function's `fabric`)
+_COMPOUND = (cst.If, cst.For, cst.While, cst.With, cst.Try, cst.FunctionDef)
 
 
 def _header(node: cst.BaseStatement) -> Optional[str]:

@@ -155,6 +155,11 @@ class Reach:
                 func = f.function(node)
                 if func is None or p.ref_at(f, node) is not None:
                     continue
+                # a function nested in another (MSN's ``def train_step():`` in ``main``, timm's
+                # ``_backward``): the outermost one receives `fabric`, and the closure sees it
+                outer = [a for a in f.ancestors(func) if isinstance(a, cst.FunctionDef)]
+                if outer and f.enclosing_class(outer[-1]) is None:
+                    func = outer[-1]
                 cls = f.enclosing_class(func)
                 target = cls if cls is not None else func
                 fn = f.functions.get(target.name.value)
