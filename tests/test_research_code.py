@@ -666,3 +666,70 @@ def test_a_backward_in_a_closure_reaches_fabric_through_the_function_around_it()
     assert "def run(fabric, model, optimizer, steps):" in result.output
     assert "            fabric.backward(loss)\n" in result.output
     assert "    run(fabric, model, optimizer, 3)\n" in result.output
+
+
+TIMM_DDP = """
+import argparse
+import os
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as NativeDDP
+from timm.data import create_loader
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--no-ddp-bb", action="store_true", default=False)
+
+
+def main():
+    args = parser.parse_args()
+    args.distributed = False
+    if "WORLD_SIZE" in os.environ:
+        args.distributed = int(os.environ["WORLD_SIZE"]) > 1
+    args.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if args.distributed:
+        torch.cuda.set_device(args.local_rank)
+        torch.distributed.init_process_group(backend="nccl", init_method="env://")
+    model = nn.Linear(4, 1)
+    model.cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if args.distributed:
+        model = NativeDDP(model, device_ids=[args.local_rank], broadcast_buffers=not args.no_ddp_bb)
+    loader_train = create_loader(DATASET, input_size=(4,), batch_size=2, is_training=True,
+                                 distributed=args.distributed)
+    for x, y in loader_train:
+        x, y = x.cuda(), y.cuda()
+        loss = nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+""".replace("DATASET", "None")
+
+
+def test_a_copy_of_timm_s_train_py_converts_with_its_ddp_options_and_timm_s_loader():
+    """poolformer's train.py (a copy of timm's): DistributedDataParallel's option reads a flag
+    (``broadcast_buffers=not args.no_ddp_bb``), carried to ``DDPStrategy`` since ``args`` is
+    bound where Fabric is created; timm's ``create_loader(..., distributed=...)`` shards by the
+    process's rank itself (known as data): not set up, its batches moved to ``fabric.device``."""
+    result = convert(TIMM_DDP, devices=2)
+    assert "fabric = Fabric(devices=2, strategy=DDPStrategy(broadcast_buffers=not args.no_ddp_bb))" in result.output
+    assert "setup_dataloaders" not in result.output
+    assert "        x, y = x.to(fabric.device), y.to(fabric.device)\n" in result.output
+    assert any("built by `timm.data.create_loader`, which shards the data by the process's rank itself" in n.message
+               for n in result.skips)
+
+
+def test_a_library_that_starts_the_process_group_itself_is_refused_with_the_reason():
+    """timm's own train.py: ``device = utils.init_distributed_device(args)`` starts the process
+    group itself, which under Fabric's processes would start it a second time and fail."""
+    source = TIMM_DDP.replace("from timm.data import create_loader\n",
+                              "from timm.data import create_loader\nfrom timm import utils\n").replace(
+        "    model = nn.Linear(4, 1)\n", "    device = utils.init_distributed_device(args)\n    model = nn.Linear(4, 1)\n")
+    result = convert(source, devices=2)
+    assert not result.changed or "Fabric(" not in result.output
+    assert any("(timm.utils.init_distributed_device) starts the process group itself" in n.message
+               for n in result.skips)

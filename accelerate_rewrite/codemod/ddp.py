@@ -105,6 +105,9 @@ class HandDDP:
     #: DistributedDataParallel's own options, as written (``broadcast_buffers=False``): Fabric's
     #: ``strategy=DDPStrategy(...)`` takes them (``strategy``)
     ddp_options: dict[str, str] = field(default_factory=dict)
+    #: the names those options read (``args`` of ``not args.no_ddp_bb``): they must be bound
+    #: where Fabric is created
+    option_names: list[cst.Name] = field(default_factory=list)
 
     @property
     def strategy(self) -> Optional[str]:
@@ -297,6 +300,14 @@ class _Finder:
                                              | m.SimpleString()):
                 # Fabric's DDPStrategy passes its keywords on to DistributedDataParallel
                 d.ddp_options[key] = code(arg.value)
+                continue
+            if key is not None and not f.find_in(arg.value, m.Call() | m.Lambda() | m.Subscript()):
+                # ``broadcast_buffers=not args.no_ddp_bb`` (timm's train.py): carried where Fabric is
+                # created when the names it reads are bound there already (the plan checks)
+                d.ddp_options[key] = code(arg.value)
+                d.option_names.extend(n for n in f.find_in(arg.value, m.Name())
+                                      if not m.matches(n, m.Name("True") | m.Name("False") | m.Name("None"))
+                                      and not (isinstance(f.parent(n), cst.Attribute) and f.parent(n).attr is n))
                 continue
             return not self.problem(call, f"`DistributedDataParallel(..., {code(arg).strip(', ')})`: a value the "
                                           "rewrite can't carry to where Fabric is created; pass it to Fabric with "

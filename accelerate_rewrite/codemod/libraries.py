@@ -128,6 +128,40 @@ PARAM_GROUPS: dict[str, ParamGroups] = {
                               "skip_list) -> [{'params': no_decay, ...}, {'params': decay, ...}]"),
 }
 
+@dataclass(frozen=True)
+class ShardedLoaderFactory:
+    """A function that builds a loader which shards the data by the process's rank itself when
+    told the run is distributed (``distributed=``), with a sampler of its own (and may wrap it
+    in a prefetcher that moves the batches, which is no DataLoader): its batches are each
+    process's own, so the loader is not set up with Fabric."""
+
+    distributed: Argument
+    source: str
+
+
+_TIMM_LOADER = ("timm 1.0.29 (pytorch-image-models aa4b585), timm/data/loader.py: create_loader(dataset, ..., "
+                "distributed=False, ..., use_prefetcher=True, device=...) builds its own DistributedSampler "
+                "(or RepeatAugSampler, OrderedDistributedSampler) when distributed, and a PrefetchLoader")
+#: qualified name -> where it is told the run is distributed
+SHARDED_LOADER_FACTORIES: dict[str, ShardedLoaderFactory] = {
+    **{f"timm.data{path}.create_loader": ShardedLoaderFactory(Argument(-1, "distributed"), _TIMM_LOADER)
+       for path in ("", ".loader")},
+    **{f"timm.data{path}.create_naflex_loader": ShardedLoaderFactory(
+        Argument(-1, "distributed"), "timm 1.0.29, timm/data/naflex_loader.py: create_naflex_loader(..., "
+                                     "distributed=False, ...) shards with its own sampler when distributed")
+       for path in ("", ".naflex_loader")},
+}
+
+#: functions that start the process group themselves (a second start, after Fabric's, raises):
+#: qualified name -> what they are
+PROCESS_GROUP_STARTERS: dict[str, str] = {
+    **{f"timm.utils{path}.init_distributed_device": (
+        "timm 1.0.29, timm/utils/distributed.py: init_distributed_device(args) calls "
+        "torch.distributed.init_process_group when the environment says several processes, sets "
+        "args.distributed, world_size, rank, local_rank and args.device, and returns the device")
+       for path in ("", ".distributed")},
+}
+
 _HF = "transformers 5.23.0, transformers/optimization.py"
 #: qualified name -> the optimizer it schedules
 SCHEDULER_FACTORIES: dict[str, SchedulerFactory] = {

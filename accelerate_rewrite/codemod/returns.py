@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Optional
 import libcst as cst
 
 from accelerate_rewrite.codemod.hints import hints_of
+from accelerate_rewrite.codemod.libraries import SHARDED_LOADER_FACTORIES
 from accelerate_rewrite.codemod import facts_kinds as F
 from accelerate_rewrite.codemod.siblings import loader_attributes, loader_results, sibling_defines
 from accelerate_rewrite.codemod.syntax import code, init_of
@@ -258,8 +259,8 @@ def _not_a_loader(f: "ScriptFacts", call: cst.Call, key, assign: cst.Assign) -> 
     """What the call gives is known not to be a DataLoader: a builtin, torchtext's iterators, a
     class of the script's own, or a helper of the script whose result there is one of those."""
     names = f.qualnames(call.func) | f.qualnames(call)
-    if any(n.startswith(_NOT_LOADERS) for n in names):
-        return True
+    if any(n.startswith(_NOT_LOADERS) for n in names) or names & set(SHARDED_LOADER_FACTORIES):
+        return True  # (timm's create_loader shards by itself, and may give a prefetcher: not set up)
     # a helper of a module next to the script, read far enough to see that it returns no loader
     if any(sibling_defines(f.folder, *n.rsplit(".", 1)) for n in names if "." in n and not n.startswith(".")):
         return True

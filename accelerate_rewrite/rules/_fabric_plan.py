@@ -22,12 +22,14 @@ from accelerate_rewrite.codemod.ddp import hand_ddp
 from accelerate_rewrite.codemod.ddp_places import PLACE_CALLS
 from accelerate_rewrite.codemod.facts_kinds import custom_steps, hand_updated
 from accelerate_rewrite.codemod.hints import model_hint
+from accelerate_rewrite.codemod.libraries import PROCESS_GROUP_STARTERS
 from accelerate_rewrite.codemod.returns import _returns
 from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, Options
 from accelerate_rewrite.rules._fabric import (
     NAME,
     FabricPlan,
+    _innermost_scope,
     code,
     SetupGroup,
     common_after,
@@ -70,6 +72,11 @@ class _Planner(Home, Loaders, Reach, Devices):
         own = self._own_processes()
         if own is not None:
             return self.refuse(*own)
+        starter = next((c for c in f.calls if c.qualname in PROCESS_GROUP_STARTERS), None)
+        if starter is not None:
+            return self.refuse(starter.call, f"`{short(starter.call)}` ({starter.qualname}) starts the process group "
+                                             "itself, which Fabric starts: under Fabric's processes it would start "
+                                             "it a second time, and fail; nothing was converted")
         ddp = hand_ddp(f)
         if ddp.found:
             if ddp.problem is not None:
@@ -128,6 +135,8 @@ class _Planner(Home, Loaders, Reach, Devices):
         p = self.p
         if not self._find_home():
             return
+        if p.ddp is not None and self._options_unbound():
+            return
         self._precision()
         self._refs()
         for site in self.f.backward_sites:
@@ -164,6 +173,25 @@ class _Planner(Home, Loaders, Reach, Devices):
             return
         self._devices()
 
+
+    def _options_unbound(self) -> bool:
+        """DistributedDataParallel's options read a name (``not args.no_ddp_bb``) that is not
+        bound yet where Fabric is created, or is another there: refused, with the reason."""
+        f, p = self.f, self.p
+        at = (p.ddp.spawn.where or p.ddp.spawn.stmt) if p.ddp.spawn is not None else p.anchor  # (mp.spawn's)
+        created = _innermost_scope(f, at) if at is not None else None
+        for name in p.ddp.option_names:
+            bound = f.assignments(name)
+            key = f.key_of(name)
+            ok = created is not None and key is not None and key[0] is created and all(
+                isinstance(node, cst.Param) or f.line(node) < f.line(at) for node, _ in bound)
+            if not ok:
+                call = next(a for a in f.ancestors(name) if isinstance(a, cst.Call))
+                self.refuse(call, f"hand-made distributed training: `DistributedDataParallel(...)` reads `{name.value}` "
+                                  "in an option, which is not bound yet where Fabric is created; pass it to Fabric "
+                                  "with `strategy=DDPStrategy(...)` by hand; nothing was converted")
+                return True
+        return False
 
     def _precision(self) -> None:
         f, p, o = self.f, self.p, self.o
