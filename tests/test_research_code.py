@@ -733,3 +733,24 @@ def test_a_library_that_starts_the_process_group_itself_is_refused_with_the_reas
     assert not result.changed or "Fabric(" not in result.output
     assert any("(timm.utils.init_distributed_device) starts the process group itself" in n.message
                for n in result.skips)
+
+
+def test_a_batch_sampler_over_a_distributed_sampler_keeps_its_own_batches():
+    """DETR's ``BatchSampler(sampler_train, batch_size, drop_last=True)`` with ``sampler_train``
+    a DistributedSampler when distributed: each process draws its own batches already, so the
+    loader is not set up (Fabric's sampler would take the BatchSampler's place) and its batches
+    move to ``fabric.device``."""
+    result = convert(TIMM_DDP.replace("from timm.data import create_loader\n", "").replace(
+        """    loader_train = create_loader(None, input_size=(4,), batch_size=2, is_training=True,
+                                 distributed=args.distributed)
+""", """    dataset = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
+    if args.distributed:
+        sampler_train = torch.utils.data.DistributedSampler(dataset)
+    else:
+        sampler_train = torch.utils.data.RandomSampler(dataset)
+    batch_sampler_train = torch.utils.data.BatchSampler(sampler_train, 2, drop_last=True)
+    loader_train = torch.utils.data.DataLoader(dataset, batch_sampler=batch_sampler_train)
+"""), devices=2)
+    assert "setup_dataloaders(loader_train" not in result.output
+    assert "        x, y = x.to(fabric.device), y.to(fabric.device)\n" in result.output
+    assert any("keeps its own `batch_sampler=`, over `sampler_train`" in n.message for n in result.skips)

@@ -5,9 +5,12 @@ sharded loader accumulates all-reduced after it. A mixin of the planner
 
 from __future__ import annotations
 
+from typing import Optional
+
 import libcst as cst
 
-from accelerate_rewrite.codemod.facts import Binding, ScriptFacts
+from accelerate_rewrite.codemod.ddp import SAMPLERS
+from accelerate_rewrite.codemod.facts import Binding, ScriptFacts, code
 from accelerate_rewrite.codemod.loops import (
     EVAL, TRAIN, data_source, eval_sums, evaluations_of_training_loader, loader_role, training_sums,
 )
@@ -19,6 +22,30 @@ def _batch_sampler(loader: Binding) -> bool:
     """``DataLoader(dataset, batch_sampler=...)``."""
     return loader.call is not None and any(
         a.keyword is not None and a.keyword.value == "batch_sampler" for a in loader.call.args)
+
+
+def sampler_of(batch_sampler: cst.Call) -> cst.BaseExpression:
+    return batch_sampler.args[0].value
+
+
+def _distributed_batch_sampler(f: ScriptFacts, loader: Binding) -> Optional[cst.Call]:
+    """``DataLoader(dataset, batch_sampler=batch_sampler_train)`` with ``batch_sampler_train =
+    BatchSampler(sampler_train, ...)`` and ``sampler_train`` a DistributedSampler (on the path
+    where the script runs distributed): the BatchSampler call."""
+    if loader.call is None:
+        return None
+    arg = next((a for a in loader.call.args if a.keyword is not None and a.keyword.value == "batch_sampler"), None)
+    value = arg.value if arg is not None else None
+    if isinstance(value, cst.Name):
+        value = f.assigned_value(value)
+    if not (isinstance(value, cst.Call) and value.args and value.args[0].keyword in (None,)
+            and any(n.endswith("BatchSampler") for n in f.qualnames(value))):
+        return None
+    inner = sampler_of(value)
+    values = [v for _, v in f.assignments(inner)] if isinstance(inner, cst.Name) else [inner]
+    if any(isinstance(v, cst.Call) and f.qualnames(v) & set(SAMPLERS) for v in values):
+        return value
+    return None
 
 
 class Loaders:
@@ -80,6 +107,15 @@ class Loaders:
                 continue
             role = loader_role(f, loader)
             evaluation = role == EVAL
+            sharded_by = _distributed_batch_sampler(f, loader)
+            if sharded_by is not None:
+                # DETR's ``BatchSampler(sampler_train, ...)`` over a DistributedSampler when
+                # distributed: each process draws its own batches already
+                p.loader_skips.append((loader.stmt, f"`{loader.path}` keeps its own `batch_sampler=`, over "
+                                                    f"`{code(sampler_of(sharded_by))}`, a DistributedSampler when the "
+                                                    "script runs distributed: each process draws its own batches "
+                                                    "already, so it is not set up; its batches move to `fabric.device`"))
+                continue
             if not evaluation and self.o.many_devices and _batch_sampler(loader):
                 # measured (lightning 2.6, 2 processes): Fabric's distributed sampler replaces the
                 # BatchSampler's own, and the loader then yields single samples, in order
