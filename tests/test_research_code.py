@@ -754,3 +754,143 @@ def test_a_batch_sampler_over_a_distributed_sampler_keeps_its_own_batches():
     assert "setup_dataloaders(loader_train" not in result.output
     assert "        x, y = x.to(fabric.device), y.to(fabric.device)\n" in result.output
     assert any("keeps its own `batch_sampler=`, over `sampler_train`" in n.message for n in result.skips)
+
+
+SWIN_MAIN = """
+import torch
+import torch.nn as nn
+
+from config import get_config
+
+
+def main(config):
+    model = nn.Linear(4, 1)
+    model.cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[config.LOCAL_RANK])
+    for _ in range(3):
+        x = torch.randn(8, 4).cuda()
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    config = get_config()
+    torch.cuda.set_device(config.LOCAL_RANK)
+    torch.distributed.init_process_group(backend="nccl", init_method="env://")
+    main(config)
+"""
+
+
+def test_a_launcher_variable_read_before_fabric_exists_is_kept_when_a_missing_one_fails_loudly(tmp_path):
+    """Swin's config.py: ``config.LOCAL_RANK = int(os.environ['LOCAL_RANK'])`` in another
+    module, two calls below the one the driver makes before the process group starts, where
+    `fabric` can't be reached. With no default it is never silently wrong
+    (torchrun sets it for every process; where it is not set, a KeyError at start-up): kept, and
+    said. With a default (``.get("LOCAL_RANK", 0)``) it could be silently wrong: refused as
+    before."""
+    from accelerate_rewrite.api import rewrite
+    from accelerate_rewrite.codemod.project import Scope
+    from accelerate_rewrite.options import Options
+
+    script = tmp_path / "main.py"
+    script.write_text(SWIN_MAIN)
+    for read, converts in (('int(os.environ["LOCAL_RANK"])', True), ('int(os.environ.get("LOCAL_RANK", 0))', False)):
+        (tmp_path / "config.py").write_text(
+            f"import argparse\nimport os\n\n\ndef update_config(config):\n    config.LOCAL_RANK = {read}\n\n\n"
+            "def get_config():\n    config = argparse.Namespace(AMP_ENABLE=True)\n    update_config(config)\n"
+            "    return config\n")
+        result = rewrite(SWIN_MAIN, Options.create(devices=2), path=str(script), scope=Scope(follow=True))
+        if converts:
+            assert "fabric = Fabric(devices=2)" in result.output and "init_process_group" not in result.output
+            assert "fabric.backward(loss)" in result.output
+            assert not any("fabric" in m.output for m in result.members)
+            assert any("kept: `fabric` can't be reached here; it reads the launcher's environment, which torchrun "
+                       "sets" in n.message for n in [*result.skips, *(s for m in result.members for s in m.skips)])
+        else:
+            assert "Fabric(" not in result.output
+            said = [n.message for n in [*result.skips, *(s for m in result.members for s in m.skips)]]
+            assert any("can't become `fabric.local_rank`" in n for n in said), said
+
+
+def test_a_wrap_whose_options_depend_on_a_flag_carries_them_on_the_flag():
+    """iBOT's ``model = DDP(model, ..., broadcast_buffers=False) if 'swin' in args.arch else
+    DDP(model, ...)``: one wrap, its options taken on the condition (DDP's default on the side
+    that does not set one); two models wrapped with different options are refused, since
+    Fabric's strategy gives every model the same."""
+    wrap = ("        model = NativeDDP(model, device_ids=[args.local_rank], broadcast_buffers=False) if \\\n"
+            "            'swin' in args.arch else NativeDDP(model, device_ids=[args.local_rank])\n")
+    source = TIMM_DDP.replace('parser.add_argument("--no-ddp-bb"', 'parser.add_argument("--arch", default="vit")\n'
+                              'parser.add_argument("--no-ddp-bb"').replace(
+        "        model = NativeDDP(model, device_ids=[args.local_rank], broadcast_buffers=not args.no_ddp_bb)\n", wrap)
+    result = convert(source, devices=2)
+    assert ("fabric = Fabric(devices=2, strategy=DDPStrategy(broadcast_buffers=False if 'swin' in args.arch "
+            "else True))") in result.output
+    assert "NativeDDP(model" not in result.output
+    two = TIMM_DDP.replace("    model = nn.Linear(4, 1)\n", "    model = nn.Linear(4, 1)\n    head = nn.Linear(1, 1)\n"
+                           ).replace("broadcast_buffers=not args.no_ddp_bb)\n", "broadcast_buffers=not args.no_ddp_bb)\n"
+                                     "        head = NativeDDP(head, device_ids=[args.local_rank])\n")
+    refused = convert(two, devices=2)
+    assert "Fabric(" not in refused.output
+    assert any("two models are wrapped with different options" in n.message for n in refused.skips), refused.skips
+
+
+TRAIN_LOOP = """
+import torch
+import torch.nn as nn
+from torch.optim import AdamW
+
+from helpers import master_params_of
+
+
+class TrainLoop:
+    def __init__(self, model, data):
+        self.model = model
+        self.data = data
+        self.master_params = master_params_of(self.model)
+        self.opt = AdamW(self.master_params, lr=0.1)HINT
+
+    def run(self):
+        for x, y in self.data:
+            x, y = x.to(self.device), y.to(self.device)
+            loss = nn.functional.mse_loss(self.model(x), y)
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+
+
+def main():
+    device = torch.device("cuda")
+    data = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(3)]
+    loop = TrainLoop(nn.Linear(4, 1).to(device), data)
+    loop.device = device
+    loop.run()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_hint_names_a_model_held_in_an_attribute():
+    """improved-diffusion's ``self.opt = AdamW(self.master_params, ...)``: the optimizer's
+    parameters come through an attribute the analysis can't follow; ``model=self.model`` on its
+    line names the model (an attribute of the class whose method builds the optimizer)."""
+    refused = convert(TRAIN_LOOP.replace("HINT", ""), allow_dropped=True)
+    assert any("add `# accelerate-rewrite: model=NAME` at the end of line 13" in n.message for n in refused.skips)
+    result = convert(TRAIN_LOOP.replace("HINT", "  # accelerate-rewrite: model=self.model"), allow_dropped=True)
+    assert "self.model, self.opt = fabric.setup(self.model, self.opt)" in result.output, result.output
+
+
+def test_processes_that_mpi_starts_are_refused_with_the_reason():
+    """improved-diffusion's dist_util.py ranks its processes with mpi4py (``MPI.COMM_WORLD``) and
+    shards its data by that rank: under Fabric's launcher each process is MPI's rank 0 of 1, so
+    every one would read the same shard. Refused, with the reason; no hint lifts it."""
+    source = TIMM_DDP.replace("from timm.data import create_loader\n",
+                              "from timm.data import create_loader\nfrom mpi4py import MPI\n").replace(
+        "    args.distributed = False\n", "    args.distributed = False\n    shard = MPI.COMM_WORLD.Get_rank()\n")
+    result = convert(source, devices=2, allow_dropped=True)
+    assert "Fabric(" not in result.output
+    assert any("processes that MPI starts and ranks (mpi4py" in n.message for n in result.skips)

@@ -54,10 +54,25 @@ NOT_FABRIC = {
     "torch.distributed.init_device_mesh": "a device mesh",
     "torch.distributed.fsdp": "FSDP by hand",
     "torch.distributed.elastic": "torch.distributed.elastic by hand",
+    # improved-diffusion's dist_util.py: mpiexec starts the processes, MPI.COMM_WORLD ranks them
+    # (and the data is sharded by that rank); under Fabric's launcher each is rank 0 of 1 to MPI
+    "mpi4py": "processes that MPI starts and ranks (mpi4py; under Fabric's launcher each would be "
+              "MPI's rank 0 of 1, and shard its data alike)",
     "torch.distributed.launch": "torch.distributed.launch's own API",
 }
 #: DDP(...) arguments that go with the wrapper (Fabric places the model and picks the devices)
 _DDP_PLACEMENT = ("device_ids", "output_device")
+#: DistributedDataParallel's defaults for the options a script sets (torch 2.x,
+#: torch/nn/parallel/distributed.py), to compare wraps that set them differently
+DDP_DEFAULTS = {"broadcast_buffers": "True", "find_unused_parameters": "False",
+                "gradient_as_bucket_view": "False", "static_graph": "False", "check_reduction": "False"}
+
+
+def _names_read(f: ScriptFacts, node: cst.CSTNode) -> list[cst.Name]:
+    """The names ``node`` reads (not attribute names, not True / False / None)."""
+    return [n for n in f.find_in(node, m.Name())
+            if not m.matches(n, m.Name("True") | m.Name("False") | m.Name("None"))
+            and not (isinstance(f.parent(n), cst.Attribute) and f.parent(n).attr is n)]
 
 
 @dataclass
@@ -89,6 +104,8 @@ class Wrap:
     stmt: cst.BaseStatement
     inner: cst.BaseExpression
     rebinds: bool
+    #: both calls of a conditional wrap (``DDP(m, ...) if c else DDP(m, ...)``), else ``(call,)``
+    branches: tuple[cst.Call, ...] = ()
 
 
 @dataclass
@@ -286,12 +303,13 @@ class _Finder:
             d.starts.append(stmt)
         return True
 
-    def _wrap(self, call: cst.Call) -> bool:
+    def _options(self, call: cst.Call) -> Optional[dict[str, str]]:
+        """DistributedDataParallel's options in ``call`` that Fabric's ``DDPStrategy`` takes
+        (keyword -> code), None after a problem."""
         f, d = self.f, self.d
-        stmt = f.statement(call)
         if not call.args or call.args[0].keyword not in (None,) and call.args[0].keyword.value != "module":
-            return not self.problem(call, f"`{short(call)}`: no model to unwrap")
-        inner = call.args[0].value
+            return None if self.problem(call, f"`{short(call)}`: no model to unwrap") else None
+        options: dict[str, str] = {}
         for arg in call.args[1:]:
             key = arg.keyword.value if arg.keyword is not None else None
             if key in _DDP_PLACEMENT:
@@ -299,24 +317,71 @@ class _Finder:
             if key is not None and m.matches(arg.value, m.Name("True") | m.Name("False") | m.Integer() | m.Float()
                                              | m.SimpleString()):
                 # Fabric's DDPStrategy passes its keywords on to DistributedDataParallel
-                d.ddp_options[key] = code(arg.value)
+                options[key] = code(arg.value)
                 continue
             if key is not None and not f.find_in(arg.value, m.Call() | m.Lambda() | m.Subscript()):
                 # ``broadcast_buffers=not args.no_ddp_bb`` (timm's train.py): carried where Fabric is
                 # created when the names it reads are bound there already (the plan checks)
-                d.ddp_options[key] = code(arg.value)
-                d.option_names.extend(n for n in f.find_in(arg.value, m.Name())
-                                      if not m.matches(n, m.Name("True") | m.Name("False") | m.Name("None"))
-                                      and not (isinstance(f.parent(n), cst.Attribute) and f.parent(n).attr is n))
+                options[key] = code(arg.value)
+                d.option_names.extend(_names_read(f, arg.value))
                 continue
-            return not self.problem(call, f"`DistributedDataParallel(..., {code(arg).strip(', ')})`: a value the "
-                                          "rewrite can't carry to where Fabric is created; pass it to Fabric with "
-                                          "`strategy=DDPStrategy(...)` by hand")
+            self.problem(call, f"`DistributedDataParallel(..., {code(arg).strip(', ')})`: a value the "
+                               "rewrite can't carry to where Fabric is created; pass it to Fabric with "
+                               "`strategy=DDPStrategy(...)` by hand")
+            return None
+        return options
+
+    def _wrap(self, call: cst.Call) -> bool:
+        f, d = self.f, self.d
+        stmt = f.statement(call)
+        if any(w.call is call or id(call) in {id(c) for c in w.branches} for w in d.wraps):
+            return True  # the other branch of a conditional wrap, taken with it
+        parent = f.parent(call)
+        branches = [call]
+        value: cst.BaseExpression = call
+        test: Optional[cst.BaseExpression] = None
+        if isinstance(parent, cst.IfExp) and all(isinstance(b, cst.Call) and self.f.qualname(b) in DDP
+                                                 for b in (parent.body, parent.orelse)):
+            # iBOT's ``DDP(teacher, ..., broadcast_buffers=False) if 'swin' in args.arch else
+            # DDP(teacher, ...)``: one wrap, its options taken on the condition
+            branches, value, test = [parent.body, parent.orelse], parent, parent.test
+        options = [self._options(b) for b in branches]
+        if any(o is None for o in options):
+            return False
+        if len(branches) == 2:
+            if code(branches[0].args[0].value) != code(branches[1].args[0].value):
+                return not self.problem(value, f"`{short(value)}` wraps another model on each side")
+            if f.find_in(test, m.Call() | m.Lambda() | m.Subscript()):
+                return not self.problem(value, f"`{short(value)}` chooses its options by a call the rewrite "
+                                               "can't carry to where Fabric is created; pass them to Fabric with "
+                                               "`strategy=DDPStrategy(...)` by hand")
+            merged: dict[str, str] = {}
+            for key in [*options[0], *(k for k in options[1] if k not in options[0])]:
+                body, orelse = (o.get(key, DDP_DEFAULTS.get(key)) for o in options)
+                if body is None or orelse is None:
+                    return not self.problem(value, f"`{short(value)}`: `{key}` is given on one side only")
+                merged[key] = body if body == orelse else f"{body} if {code(test)} else {orelse}"
+                if body != orelse:
+                    d.option_names.extend(_names_read(f, test))
+            options = [merged]
+        for key, given in options[0].items():
+            if d.ddp_options.get(key, given) != given:
+                return not self.problem(call, f"two models are wrapped with different `{key}=`: Fabric's strategy "
+                                              "gives every model the same options")
+        if d.wraps and set(options[0]) != set(d.ddp_options) and any(
+                options[0].get(k, DDP_DEFAULTS.get(k)) != d.ddp_options.get(k, DDP_DEFAULTS.get(k))
+                for k in {*options[0], *d.ddp_options}):
+            return not self.problem(call, "two models are wrapped with different options: Fabric's strategy gives "
+                                          "every model the same options")
+        d.ddp_options.update(options[0])
+        inner = branches[0].args[0].value
         assign = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
-        if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.value is call):
-            return not self.problem(call, f"`{short(call)}` is not a plain assignment")
+        if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.value is value):
+            return not self.problem(value, f"`{short(value)}` is not a plain assignment")
         rebinds = code(assign.targets[0].target) == code(inner)
-        d.wraps.append(Wrap(call, stmt, inner, rebinds))
+        if len(branches) == 2 and not rebinds:
+            return not self.problem(value, f"`{short(value)}` is not a plain assignment to `{code(inner)}`")
+        d.wraps.append(Wrap(call, stmt, inner, rebinds, branches=tuple(branches)))
         if rebinds:
             d.removed.append(stmt)
         return True

@@ -45,6 +45,17 @@ def env_key(f: ScriptFacts, node: cst.BaseExpression) -> Optional[str]:
     return None
 
 
+def strict_env_read(f: ScriptFacts, node: cst.CSTNode) -> bool:
+    """``int(os.environ["LOCAL_RANK"])``: a read of the launcher's environment with no default.
+    Kept where ``fabric`` can't be reached and it runs before Fabric exists (the plan checks), it
+    is never silently wrong: torchrun sets RANK, LOCAL_RANK and WORLD_SIZE for every process,
+    Fabric's own launcher LOCAL_RANK and WORLD_SIZE for the processes it starts, and where a
+    variable is not set the read fails at start-up with a KeyError (read in lightning 2.6:
+    fabric/strategies/launchers/subprocess_script.py)."""
+    inner = node.args[0].value if isinstance(node, cst.Call) and len(node.args) == 1 else node
+    return isinstance(inner, cst.Subscript) and env_key(f, inner) in PLACE_ENV
+
+
 def places(f: ScriptFacts, d: "HandDDP", problem: Callable) -> None:
     """The reads of the process's place (``int(os.environ["LOCAL_RANK"])``, ``dist.get_rank()``)
     and the names that then hold the rank, by the function (or class) they are in."""

@@ -134,8 +134,14 @@ class _Collector(OptimizerSearch, LeanVisitor):
         if not name:
             return None
         node = next(iter(m.findall(stmt, m.Name())), stmt)
-        return self.f.key_for_name(node, name) if "." not in name else (
-            self.f.key_of(cst.parse_expression(name)) if name.startswith("self.") else None)
+        if "." not in name:
+            return self.f.key_for_name(node, name)
+        owner, _, attr = name.partition(".")
+        if owner != "self" or not attr.isidentifier():
+            return None
+        func = self.f.function(node)  # ``model=self.model`` in a method: the class's attribute
+        cls = self.f.enclosing_class(func) if func is not None else None
+        return (cls, name) if cls is not None else None
 
     def _library_steps(self) -> None:
         """``loss_scaler(loss, optimizer, ...)`` where ``loss_scaler`` holds an object of a

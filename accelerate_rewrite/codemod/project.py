@@ -4,7 +4,7 @@
 is in one file, the model, optimizer and loaders in the other, and a conversion is only right
 if both change together (the driver creates Fabric and passes it, the loop takes it). So the
 script's ``from X import ...`` statements of modules in its folder (``engine.py``,
-``data/loaders.py``; never an installed package, never a relative import) are replaced, for the
+``data/loaders.py``, ``util/misc.py``) are replaced, for the
 analysis only, by the statements of those modules, as Python runs them at that point; the rules
 see one module, record their edits on it, and the engine applies them to each file apart and
 checks each file apart (codemod/engine.py).
@@ -15,13 +15,18 @@ by the module's; the script's ``engine.train_one_epoch`` is read by the analysis
 sound only when the script reads ``engine`` as ``engine.name`` alone and has no name of its own
 that it reads so (``_reads_through``).
 
-A module is followed only when that is sound: it parses, it does not run as a script of its own
-(``if __name__ == "__main__":``), it imports nothing relatively (``from . import amp`` would mean
-something else in the script), the names imported from it are its own top-level definitions under
-the same names (no ``as``; not names it imports itself: a vendored ``apex/__init__.py`` is not
-the project's code), and the names it binds at its top level are not bound otherwise by the
-script or another followed module (``import torch`` in both is the same binding). Otherwise
-it stays an import the analysis can't see into, as any other, and the note says why.
+A module is followed only when that is sound: it parses, it is the project's (under the
+script's project root, siblings.project_root; never an installed package, nor a library that
+codemod/libraries.py knows, even vendored), and the names imported from it are its own
+top-level definitions. Packages (``from util import misc``), relative imports inside the
+project's modules (never in the script, which has no package), ``import a.b as c`` and ``from X
+import A as B`` (read as ``A``, ``_Dealias``; its file keeps ``B``, ``Realias``) are followed. A
+module's ``if __name__ == "__main__":`` block is left out (importing it never runs it), and so
+are the definitions the program can't reach by name (``_needed``). The names a module binds at
+its top level must not be bound otherwise by the script or another followed module (``import
+torch`` in both is the same binding; a name the importer does not read is renamed for the
+analysis only, ``_own_name``). Otherwise it stays an import the analysis can't see into, as any other, and the
+note says why.
 
 Which files may change is the caller's: a file named on the command line never changes a file
 outside the paths given, unless ``--follow-imports`` (``Scope``).

@@ -19,7 +19,7 @@ from accelerate_rewrite.codemod.facts import (
     ScriptFacts,
 )
 from accelerate_rewrite.codemod.ddp import hand_ddp
-from accelerate_rewrite.codemod.ddp_places import PLACE_CALLS
+from accelerate_rewrite.codemod.ddp_places import PLACE_CALLS, strict_env_read
 from accelerate_rewrite.codemod.facts_kinds import custom_steps, hand_updated
 from accelerate_rewrite.codemod.hints import model_hint
 from accelerate_rewrite.codemod.libraries import PROCESS_GROUP_STARTERS
@@ -160,6 +160,8 @@ class _Planner(Home, Loaders, Reach, Devices):
                     if p.ddp.spawn is not None and func is not None and func is self.f.function(p.ddp.spawn.stmt) \
                             and self.f.qualname(node) not in PLACE_CALLS:
                         continue  # the launching process reads its launcher's environment, as before
+                    if strict_env_read(self.f, node) and self._before_fabric(node):
+                        continue  # ``int(os.environ["LOCAL_RANK"])`` before Fabric exists: right, or a KeyError
                     where = f"in {func.name.value}()" if func is not None else "there"
                     self.refuse(node, f"hand-made distributed training: `{short(node)}` {where} can't "
                                       f"become `fabric.{attr}`: `fabric` can't be reached there, or only "
@@ -173,6 +175,12 @@ class _Planner(Home, Loaders, Reach, Devices):
             return
         self._devices()
 
+
+    def _before_fabric(self, node: cst.CSTNode) -> bool:
+        """``node`` is in a function that runs before Fabric exists (called at the top of the
+        program before the Fabric lines): what fails there fails at start-up."""
+        return any(id(a) in self.p.blocked for a in self.f.ancestors(node)
+                   if isinstance(a, (cst.FunctionDef, cst.ClassDef)))
 
     def _options_unbound(self) -> bool:
         """DistributedDataParallel's options read a name (``not args.no_ddp_bb``) that is not

@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.ddp_places import PLACE_CALLS
+from accelerate_rewrite.codemod.ddp_places import PLACE_CALLS, strict_env_read
 from accelerate_rewrite.codemod.facts import code
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.rules._fabric import NAME, FabricRule, core_except, expr, insert_at_top, short, stmt
@@ -110,6 +110,11 @@ class FabricHandDDP(FabricRule):
                 if f.qualname(node) in PLACE_CALLS:
                     ctx.skip(node, f"`{short(node)}` kept: `fabric` can't be reached here (it works: Fabric "
                                    "starts the process group with several devices)")
+                elif strict_env_read(f, node) and not (p.ddp.spawn is not None and f.function(node) is not None
+                                                       and f.function(node) is f.function(p.ddp.spawn.stmt)):
+                    ctx.skip(node, f"`{short(node)}` kept: `fabric` can't be reached here; it reads the "
+                                   "launcher's environment, which torchrun sets for every process (and it fails at "
+                                   "start-up, KeyError, where the variable is not set)")
                 else:
                     ctx.skip(node, f"`{short(node)}` kept: it reads the launcher's environment before Fabric "
                                    "exists, in the process that launches the others, as before")
