@@ -179,9 +179,10 @@ def test_two_models_passed_to_one_class_are_two_objects():
 
 # ---- fixtures/projects/research_engine: the research codebase's shape, run ----------------------
 
-def _research_trees(tmp_path, options):
+def _research_trees(tmp_path, options, shape=None):
     """The original project and its rewrite (``accelerate-rewrite train.py`` as its user runs it:
-    eval.py, another script of the repository, imports utils.py too), each in a folder."""
+    eval.py, another script of the repository, imports utils.py too), each in a folder;
+    ``shape(folder)`` changes both copies first."""
     import os
     import shutil
     from pathlib import Path
@@ -193,6 +194,8 @@ def _research_trees(tmp_path, options):
     original, rewritten = tmp_path / "original", tmp_path / "rewritten"
     for folder in (original, rewritten):
         shutil.copytree(PROJECTS / "research_engine", folder, ignore=shutil.ignore_patterns("expected"))
+        if shape is not None:
+            shape(folder)
     path = rewritten / "train.py"
     scope = Scope(auto=True, root=str(rewritten.resolve()), script=os.path.realpath(path),
                   known=frozenset(os.path.realpath(rewritten / f) for f in ("train.py", "engine.py", "utils.py")))
@@ -238,6 +241,52 @@ def test_research_engine_trains_every_rank_as_before_and_its_other_script_still_
     evals = [processes.run([sys.executable, "eval.py"], cwd=folder, timeout=120) for folder in (original, rewritten)]
     assert evals[0].returncode == evals[1].returncode == 0, evals[1].stderr[-2000:]
     assert "logits sum" in evals[0].stdout and evals[1].stdout == evals[0].stdout
+
+
+def _swin_shape(folder):
+    """Swin's and iBOT's variations on the shape: the local rank read in a config module before
+    the process group starts (``int(os.environ["LOCAL_RANK"])``, no default), and the wrap's
+    options chosen by a flag."""
+    (folder / "config.py").write_text(
+        "import os\n\n\ndef update_config(args):\n    args.amp = False\n"
+        "    args.local_rank = int(os.environ[\"LOCAL_RANK\"])\n\n\n"
+        "def get_config(args):\n    update_config(args)\n    return args\n")
+    train = folder / "train.py"
+    text = train.read_text().replace("import utils\n", "import utils\nfrom config import get_config\n").replace(
+        '    parser.add_argument("--seed", default=0, type=int)\n',
+        '    parser.add_argument("--seed", default=0, type=int)\n    parser.add_argument("--arch", default="swin")\n'
+    ).replace(
+        "        model = torch.nn.parallel.DistributedDataParallel(model)\n",
+        "        model = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False) if \\\n"
+        "            args.arch == \"swin\" else torch.nn.parallel.DistributedDataParallel(model)\n").replace(
+        "    args = get_args_parser().parse_args()\n", "    args = get_config(get_args_parser().parse_args())\n")
+    train.write_text(text)
+
+
+def test_a_conditional_wrap_and_a_config_s_local_rank_train_every_rank_as_before(tmp_path):
+    """The research shape with Swin's config.py and iBOT's conditional wrap, both trees under
+    torchrun on 2 gloo processes (the kept ``int(os.environ["LOCAL_RANK"])`` needs a launcher
+    that sets it): each rank's losses and gradient norms equal, digit for digit."""
+    import re
+
+    import pytest
+
+    pytest.importorskip("torch")
+    pytest.importorskip("lightning")
+    from accelerate_rewrite.options import Options
+    from tests import processes
+
+    original, rewritten, result = _research_trees(tmp_path, Options.create(devices=2, accelerator="cpu"),
+                                                  shape=_swin_shape)
+    assert 'strategy=DDPStrategy(broadcast_buffers=False if args.arch == "swin" else True)' in result.output
+    assert 'int(os.environ["LOCAL_RANK"])' in (rewritten / "config.py").read_text()
+    runs = [processes.run_ranks(processes.torchrun("train.py"), folder) for folder in (original, rewritten)]
+    for done in runs:
+        assert done.returncode == 0, done.stderr[-3000:]
+    line = re.compile(r"\[rank (\d)\] epoch (\d+) step (\d+) loss (\d+\.\d{6}) norm (\d+\.\d{6})")
+    before, after = (sorted(line.findall(done.stdout)) for done in runs)
+    assert {rank for rank, *_ in before} == {"0", "1"} and len(before) == 32
+    assert after == before
 
 
 # ---- codemod/compat.py: a module other files import, changed compatibly -------------------------

@@ -177,10 +177,34 @@ class _Planner(Home, Loaders, Reach, Devices):
 
 
     def _before_fabric(self, node: cst.CSTNode) -> bool:
-        """``node`` is in a function that runs before Fabric exists (called at the top of the
-        program before the Fabric lines): what fails there fails at start-up."""
-        return any(id(a) in self.p.blocked for a in self.f.ancestors(node)
-                   if isinstance(a, (cst.FunctionDef, cst.ClassDef)))
+        """``node`` is in a function that runs before Fabric exists (the program's top level
+        calls it, directly or through others, before the statement that creates Fabric): what
+        fails there fails at start-up."""
+        f, p = self.f, self.p
+        funcs = [a for a in f.ancestors(node) if isinstance(a, (cst.FunctionDef, cst.ClassDef))]
+        if any(id(a) in p.blocked for a in funcs):
+            return True
+        if not funcs or p.anchor is None:
+            return False
+        home = [a for a in [p.home, *f.ancestors(p.home)] if isinstance(a, (cst.FunctionDef, cst.ClassDef))] \
+            if isinstance(p.home, (cst.FunctionDef, cst.ClassDef)) else []
+        created = self._top_lines(home[-1]) if home else [f.line(p.anchor)]
+        reached = self._top_lines(funcs[-1])
+        return bool(created and reached) and min(reached) < min(created)
+
+    def _top_lines(self, func: cst.CSTNode, seen: frozenset = frozenset()) -> list[int]:
+        """The lines of the program's top level that call ``func`` (a top-level function or
+        class), directly or through other functions of the script."""
+        f = self.f
+        name = getattr(func, "name", None)
+        fn = f.functions.get(name.value) if isinstance(name, cst.Name) else None
+        if fn is None or fn.node is not func or id(func) in seen:
+            return []
+        lines: list[int] = []
+        for call in fn.calls:
+            outer = [a for a in f.ancestors(call) if isinstance(a, (cst.FunctionDef, cst.ClassDef))]
+            lines += self._top_lines(outer[-1], seen | {id(func)}) if outer else [f.line(call)]
+        return lines
 
     def _options_unbound(self) -> bool:
         """DistributedDataParallel's options read a name (``not args.no_ddp_bb``) that is not
