@@ -308,7 +308,8 @@ class _Finder:
         (keyword -> code), None after a problem."""
         f, d = self.f, self.d
         if not call.args or call.args[0].keyword not in (None,) and call.args[0].keyword.value != "module":
-            return None if self.problem(call, f"`{short(call)}`: no model to unwrap") else None
+            self.problem(call, f"`{short(call)}`: no model to unwrap")
+            return None
         options: dict[str, str] = {}
         for arg in call.args[1:]:
             key = arg.keyword.value if arg.keyword is not None else None
@@ -364,13 +365,8 @@ class _Finder:
                 if body != orelse:
                     d.option_names.extend(_names_read(f, test))
             options = [merged]
-        for key, given in options[0].items():
-            if d.ddp_options.get(key, given) != given:
-                return not self.problem(call, f"two models are wrapped with different `{key}=`: Fabric's strategy "
-                                              "gives every model the same options")
-        if d.wraps and set(options[0]) != set(d.ddp_options) and any(
-                options[0].get(k, DDP_DEFAULTS.get(k)) != d.ddp_options.get(k, DDP_DEFAULTS.get(k))
-                for k in {*options[0], *d.ddp_options}):
+        if d.wraps and any(options[0].get(k, DDP_DEFAULTS.get(k)) != d.ddp_options.get(k, DDP_DEFAULTS.get(k))
+                           for k in {*options[0], *d.ddp_options}):
             return not self.problem(call, "two models are wrapped with different options: Fabric's strategy gives "
                                           "every model the same options")
         d.ddp_options.update(options[0])

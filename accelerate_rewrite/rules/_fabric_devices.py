@@ -26,9 +26,9 @@ from accelerate_rewrite.codemod.facts import (
     unwrap_moves,
 )
 from accelerate_rewrite.codemod.hints import hints_of, loader_hint
-from accelerate_rewrite.rules._fabric_loaders import _distributed_batch_sampler
 from accelerate_rewrite.codemod.libraries import SHARDED_LOADER_FACTORIES
 from accelerate_rewrite.codemod.loops import data_source, drawing_loops, for_loops, is_counter
+from accelerate_rewrite.rules._fabric_loaders import distributed_batch_sampler
 from accelerate_rewrite.rules._half import low_casts, strip_half
 from accelerate_rewrite.options import MIXED_PRECISIONS
 from accelerate_rewrite.rules._fabric import MoveDecision, short
@@ -136,7 +136,7 @@ class Devices:
                 continue
             if p.ddp is not None and p.ddp.sharded(f, f.key_of(source)) is not None:
                 continue  # sharded by its own DistributedSampler
-            if any(_distributed_batch_sampler(f, b) is not None for b in f.bound_as(f.key_of(source), LOADER)):
+            if any(distributed_batch_sampler(f, b) is not None for b in f.bound_as(f.key_of(source), LOADER)):
                 continue  # by its own BatchSampler over a DistributedSampler (DETR's)
             bound = _binding_statements(f, source)
             if bound and all("per-process" in hints_of(b) for b in bound):

@@ -25,10 +25,11 @@ def _batch_sampler(loader: Binding) -> bool:
 
 
 def sampler_of(batch_sampler: cst.Call) -> cst.BaseExpression:
+    """The sampler a ``BatchSampler(sampler, ...)`` call draws from."""
     return batch_sampler.args[0].value
 
 
-def _distributed_batch_sampler(f: ScriptFacts, loader: Binding) -> Optional[cst.Call]:
+def distributed_batch_sampler(f: ScriptFacts, loader: Binding) -> Optional[cst.Call]:
     """``DataLoader(dataset, batch_sampler=batch_sampler_train)`` with ``batch_sampler_train =
     BatchSampler(sampler_train, ...)`` and ``sampler_train`` a DistributedSampler (on the path
     where the script runs distributed): the BatchSampler call."""
@@ -107,7 +108,7 @@ class Loaders:
                 continue
             role = loader_role(f, loader)
             evaluation = role == EVAL
-            sharded_by = _distributed_batch_sampler(f, loader)
+            sharded_by = distributed_batch_sampler(f, loader)
             if sharded_by is not None:
                 # DETR's ``BatchSampler(sampler_train, ...)`` over a DistributedSampler when
                 # distributed: each process draws its own batches already

@@ -175,7 +175,6 @@ class _Planner(Home, Loaders, Reach, Devices):
             return
         self._devices()
 
-
     def _before_fabric(self, node: cst.CSTNode) -> bool:
         """``node`` is in a function that runs before Fabric exists (the program's top level
         calls it, directly or through others, before the statement that creates Fabric): what
