@@ -7,8 +7,9 @@ becomes of every use of the device. The rules (AR101-AR111) turn these decisions
 none of them decides alone, so they agree with each other by construction.
 
 This module holds the plan (``FabricPlan``), what the rules import, and ``plan()``. The plan is
-made in rules/_fabric_plan.py (where Fabric is created, the set-ups), with two parts of its
-own: rules/_fabric_reach.py (where ``fabric`` is reached) and rules/_fabric_devices.py (what
+made in rules/_fabric_plan.py, with parts of its own: rules/_fabric_home.py (where Fabric is
+created), rules/_fabric_setups.py (the set-ups), rules/_fabric_loaders.py (which loaders),
+rules/_fabric_reach.py (where ``fabric`` is reached) and rules/_fabric_devices.py (what
 becomes of the device, which loops are sharded).
 """
 
