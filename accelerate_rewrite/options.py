@@ -57,8 +57,12 @@ FUNCTION_LAUNCH_STRATEGIES = frozenset({"ddp_spawn", "ddp_fork", "ddp_notebook",
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps", "tpu")
 
 #: How the rewrite speeds a script up: with Lightning Fabric, or with plain PyTorch (torch.autocast,
-#: torch.amp.GradScaler, a cast of the model) and no new dependency.
-BACKENDS = ("fabric", "torch")
+#: torch.amp.GradScaler, a cast of the model) and no new dependency, or with Hugging Face
+#: Accelerate (the Fabric plan, spelled in Accelerate's API: rules/_accelerate.py).
+BACKENDS = ("fabric", "torch", "accelerate")
+#: ``--precision`` -> ``Accelerator(mixed_precision=...)`` (accelerate 1.x); the others have no
+#: Accelerate equivalent
+ACCELERATE_PRECISIONS = {"32-true": "no", "16-mixed": "fp16", "bf16-mixed": "bf16"}
 #: Options that only Fabric can carry out (processes, strategies, accelerators).
 FABRIC_ONLY = ("devices", "strategy", "num_nodes", "accelerator")
 
@@ -138,6 +142,30 @@ def normalize_matmul_precision(value: str) -> str:
 
 def normalize_backend(value: str) -> str:
     return _one_of("backend", value, BACKENDS)
+
+
+def _accelerate_options(precision, devices, strategy, num_nodes, accelerator, accumulate) -> None:
+    """What ``--backend accelerate`` writes so far: one process (``accelerator.prepare`` of a
+    model for several wraps it in DistributedDataParallel, whose ``state_dict()`` and methods
+    differ from the module's, where Fabric's wrapper keeps them: not written yet), Accelerate's
+    mixed precisions. The rest is refused with the reason."""
+    if precision is not None and normalize_precision(precision) not in ACCELERATE_PRECISIONS:
+        raise OptionError(f"--precision {normalize_precision(precision)} has no Accelerate equivalent (it takes "
+                          + ", ".join(ACCELERATE_PRECISIONS) + "); use --backend fabric")
+    several = devices is not None and normalize_devices(devices) != 1
+    if several or (num_nodes is not None and normalize_num_nodes(num_nodes) != 1):
+        raise OptionError("--backend accelerate writes one process so far: several devices or nodes need "
+                          "--backend fabric (a model Accelerate prepares for several processes is wrapped in "
+                          "DistributedDataParallel, whose state_dict() and methods differ from the module's)")
+    if strategy is not None and normalize_strategy(strategy) not in ("auto", "ddp"):
+        raise OptionError(f"--strategy {normalize_strategy(strategy)}: --backend accelerate does not write "
+                          "Accelerate's FSDP or DeepSpeed plugins yet; use --backend fabric")
+    if accelerator is not None and normalize_accelerator(accelerator) not in ("auto", "cpu", "cuda", "gpu"):
+        raise OptionError(f"--accelerator {normalize_accelerator(accelerator)}: --backend accelerate takes "
+                          "auto, cpu, cuda or gpu")
+    if accumulate is not None:
+        raise OptionError("--accumulate: --backend accelerate does not write `accelerator.accumulate(model)` "
+                          "yet; use --backend fabric")
 
 
 def normalize_clip_grad_norm(value: Union[str, float]) -> float:
@@ -306,6 +334,8 @@ class Options:
                 flag = "--" + given[0].replace("_", "-")
                 raise OptionError(f"{flag} needs --backend fabric: the torch backend keeps the "
                                   "script's own single process and device")
+        if backend == "accelerate":
+            _accelerate_options(precision, devices, strategy, num_nodes, accelerator, accumulate)
         if keep_effective_batch and accumulate is None:
             raise OptionError("--keep-effective-batch needs --accumulate N: it divides the "
                               "DataLoader's batch_size by N")
@@ -372,8 +402,14 @@ class Options:
 
     @property
     def fabric(self) -> bool:
-        """The Fabric conversion is the backend (the default)."""
-        return self.backend == "fabric"
+        """The Fabric conversion's plan runs: the Fabric backend (the default), or Accelerate's,
+        which spells the same plan in Accelerate's API."""
+        return self.backend in ("fabric", "accelerate")
+
+    @property
+    def accelerate(self) -> bool:
+        """The plan is written for Hugging Face Accelerate (``--backend accelerate``)."""
+        return self.backend == "accelerate"
 
     @property
     def single_device(self) -> bool:

@@ -61,8 +61,8 @@ class DefaultGroup(click.Group):
 )
 @click.version_option(package_name="accelerate-rewrite", prog_name="accelerate-rewrite")
 def cli() -> None:
-    """Rewrite plain PyTorch training scripts into faster ones: Lightning Fabric, or native
-    mixed precision with --backend torch.
+    """Rewrite plain PyTorch training scripts into faster ones: Lightning Fabric, Hugging Face
+    Accelerate with --backend accelerate, or native mixed precision with --backend torch.
 
     PATH is a file or a folder (searched for *.py and *.ipynb, leaving out hidden folders,
     .venv, __pycache__, node_modules, build and dist); notebooks need the notebooks extra
@@ -157,7 +157,8 @@ def rewrite_command(
     launcher: Optional[str] = None,
 ) -> None:
     """Rewrite PATH... (files or folders) into Lightning Fabric scripts (or, with --backend
-    torch, plain PyTorch with native mixed precision).
+    accelerate, Hugging Face Accelerate's; with --backend torch, plain PyTorch with native mixed
+    precision).
 
     Without --write, -o or --check nothing is written: the diff goes to stdout (plain text
     that `git apply -p0` takes when piped), the summary to stderr.

@@ -58,9 +58,10 @@ def fabric_options(command):
             + " (or the aliases " + ", ".join(PRECISION_ALIASES) + ").",
         ),
         click.option(
-            "--backend", metavar="fabric|torch", shell_complete=_choices(BACKENDS),
-            help="How to speed the script up: fabric (Lightning Fabric, the default) or torch "
-                 "(plain PyTorch: torch.autocast, torch.amp.GradScaler; one process).",
+            "--backend", metavar="fabric|torch|accelerate", shell_complete=_choices(BACKENDS),
+            help="How to speed the script up: fabric (Lightning Fabric, the default), torch "
+                 "(plain PyTorch: torch.autocast, torch.amp.GradScaler; one process) or accelerate "
+                 "(Hugging Face Accelerate, from the same plan as fabric; one process so far).",
         ),
         click.option(
             "--devices", metavar="N|auto|0,1",

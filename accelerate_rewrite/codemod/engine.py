@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Protocol, Sequence
 
 import difflib
 import gc
@@ -38,6 +38,16 @@ from accelerate_rewrite.options import Options
 #: what AR105 says of a device parameter threaded into `fabric`, said again of a module changed
 #: compatibly (codemod/compat.py), where the parameter stays
 _THREADED = re.compile(r"parameter `(\w+)` became `fabric` \(its callers pass it\)")
+
+
+class Spelling(Protocol):
+    """How the rules' result is written for another target (rules/_accelerate.py)."""
+
+    def spell(self, options: Options, source: str, code: str) -> tuple[str, Optional[str]]:
+        """``code`` (a changed file, ``source`` its original) in the target's API, or why not."""
+
+    def said(self, message: str, code: str) -> str:
+        """A note's ``message`` said of the target's API (``code``: the file as written)."""
 
 
 class RewriteError(Exception):
@@ -182,6 +192,7 @@ def rewrite(
     check_idempotence: Optional[bool] = None,
     scope: Optional[Scope] = None,
     sources: Optional[dict[str, str]] = None,
+    spelling: Optional[Spelling] = None,
 ) -> Result:
     """The rewrite of the script ``source`` (its file ``path``) with ``rules``; ``catalogue``:
     every rule by code, for the prerequisites a selection leaves out (codemod/ knows no rule of
@@ -189,17 +200,19 @@ def rewrite(
     imports are analysed with it (codemod/project.py); ``scope`` says which of them may change
     (by default none: a conversion that needs them to is left out, and says so), and their
     results are ``result.members``. ``sources``: the text of some of them (by path), instead of
-    what is on disk."""
+    what is on disk. ``spelling``: how each changed file's text is written for another target
+    than the rules' own (rules/_accelerate.py: Fabric's API as Accelerate's)."""
     scope = scope if scope is not None else Scope()
     with fewer_collections():
-        result = _rewrite(source, options, path=path, rules=rules, catalogue=catalogue, scope=scope, sources=sources)
+        result = _rewrite(source, options, path=path, rules=rules, catalogue=catalogue, scope=scope, sources=sources,
+                          spelling=spelling)
     if check_idempotence is None:
         check_idempotence = os.environ.get(IDEMPOTENCE_ENV, "") == "1"
     changed = result.changed or any(m.changed for m in result.members)
     if check_idempotence and changed and source.count("\n") < IDEMPOTENCE_MAX_LINES:
         outputs = {**(sources or {}), **{m.path: m.output for m in result.members}}
         again = _rewrite(result.output, options, path=path, rules=rules, catalogue=catalogue, scope=scope,
-                         sources=outputs)
+                         sources=outputs, spelling=spelling)
         pairs = [(path, result.output, again.output)] + [
             (m.path, m.output, n.output) for m in result.members for n in again.members if n.path == m.path]
         for where, first, second in pairs:
@@ -268,6 +281,7 @@ def _rewrite(
     catalogue: Mapping[str, Rule],
     scope: Optional[Scope] = None,
     sources: Optional[dict[str, str]] = None,
+    spelling: Optional[Spelling] = None,
 ) -> Result:
     project = _project(source, path, scope, sources) if scope is not None else None
     unfollowed = project.unfollowed if project is not None else []
@@ -418,6 +432,12 @@ def _rewrite(
                 moved = calls_by_keyword(head_code, spelled)
                 if moved != head_code:
                     heads[unit.index], splices[unit.index] = moved, None
+            if spelling is not None and heads[unit.index] != unit.head:
+                spelled, why = spelling.spell(options, unit.source, heads[unit.index])
+                if why is not None:
+                    refused[unit.index] = why
+                else:
+                    heads[unit.index], splices[unit.index] = spelled, None
             outputs.append(heads[unit.index] + unit.tail)
         for unit in units:
             head_code, splice, code = heads[unit.index], splices[unit.index], outputs[unit.index]
@@ -504,6 +524,11 @@ def _rewrite(
                 Note("comment", line, f"the comment `{text}` went with the statement it stood over, which the "
                                       "rewrite removed", kind=Kind.SAFE)
                 for line, text in removed_in(unit, outputs[unit.index], splices.get(unit.index))]
+    if spelling is not None:  # the notes of a file it wrote say what was written
+        for unit in units:
+            if outputs[unit.index] != unit.source:
+                per_unit[unit.index] = [replace(n, message=spelling.said(n.message, outputs[unit.index]))
+                                        for n in per_unit[unit.index]]
     for i, notes in enumerate(per_unit):  # one note a place: a rule may reach a line twice
         per_unit[i] = sorted(dict.fromkeys(notes), key=lambda n: (n.line, n.rule))
     result.notes = per_unit[0]

@@ -151,6 +151,13 @@ class FabricCheckpoint(FabricRule):
         p = plan(f, ctx.options)
         if p.refusal is not None:
             return
+        if ctx.options.accelerate:
+            # one process (--backend accelerate, rules/_accelerate.py): ``prepare`` returns the
+            # module itself, so torch's save and load of its state dict stay right as they are
+            for site in [*f.calls_to(*TORCH_SAVE), *f.calls_to("torch.load", "torch.serialization.load")]:
+                ctx.skip(site.call, f"`{code(site.call.func)}` kept: with one process Accelerate's `prepare` "
+                                    "returns the model itself, so its state dict is the one the original wrote")
+            return
         sharded = (ctx.options.strategy or "").startswith(("fsdp", "deepspeed"))
         for site in f.calls_to(*TORCH_SAVE):
             call = site.call

@@ -1,0 +1,317 @@
+"""``--backend accelerate``: the Fabric plan, spelled in Hugging Face Accelerate's API.
+
+The Fabric rules decide and record their edits as for ``--backend fabric``, from the same
+facts and plan (where set-up goes, which model and optimizer train, what runs on rank 0); the
+engine hands each changed file's text here (``spell``), and its Fabric calls are written as
+Accelerate's (accelerate 1.15, read in accelerate/accelerator.py):
+
+=====================================  ==============================================
+Fabric                                 Accelerate
+=====================================  ==============================================
+``Fabric(precision="bf16-mixed")``     ``Accelerator(mixed_precision="bf16")``
+``fabric.launch()``                    (nothing: ``python train.py`` or ``accelerate launch``)
+``fabric.launch(fn, *args)``           ``fn(accelerator, *args)``
+``fabric.setup(model, optimizer)``     ``accelerator.prepare(model, optimizer)``
+``fabric.setup_module / _optimizers``  ``accelerator.prepare``
+``fabric.setup_dataloaders(a, b)``     ``accelerator.prepare(a, b)``
+``fabric.backward(loss)``              ``accelerator.backward(loss)``
+``fabric.clip_gradients(m, o, max_norm=x)``  ``accelerator.clip_grad_norm_(m.parameters(), x)``
+``fabric.is_global_zero``, ``global_rank``, ``local_rank``, ``world_size``
+                                       ``is_main_process``, ``process_index``,
+                                       ``local_process_index``, ``num_processes``
+``fabric.barrier()``                   ``accelerator.wait_for_everyone()``
+``fabric.all_reduce(t, reduce_op=r)``  ``accelerator.reduce(t, reduction=r)``
+``fabric.rank_zero_first()``           ``accelerator.main_process_first()``
+``model.mark_forward_method(...)``     (nothing: one process leaves the model unwrapped)
+=====================================  ==============================================
+
+So far it writes one process (options.py refuses several): Accelerate's ``prepare`` of a
+model for several processes wraps it in DistributedDataParallel, whose ``state_dict()`` keys
+and methods differ from the module's, where Fabric's wrapper keeps them; that needs the plan to
+say where the module is read, not a spelling. Fabric's ``save`` / ``load`` of a state with
+modules in it has no Accelerate equivalent: a file that would need it is refused here, so the
+engine leaves the checkpoint rule out (the script's own ``torch.save`` of ``state_dict()``
+stays right with one process). Anything else without an equivalent is refused with its name.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Optional, Union
+
+import libcst as cst
+import libcst.matchers as m
+
+from accelerate_rewrite.options import ACCELERATE_PRECISIONS, Options
+
+NAME = "accelerator"
+#: Fabric's attributes -> Accelerate's (the same where absent from both maps)
+_RENAMED = {
+    "setup": "prepare", "setup_module": "prepare", "setup_optimizers": "prepare", "setup_dataloaders": "prepare",
+    "is_global_zero": "is_main_process", "global_rank": "process_index", "local_rank": "local_process_index",
+    "world_size": "num_processes", "barrier": "wait_for_everyone", "all_reduce": "reduce",
+    "rank_zero_first": "main_process_first",
+}
+_SAME = {"backward", "print", "device"}
+#: keywords of Fabric's calls that one process makes no matter of
+_IGNORED_KEYWORDS = {"setup_dataloaders": {"use_distributed_sampler"}}
+
+
+_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+
+
+class _Untranslatable(Exception):
+    pass
+
+
+def _is_fabric(node: cst.CSTNode) -> bool:
+    return m.matches(node, m.Name("fabric") | m.Attribute(value=m.Name("self"), attr=m.Name("fabric")))
+
+
+def _accelerator_call(fabric: cst.Call) -> cst.Call:
+    """``Fabric(accelerator="cpu", devices=1, precision="bf16-mixed")`` ->
+    ``Accelerator(cpu=True, mixed_precision="bf16")``."""
+    args: list[cst.Arg] = []
+    for arg in fabric.args:
+        key = arg.keyword.value if arg.keyword is not None else None
+        value = arg.value
+        literal = value.evaluated_value if isinstance(value, cst.SimpleString) else None
+        if key == "devices" and m.matches(value, m.Integer("1")):
+            continue
+        if key == "accelerator" and literal in ("auto", "cuda", "gpu"):
+            continue
+        if key == "accelerator" and literal == "cpu":
+            args.append(cst.Arg(keyword=cst.Name("cpu"), value=cst.Name("True"), equal=_EQUAL))
+            continue
+        if key == "strategy" and literal in ("auto", "ddp"):
+            continue
+        if key == "precision" and literal in ACCELERATE_PRECISIONS:
+            if ACCELERATE_PRECISIONS[literal] != "no":
+                args.append(cst.Arg(keyword=cst.Name("mixed_precision"), equal=_EQUAL,
+                                    value=cst.SimpleString(f'"{ACCELERATE_PRECISIONS[literal]}"')))
+            continue
+        raise _Untranslatable(f"`{key}={cst.Module([]).code_for_node(value)}` of Fabric(...) has no "
+                              "Accelerate equivalent written yet")
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    return cst.Call(func=cst.Name("Accelerator"), args=[a.with_changes(comma=comma if i < len(args) - 1 else
+                                                                       cst.MaybeSentinel.DEFAULT)
+                                                        for i, a in enumerate(args)])
+
+
+class _Spell(cst.CSTTransformer):
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def _fail(self, why: str) -> None:
+        if why not in self.problems:
+            self.problems.append(why)
+
+    # -- imports --
+    def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom
+                         ) -> Union[cst.ImportFrom, cst.RemovalSentinel]:
+        module = cst.Module([]).code_for_node(original.module) if original.module is not None else ""
+        if module in ("lightning.fabric", "lightning_fabric", "lightning.fabric.strategies",
+                      "lightning_fabric.strategies"):
+            names = [] if isinstance(updated.names, cst.ImportStar) else [a.name.value for a in updated.names
+                                                                           if isinstance(a.name, cst.Name)]
+            if names == ["Fabric"]:
+                return updated.with_changes(module=cst.Name("accelerate"),
+                                            names=[cst.ImportAlias(name=cst.Name("Accelerator"))])
+            if names == ["DDPStrategy"]:
+                return cst.RemoveFromParent()
+            self._fail(f"`from {module} import ...` has no Accelerate equivalent written yet")
+            return original
+        return updated
+
+    # -- names --
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
+        return updated.with_changes(value=NAME) if updated.value == "fabric" else updated
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        if m.matches(updated, m.Attribute(value=m.Name("self"), attr=m.Name(NAME))):
+            return updated
+        if _is_fabric(original.value) or m.matches(updated.value, m.Name(NAME) | m.Attribute(
+                value=m.Name("self"), attr=m.Name(NAME))):
+            attr = updated.attr.value
+            if attr in _RENAMED:
+                return updated.with_changes(attr=cst.Name(_RENAMED[attr]))
+            if attr not in _SAME and attr not in ("launch", "clip_gradients"):
+                self._fail(f"`fabric.{attr}` has no Accelerate equivalent written yet")
+        return updated
+
+    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+        if updated.keyword is not None and updated.keyword.value == "fabric":
+            return updated.with_changes(keyword=cst.Name(NAME))
+        return updated
+
+    # -- calls --
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if m.matches(original.func, m.Name("Fabric")):
+            try:
+                return _accelerator_call(original)
+            except _Untranslatable as exc:
+                self._fail(str(exc))
+                return updated
+        if m.matches(original.func, m.Name("DDPStrategy")):
+            return updated  # gone with the Fabric(...) call around it (one process)
+        func = original.func
+        if not (isinstance(func, cst.Attribute) and _is_fabric(func.value)):
+            return updated
+        attr = func.attr.value
+        new_func = updated.func
+        assert isinstance(new_func, cst.Attribute)
+        if attr in _IGNORED_KEYWORDS:
+            updated = updated.with_changes(args=_without(updated.args, _IGNORED_KEYWORDS[attr]))
+        if attr in ("setup", "setup_module", "setup_optimizers", "setup_dataloaders", "backward", "print",
+                    "barrier", "rank_zero_first"):
+            # ``backward``'s keywords go to ``loss.backward`` in both (``retain_graph=True``), but
+            # Fabric's ``model=`` (DeepSpeed's engine)
+            passed = ("print",) if attr == "print" else ()
+            if attr not in passed and any(a.keyword is not None and (attr != "backward" or a.keyword.value == "model")
+                                          for a in updated.args):
+                self._fail(f"`fabric.{attr}(..., {_keywords(updated)})` has no Accelerate equivalent written yet")
+            return updated
+        if attr == "all_reduce":
+            args = [a.with_changes(keyword=cst.Name("reduction")) if a.keyword is not None
+                    and a.keyword.value == "reduce_op" else a for a in updated.args]
+            if any(a.keyword is not None and a.keyword.value not in ("reduction",) for a in args):
+                self._fail(f"`fabric.all_reduce(..., {_keywords(updated)})` has no Accelerate equivalent written yet")
+            return updated.with_changes(args=args)
+        if attr == "clip_gradients":
+            return self._clip(updated, new_func)
+        if attr == "launch":
+            if not updated.args:
+                return updated  # the statement goes (leave_SimpleStatementLine)
+            target, rest = updated.args[0], list(updated.args[1:])
+            return cst.Call(func=target.value, args=[cst.Arg(value=new_func.value, comma=cst.Comma(
+                whitespace_after=cst.SimpleWhitespace(" ")) if rest else cst.MaybeSentinel.DEFAULT), *rest])
+        return updated  # what has no equivalent is said by leave_Attribute
+
+    def _clip(self, call: cst.Call, func: cst.Attribute) -> cst.Call:
+        """``fabric.clip_gradients(model, optimizer, max_norm=x)`` ->
+        ``accelerator.clip_grad_norm_(model.parameters(), x)`` (``clip_val=``: ``clip_grad_value_``)."""
+        positional = [a for a in call.args if a.keyword is None]
+        keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+        module = positional[0].value if positional else keywords.get("module")
+        if "error_if_nonfinite" in keywords and m.matches(keywords["error_if_nonfinite"], m.Name("False")):
+            del keywords["error_if_nonfinite"]  # torch's clip_grad_norm_'s own default, which Accelerate's calls
+        if module is None or set(keywords) - {"module", "optimizer", "max_norm", "clip_val", "norm_type"} \
+                or len(positional) > 2 or ("max_norm" in keywords) == ("clip_val" in keywords):
+            self._fail(f"`fabric.clip_gradients(...)` with {_keywords(call) or 'these arguments'} has no "
+                       "Accelerate equivalent written yet")
+            return call
+        params = cst.Call(func=cst.Attribute(value=module, attr=cst.Name("parameters")))
+        comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        if "max_norm" in keywords:
+            args = [cst.Arg(params, comma=comma), cst.Arg(keywords["max_norm"])]
+            if "norm_type" in keywords:
+                args = [args[0], args[1].with_changes(comma=comma),
+                        cst.Arg(keywords["norm_type"], keyword=cst.Name("norm_type"), equal=_EQUAL)]
+            return call.with_changes(func=func.with_changes(attr=cst.Name("clip_grad_norm_")), args=args)
+        return call.with_changes(func=func.with_changes(attr=cst.Name("clip_grad_value_")),
+                                 args=[cst.Arg(params, comma=comma), cst.Arg(keywords["clip_val"])])
+
+    # -- statements that go --
+    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+                                  ) -> Union[cst.SimpleStatementLine, cst.RemovalSentinel]:
+        if len(original.body) == 1 and isinstance(original.body[0], cst.Expr):
+            call = original.body[0].value
+            if isinstance(call, cst.Call) and not call.args and m.matches(
+                    call.func, m.Attribute(attr=m.Name("launch"))) and _is_fabric(call.func.value):
+                return cst.RemoveFromParent()  # one process: nothing to launch
+            if isinstance(call, cst.Call) and m.matches(call.func, m.Attribute(attr=m.Name("mark_forward_method"))):
+                return cst.RemoveFromParent()  # one process: the prepared model is the module itself
+        return updated
+
+
+def _without(args, keywords: set[str]) -> list[cst.Arg]:
+    kept = [a for a in args if a.keyword is None or a.keyword.value not in keywords]
+    if kept and len(kept) != len(args):
+        kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return kept
+
+
+def _keywords(call: cst.Call) -> str:
+    return ", ".join(f"{a.keyword.value}=" for a in call.args if a.keyword is not None)
+
+
+def own_name(source: str) -> bool:
+    """The script binds or reads a name ``accelerator`` of its own (the spelling would take it)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return True
+    return any(isinstance(n, ast.Name) and n.id == NAME or isinstance(n, ast.arg) and n.arg == NAME
+               or isinstance(n, ast.alias) and (n.asname or n.name) == NAME for n in ast.walk(tree))
+
+
+def spell(options: Options, source: str, code: str) -> tuple[str, Optional[str]]:
+    """The text ``code`` (a file the Fabric rules changed; ``source`` its original) in
+    Accelerate's API, or why it can't be (then the engine leaves the rule that needs it out)."""
+    if options.many_devices:
+        return code, ("--backend accelerate writes one process so far: this script runs several (a model "
+                      "Accelerate prepares for several is wrapped in DistributedDataParallel)")
+    if own_name(source):
+        return code, "the script has a name `accelerator` of its own, which Accelerate's object would take"
+    try:
+        module = cst.parse_module(code)
+    except cst.ParserSyntaxError as exc:  # the engine's checks say what is wrong with it
+        return code, f"the result does not parse ({exc})"
+    speller = _Spell()
+    new = module.visit(speller)
+    if speller.problems:
+        return code, "; ".join(speller.problems)
+    return new.code, None
+
+
+#: what the notes say of Fabric's API, as Accelerate's
+_SAID = [
+    (re.compile(r"`fabric = Fabric\([^`]*\)`(?: and launched it)?"), None),
+    (re.compile(r'Fabric\(accelerator="cpu"\)'), "Accelerator(cpu=True)"),
+    (re.compile(r"LT_ACCELERATOR=cpu"), "ACCELERATE_USE_CPU=1"),
+    (re.compile(r"fabric\.setup_dataloaders\b"), "accelerator.prepare"),
+    (re.compile(r"fabric\.setup_module\b"), "accelerator.prepare"),
+    (re.compile(r"fabric\.setup_optimizers\b"), "accelerator.prepare"),
+    (re.compile(r"fabric\.setup\b"), "accelerator.prepare"),
+    (re.compile(r"fabric\.clip_gradients\b"), "accelerator.clip_grad_norm_"),
+    (re.compile(r"fabric\.barrier\b"), "accelerator.wait_for_everyone"),
+    (re.compile(r"fabric\.is_global_zero\b"), "accelerator.is_main_process"),
+    (re.compile(r"fabric\.global_rank\b"), "accelerator.process_index"),
+    (re.compile(r"fabric\.local_rank\b"), "accelerator.local_process_index"),
+    (re.compile(r"fabric\.world_size\b"), "accelerator.num_processes"),
+    (re.compile(r"fabric\.all_reduce\b"), "accelerator.reduce"),
+    (re.compile(r"fabric\.rank_zero_first\b"), "accelerator.main_process_first"),
+    (re.compile(r"\bfabric\b"), NAME),
+    (re.compile(r"(?<!Lightning )\bFabric's\b"), "Accelerate's"),
+    (re.compile(r"(?<!Lightning )\bFabric\b"), "Accelerate"),
+]
+
+
+def said(message: str, created: Optional[str]) -> str:
+    """A note's ``message`` about the Fabric rules' edit, said of Accelerate's spelling;
+    ``created``: the ``accelerator = Accelerator(...)`` line the file got."""
+    if created is None:
+        message = _SAID[0][0].sub("`accelerator = Accelerator(...)`", message)
+    for pattern, new in _SAID:
+        message = pattern.sub(f"`{created}`" if new is None and created else (new or "`accelerator`"), message)
+    return message
+
+
+def created_line(code: str) -> Optional[str]:
+    """The ``accelerator = Accelerator(...)`` statement of a spelled file."""
+    match = re.search(rf"^\s*({NAME} = Accelerator\(.*\))\s*$", code, re.M)
+    return match.group(1) if match else None
+
+
+class AccelerateSpelling:
+    """The engine's ``Spelling`` (codemod/engine.py) for ``--backend accelerate``."""
+
+    def spell(self, options: Options, source: str, code: str) -> tuple[str, Optional[str]]:
+        return spell(options, source, code)
+
+    def said(self, message: str, code: str) -> str:
+        return said(message, created_line(code))
+
+
+SPELLING = AccelerateSpelling()
