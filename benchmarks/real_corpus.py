@@ -28,6 +28,9 @@ For each script:
 
    - **fabric** (the headline): ``accelerate-rewrite SCRIPT --precision bf16-mixed --devices 4``
    - **torch**: ``accelerate-rewrite SCRIPT --backend torch --precision bf16-mixed``
+   - **accelerate**: ``accelerate-rewrite SCRIPT --backend accelerate --precision bf16-mixed``
+     (Hugging Face Accelerate from the Fabric plan; one process so far, so scripts that run
+     several are refused)
 
    each with ``--format json --no-cache -j 1``: first the preview (nothing written; its json
    records, one per file of the project the script touches, give the verdict), then the same
@@ -36,8 +39,8 @@ For each script:
    When a record's ``dropped`` says a rule needed ``--follow-imports`` (the rewrite would change
    a sibling module not named), the same three runs are made again with ``--follow-imports``,
    and the table gives that verdict beside the headline one (the counts are the headline's).
-3. Verdict of a run: **converted** (fabric: a record's rules hold AR101, the Fabric conversion;
-   torch: AR207, native autocast), **partial** (some rule changed a file, not that one),
+3. Verdict of a run: **converted** (fabric and accelerate: a record's rules hold AR101, the
+   conversion; torch: AR207, native autocast), **partial** (some rule changed a file, not that one),
    **refused** (nothing changed), **error** (exit status 2, a record with an error, output that
    isn't json, or a timeout). For partial and refused, the reason is the first place left alone
    by the conversion's rule (AR101; then the other AR1xx; torch: AR207, then AR2xx), else the
@@ -96,7 +99,11 @@ REASON_CHARS = 120
 OPTION_SETS: dict[str, tuple[list[str], str, str]] = {
     "fabric": (["--precision", "bf16-mixed", "--devices", "4"], "AR101", "AR1"),
     "torch": (["--backend", "torch", "--precision", "bf16-mixed"], "AR207", "AR2"),
+    "accelerate": (["--backend", "accelerate", "--precision", "bf16-mixed"], "AR101", "AR1"),
 }
+#: each option set's column, in the document and on stdout
+HEADINGS = {"fabric": "fabric (headline)", "torch": "torch backend", "accelerate": "accelerate backend"}
+PLAIN_HEADINGS = {"fabric": "fabric (headline)", "torch": "torch", "accelerate": "accelerate"}
 COMMON = ["--format", "json", "--no-cache", "-j", "1"]
 FOLLOW = "--follow-imports"
 
@@ -510,14 +517,15 @@ def markdown_section(label: str, meta: dict, results: list[dict]) -> str:
     lines += ["", "### Per script", "",
               "Checks of the files each `--write` changed: parses, no new undefined name (pyflakes), a second run "
               "changes nothing (`ok`; `–`: nothing changed).", "",
-              "| repo | script | family | fabric (headline) | torch backend | checks (fabric / torch) |",
-              "| --- | --- | --- | --- | --- | --- |"]
+              "| repo | script | family | " + " | ".join(HEADINGS[n] for n in OPTION_SETS)
+              + f" | checks ({' / '.join(OPTION_SETS)}) |",
+              "| --- | --- | --- | " + " | ".join("---" for _ in OPTION_SETS) + " | --- |"]
     for r in results:
-        e, f, t = r["entry"], r["fabric"], r["torch"]
+        e, outcomes = r["entry"], [r[name] for name in OPTION_SETS]
         checks = " / ".join(checks_text(o) + (f" (with --follow-imports: {checks_text(o.follow)})" if o.follow else "")
-                            for o in (f, t))
-        lines.append(f"| {e.repo} | {cell(e.script)} | {cell(e.family)} | {cell(verdict_cell(f, True))} | "
-                     f"{cell(verdict_cell(t, True))} | {cell(checks)} |")
+                            for o in outcomes)
+        lines.append(f"| {e.repo} | {cell(e.script)} | {cell(e.family)} | "
+                     + " | ".join(cell(verdict_cell(o, True)) for o in outcomes) + f" | {cell(checks)} |")
     problems = [(name, e, c) for name in OPTION_SETS for e, c in s[name]["problems"]]
     errors = [(name, r["entry"], r[name].reason) for name in OPTION_SETS for r in results
               if r[name].verdict == "error"]
@@ -588,18 +596,18 @@ def update_document(path: Path, label: str, section: str) -> None:
 
 
 def plain_table(results: list[dict]) -> str:
-    rows = [("script", "fabric (headline)", "torch", "checks")]
+    rows = [("script", *(PLAIN_HEADINGS[n] for n in OPTION_SETS), "checks")]
     for r in results:
-        e = r["entry"]
-        f, t = r["fabric"], r["torch"]
-        fv, tv = (o.verdict + (f" (follow-imports: {o.follow.verdict})" if o.follow else "") for o in (f, t))
+        e, outcomes = r["entry"], [r[name] for name in OPTION_SETS]
+        verdicts = (o.verdict + (f" (follow-imports: {o.follow.verdict})" if o.follow else "") for o in outcomes)
         checks = " / ".join(checks_text(o) + (f" (follow-imports: {checks_text(o.follow)})" if o.follow else "")
-                            for o in (f, t))
-        rows.append((f"{e.repo.split('/')[1]}/{e.script}", fv, tv, checks))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+                            for o in outcomes)
+        rows.append((f"{e.repo.split('/')[1]}/{e.script}", *verdicts, checks))
+    last = len(rows[0]) - 1
+    widths = [max(len(row[i]) for row in rows) for i in range(last)]
     out = []
     for row in rows:
-        out.append("  ".join(row[i].ljust(widths[i]) for i in range(3)) + "  " + row[3])
+        out.append("  ".join(row[i].ljust(widths[i]) for i in range(last)) + "  " + row[last])
     n = len(results)
     s = summary(results)
     out.append("")
@@ -683,10 +691,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     shutil.rmtree(f"{work}-follow", ignore_errors=True)
                 result[name] = outcome
             results.append(result)
-            f, t = result["fabric"], result["torch"]
-            log(f"[{i}/{len(entries)}] {entry.repo} {entry.script}: fabric {f.verdict}"
-                + (f" (follow-imports: {f.follow.verdict})" if f.follow else "")
-                + f", torch {t.verdict}" + (f" (follow-imports: {t.follow.verdict})" if t.follow else "")
+            log(f"[{i}/{len(entries)}] {entry.repo} {entry.script}: " + ", ".join(
+                f"{name} {o.verdict}" + (f" (follow-imports: {o.follow.verdict})" if o.follow else "")
+                for name, o in result.items() if name in OPTION_SETS)
                 + f" ({time.perf_counter() - started:.0f} s)")
     finally:
         if not args.keep:

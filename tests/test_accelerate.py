@@ -170,3 +170,12 @@ def test_an_accelerate_rewrite_at_bf16_passes_and_a_planted_bug_fails(fixture_co
     buggy.write_text(good.replace("lr=2e-3", "lr=2.2e-3", 1), encoding="utf-8")
     bad = verify(path, options, against=buggy, **RUN)
     assert bad.verdict.verdict == "fail", bad.verdict.reason
+
+
+def test_verify_on_several_processes_is_refused_before_anything_runs(tmp_path):
+    from accelerate_rewrite.verify.session import VerifyError, verify
+
+    script = tmp_path / "train.py"
+    script.write_text((FIXTURES / "gan" / "input.py").read_text(encoding="utf-8"), encoding="utf-8")
+    with pytest.raises(VerifyError, match="--backend accelerate writes one process so far"):
+        verify(script, Options.create(backend="accelerate"), run_devices=2)

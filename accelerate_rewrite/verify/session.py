@@ -237,6 +237,9 @@ def verify(
         source = read_source(script)
     except SourceError as exc:
         raise VerifyError(str(exc)) from None
+    if options.accelerate and run_devices not in (None, 1):
+        raise VerifyError("--run-devices: --backend accelerate writes one process so far (several need "
+                          "--backend fabric)")
     notes: list[str] = []
     rule_kinds: list[str] = []
     structure_kinds: set[str] = set()
