@@ -43,6 +43,10 @@ def run_lines(script: str, options: Options) -> list[str]:
     devices = _devices(options)
     per_node = f"{devices} processes" if devices else "one process per device"
     name = shlex.quote(script)
+    if options.accelerate:  # one node (options.py): Accelerate's launcher starts the processes
+        n = devices if devices else "N"
+        return [f"run it: accelerate launch --num_processes {n} {name} (or torchrun --nproc-per-node={n} {name}; "
+                f"`python {name}` runs one process)"]
     if nodes == 1:
         return [f"run it: python {name} (fabric.launch() starts the {per_node} on this machine)"]
     d = devices if devices else "D"

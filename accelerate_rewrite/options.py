@@ -145,18 +145,14 @@ def normalize_backend(value: str) -> str:
 
 
 def _accelerate_options(precision, devices, strategy, num_nodes, accelerator, accumulate) -> None:
-    """What ``--backend accelerate`` writes so far: one process (``accelerator.prepare`` of a
-    model for several wraps it in DistributedDataParallel, whose ``state_dict()`` and methods
-    differ from the module's, where Fabric's wrapper keeps them: not written yet), Accelerate's
-    mixed precisions. The rest is refused with the reason."""
+    """What ``--backend accelerate`` writes so far: one node, DDP (Accelerate's default),
+    Accelerate's mixed precisions. The rest is refused with the reason."""
     if precision is not None and normalize_precision(precision) not in ACCELERATE_PRECISIONS:
         raise OptionError(f"--precision {normalize_precision(precision)} has no Accelerate equivalent (it takes "
                           + ", ".join(ACCELERATE_PRECISIONS) + "); use --backend fabric")
-    several = devices is not None and normalize_devices(devices) != 1
-    if several or (num_nodes is not None and normalize_num_nodes(num_nodes) != 1):
-        raise OptionError("--backend accelerate writes one process so far: several devices or nodes need "
-                          "--backend fabric (a model Accelerate prepares for several processes is wrapped in "
-                          "DistributedDataParallel, whose state_dict() and methods differ from the module's)")
+    if num_nodes is not None and normalize_num_nodes(num_nodes) != 1:
+        raise OptionError("--num-nodes: --backend accelerate writes one node so far (accelerate launch's "
+                          "multi-node lines are not written yet); use --backend fabric")
     if strategy is not None and normalize_strategy(strategy) not in ("auto", "ddp"):
         raise OptionError(f"--strategy {normalize_strategy(strategy)}: --backend accelerate does not write "
                           "Accelerate's FSDP or DeepSpeed plugins yet; use --backend fabric")

@@ -80,7 +80,8 @@ def numerics(result: "Result", options: Options) -> str:
         if note.rule == "AR101":  # the precision the written Fabric(...) sets, if any
             written = re.search(r'precision="([^"]+)"', note.message)
             if note.kind is Kind.APPROXIMATE and written:
-                by_kind.setdefault(Kind.APPROXIMATE, []).insert(0, f"Fabric at {written.group(1)}")
+                by_kind.setdefault(Kind.APPROXIMATE, []).insert(
+                    0, f"{'Accelerate' if options.accelerate else 'Fabric'} at {written.group(1)}")
             continue
         codes = by_kind.setdefault(note.kind_with(options), [])
         if note.rule not in codes:

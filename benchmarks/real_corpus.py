@@ -28,9 +28,8 @@ For each script:
 
    - **fabric** (the headline): ``accelerate-rewrite SCRIPT --precision bf16-mixed --devices 4``
    - **torch**: ``accelerate-rewrite SCRIPT --backend torch --precision bf16-mixed``
-   - **accelerate**: ``accelerate-rewrite SCRIPT --backend accelerate --precision bf16-mixed``
-     (Hugging Face Accelerate from the Fabric plan; one process so far, so scripts that run
-     several are refused)
+   - **accelerate**: ``accelerate-rewrite SCRIPT --backend accelerate --precision bf16-mixed
+     --devices 4`` (the headline's plan, written in Hugging Face Accelerate's API)
 
    each with ``--format json --no-cache -j 1``: first the preview (nothing written; its json
    records, one per file of the project the script touches, give the verdict), then the same
@@ -99,7 +98,7 @@ REASON_CHARS = 120
 OPTION_SETS: dict[str, tuple[list[str], str, str]] = {
     "fabric": (["--precision", "bf16-mixed", "--devices", "4"], "AR101", "AR1"),
     "torch": (["--backend", "torch", "--precision", "bf16-mixed"], "AR207", "AR2"),
-    "accelerate": (["--backend", "accelerate", "--precision", "bf16-mixed"], "AR101", "AR1"),
+    "accelerate": (["--backend", "accelerate", "--precision", "bf16-mixed", "--devices", "4"], "AR101", "AR1"),
 }
 #: each option set's column, in the document and on stdout
 HEADINGS = {"fabric": "fabric (headline)", "torch": "torch backend", "accelerate": "accelerate backend"}

@@ -51,8 +51,9 @@ OPTION_SETS: dict[str, dict] = {
     "torch-8bit-compile-padding-hints": {"backend": "torch", "optimizer_8bit": True, "paged_optimizer": True,
                                          "compile": True, "dynamic_padding": True, "group_by_length": "all",
                                          "explicit": ("AR404",)},
-    # issue 47: the Fabric plan spelled in Hugging Face Accelerate's API (one process so far)
+    # issue 47: the Fabric plan spelled in Hugging Face Accelerate's API (one process, and two)
     "accelerate-bf16-mixed": {"backend": "accelerate", "precision": "bf16-mixed"},
+    "accelerate-bf16-mixed-devices-2": {"backend": "accelerate", "precision": "bf16-mixed", "devices": 2},
 }
 
 

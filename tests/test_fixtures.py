@@ -134,7 +134,7 @@ def test_every_note_that_leaves_a_place_alone_cites_the_code_at_its_line():
             if not found:
                 continue
             quoted = [s for s in re.findall(r"`([^`]+)`", found[3])
-                      if not re.match(r"(self\.)?fabric\b|Fabric\(", s)]
+                      if not re.match(r"(self\.)?(fabric|accelerator)\b|Fabric\(|Accelerator\(", s)]
             if not quoted:
                 continue
             checked += 1

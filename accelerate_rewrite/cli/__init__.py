@@ -229,6 +229,8 @@ def rewrite_command(
 
 def _sbatch(launcher: str, paths, output: Optional[str], options, mode):
     """(the batch file's path, its text) for --launcher slurm, checked before anything is rewritten."""
+    if options.accelerate:
+        _fail("--launcher slurm: --backend accelerate does not write its batch file yet (use --backend fabric)")
     from pathlib import Path
 
     from accelerate_rewrite.launch import sbatch_path, sbatch_text

@@ -61,7 +61,7 @@ def fabric_options(command):
             "--backend", metavar="fabric|torch|accelerate", shell_complete=_choices(BACKENDS),
             help="How to speed the script up: fabric (Lightning Fabric, the default), torch "
                  "(plain PyTorch: torch.autocast, torch.amp.GradScaler; one process) or accelerate "
-                 "(Hugging Face Accelerate, from the same plan as fabric; one process so far).",
+                 "(Hugging Face Accelerate, from the same plan as fabric; one node).",
         ),
         click.option(
             "--devices", metavar="N|auto|0,1",

@@ -22,16 +22,23 @@ Fabric                                 Accelerate
 ``fabric.barrier()``                   ``accelerator.wait_for_everyone()``
 ``fabric.all_reduce(t, reduce_op=r)``  ``accelerator.reduce(t, reduction=r)``
 ``fabric.rank_zero_first()``           ``accelerator.main_process_first()``
-``model.mark_forward_method(...)``     (nothing: one process leaves the model unwrapped)
+``model.mark_forward_method(...)``     (nothing on one process; refused on several)
+``model.state_dict()`` (several)       ``accelerator.unwrap_model(model).state_dict()``
 =====================================  ==============================================
 
-So far it writes one process (options.py refuses several): Accelerate's ``prepare`` of a
-model for several processes wraps it in DistributedDataParallel, whose ``state_dict()`` keys
-and methods differ from the module's, where Fabric's wrapper keeps them; that needs the plan to
-say where the module is read, not a spelling. Fabric's ``save`` / ``load`` of a state with
-modules in it has no Accelerate equivalent: a file that would need it is refused here, so the
-engine leaves the checkpoint rule out (the script's own ``torch.save`` of ``state_dict()``
-stays right with one process). Anything else without an equivalent is refused with its name.
+On several processes (one node: ``accelerate launch --num_processes N`` or torchrun starts
+them) the plan adds what Accelerate's wrapper needs: ``prepare`` returns the model wrapped in
+DistributedDataParallel, whose ``state_dict()`` keys, named parameters and attributes are not
+the module's (Fabric's wrapper keeps them), so every other read of the set-up model goes
+through ``accelerator.unwrap_model(model)`` (rules/_fabric_setups.py; a method of the model's
+own that runs it, or the model handed to code the analysis can't see, is refused); loaders
+that stay whole (evaluation, or sharded by their own DistributedSampler, which ``prepare``
+would shard again) are ``prepare_data_loader(loader, accelerator.device, num_processes=1,
+process_index=0, put_on_device=True)``; ``all_reduce`` of a Python number takes
+``torch.as_tensor`` first; a removed ``destroy_process_group()`` becomes
+``accelerator.end_training()``. Fabric's ``save`` / ``load`` of a state with modules in it has
+no Accelerate equivalent: torch's save stays, written by the main process
+(rules/fabric_checkpoint.py). Anything else without an equivalent is refused with its name.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ from typing import Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
 
 from accelerate_rewrite.options import ACCELERATE_PRECISIONS, Options
 
@@ -53,7 +62,7 @@ _RENAMED = {
     "world_size": "num_processes", "barrier": "wait_for_everyone", "all_reduce": "reduce",
     "rank_zero_first": "main_process_first",
 }
-_SAME = {"backward", "print", "device"}
+_SAME = {"backward", "print", "device", "unwrap_model", "end_training"}
 #: keywords of Fabric's calls that one process makes no matter of
 _IGNORED_KEYWORDS = {"setup_dataloaders": {"use_distributed_sampler"}}
 
@@ -69,22 +78,49 @@ def _is_fabric(node: cst.CSTNode) -> bool:
     return m.matches(node, m.Name("fabric") | m.Attribute(value=m.Name("self"), attr=m.Name("fabric")))
 
 
+def _strategy_options(value: cst.BaseExpression) -> Optional[list[cst.Arg]]:
+    """DistributedDataParallel's options that Fabric's ``strategy=`` carries, as keywords of
+    Accelerate's ``DistributedDataParallelKwargs`` ([] for none), or None where there is no
+    equivalent written."""
+    if isinstance(value, cst.SimpleString) and value.evaluated_value in ("auto", "ddp"):
+        return []
+    if isinstance(value, cst.SimpleString) and value.evaluated_value == "ddp_find_unused_parameters_true":
+        return [cst.Arg(cst.Name("True"), keyword=cst.Name("find_unused_parameters"), equal=_EQUAL)]
+    if isinstance(value, cst.IfExp):  # the script's own world: "ddp_find_unused_parameters_true" if ... else "auto"
+        sides = [_strategy_options(value.body), _strategy_options(value.orelse)]
+        # DDP's options go unused where there is one process
+        return None if None in sides else max(sides, key=len)
+    if isinstance(value, cst.Call) and m.matches(value.func, m.Name("DDPStrategy")) \
+            and all(a.keyword is not None for a in value.args):
+        return [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in value.args]
+    return None
+
+
 def _accelerator_call(fabric: cst.Call) -> cst.Call:
     """``Fabric(accelerator="cpu", devices=1, precision="bf16-mixed")`` ->
-    ``Accelerator(cpu=True, mixed_precision="bf16")``."""
+    ``Accelerator(cpu=True, mixed_precision="bf16")``. The devices go: ``accelerate launch
+    --num_processes N`` (or torchrun) starts the processes, and ``Accelerator()`` reads them."""
     args: list[cst.Arg] = []
     for arg in fabric.args:
         key = arg.keyword.value if arg.keyword is not None else None
         value = arg.value
         literal = value.evaluated_value if isinstance(value, cst.SimpleString) else None
-        if key == "devices" and m.matches(value, m.Integer("1")):
+        if key == "devices":
+            continue
+        if key == "strategy" and _strategy_options(value) is not None:
+            options = _strategy_options(value)
+            if options:
+                comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+                handler = cst.Call(func=cst.Name("DistributedDataParallelKwargs"),
+                                   args=[a.with_changes(comma=comma if i < len(options) - 1 else cst.MaybeSentinel.DEFAULT)
+                                         for i, a in enumerate(options)])
+                args.append(cst.Arg(cst.List([cst.Element(handler)]), keyword=cst.Name("kwargs_handlers"),
+                                    equal=_EQUAL))
             continue
         if key == "accelerator" and literal in ("auto", "cuda", "gpu"):
             continue
         if key == "accelerator" and literal == "cpu":
             args.append(cst.Arg(keyword=cst.Name("cpu"), value=cst.Name("True"), equal=_EQUAL))
-            continue
-        if key == "strategy" and literal in ("auto", "ddp"):
             continue
         if key == "precision" and literal in ACCELERATE_PRECISIONS:
             if ACCELERATE_PRECISIONS[literal] != "no":
@@ -100,8 +136,11 @@ def _accelerator_call(fabric: cst.Call) -> cst.Call:
 
 
 class _Spell(cst.CSTTransformer):
-    def __init__(self) -> None:
+    def __init__(self, several: bool) -> None:
         self.problems: list[str] = []
+        self.several = several  # several processes: evaluation loaders stay whole by other means
+        self.needs_torch = False
+        self.imports: list[tuple[str, str]] = []  # (module, name) the spelling reads
 
     def _fail(self, why: str) -> None:
         if why not in self.problems:
@@ -119,7 +158,8 @@ class _Spell(cst.CSTTransformer):
                 return updated.with_changes(module=cst.Name("accelerate"),
                                             names=[cst.ImportAlias(name=cst.Name("Accelerator"))])
             if names == ["DDPStrategy"]:
-                return cst.RemoveFromParent()
+                return updated.with_changes(module=cst.Attribute(cst.Name("accelerate"), cst.Name("utils")),
+                                            names=[cst.ImportAlias(name=cst.Name("DistributedDataParallelKwargs"))])
             self._fail(f"`from {module} import ...` has no Accelerate equivalent written yet")
             return original
         return updated
@@ -156,11 +196,17 @@ class _Spell(cst.CSTTransformer):
         if m.matches(original.func, m.Name("DDPStrategy")):
             return updated  # gone with the Fabric(...) call around it (one process)
         func = original.func
+        if m.matches(func, m.Attribute(value=m.Name("torch"), attr=m.Name("load"))):
+            return self._load(updated)
         if not (isinstance(func, cst.Attribute) and _is_fabric(func.value)):
             return updated
         attr = func.attr.value
         new_func = updated.func
         assert isinstance(new_func, cst.Attribute)
+        if attr == "setup_dataloaders" and self.several and any(
+                a.keyword is not None and a.keyword.value == "use_distributed_sampler"
+                and m.matches(a.value, m.Name("False")) for a in updated.args):
+            return self._whole(updated, new_func.value)
         if attr in _IGNORED_KEYWORDS:
             updated = updated.with_changes(args=_without(updated.args, _IGNORED_KEYWORDS[attr]))
         if attr in ("setup", "setup_module", "setup_optimizers", "setup_dataloaders", "backward", "print",
@@ -175,6 +221,10 @@ class _Spell(cst.CSTTransformer):
         if attr == "all_reduce":
             args = [a.with_changes(keyword=cst.Name("reduction")) if a.keyword is not None
                     and a.keyword.value == "reduce_op" else a for a in updated.args]
+            if args and args[0].keyword is None:  # Fabric takes Python numbers too, Accelerate tensors only
+                args[0] = args[0].with_changes(value=cst.parse_expression(
+                    f"torch.as_tensor({_code(args[0].value)}, device={_code(new_func.value)}.device)"))
+                self.needs_torch = True
             if any(a.keyword is not None and a.keyword.value not in ("reduction",) for a in args):
                 self._fail(f"`fabric.all_reduce(..., {_keywords(updated)})` has no Accelerate equivalent written yet")
             return updated.with_changes(args=args)
@@ -187,6 +237,39 @@ class _Spell(cst.CSTTransformer):
             return cst.Call(func=target.value, args=[cst.Arg(value=new_func.value, comma=cst.Comma(
                 whitespace_after=cst.SimpleWhitespace(" ")) if rest else cst.MaybeSentinel.DEFAULT), *rest])
         return updated  # what has no equivalent is said by leave_Attribute
+
+    @staticmethod
+    def _load(call: cst.Call) -> cst.Call:
+        """``torch.load(path, map_location=accelerator.device)``: Accelerate's device on several
+        CPU processes is ``cpu:0``, which torch.load can't map to (measured, accelerate 1.15,
+        torch 2.13): ``"cpu"`` there, the device elsewhere."""
+        args = []
+        for arg in call.args:
+            if arg.keyword is not None and arg.keyword.value == "map_location" and m.matches(
+                    arg.value, m.Attribute(value=m.Name(NAME) | m.Attribute(value=m.Name("self"), attr=m.Name(NAME)),
+                                           attr=m.Name("device"))):
+                device = _code(arg.value)
+                arg = arg.with_changes(value=cst.parse_expression(f'"cpu" if {device}.type == "cpu" else {device}'))
+            args.append(arg)
+        return call.with_changes(args=args)
+
+    def _whole(self, call: cst.Call, ref: cst.BaseExpression) -> cst.BaseExpression:
+        """``fabric.setup_dataloaders(a, b, use_distributed_sampler=False)`` on several processes:
+        each loader whole, its batches moved to the device, as Fabric's:
+        ``prepare_data_loader(a, accelerator.device, num_processes=1, process_index=0,
+        put_on_device=True)`` (accelerate.data_loader; ``prepare`` would shard it)."""
+        loaders = [a.value for a in call.args if a.keyword is None]
+        if len(loaders) != len(call.args) - 1:
+            self._fail(f"`fabric.setup_dataloaders(..., {_keywords(call)})` has no Accelerate equivalent written yet")
+            return call
+        self.imports.append(("accelerate.data_loader", "prepare_data_loader"))
+        made = [cst.parse_expression(f"prepare_data_loader({_code(x)}, {_code(ref)}.device, num_processes=1, "
+                                     "process_index=0, put_on_device=True)") for x in loaders]
+        if len(made) == 1:
+            return made[0]
+        comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        return cst.Tuple([cst.Element(x, comma=comma if i < len(made) - 1 else cst.MaybeSentinel.DEFAULT)
+                          for i, x in enumerate(made)])
 
     def _clip(self, call: cst.Call, func: cst.Attribute) -> cst.Call:
         """``fabric.clip_gradients(model, optimizer, max_norm=x)`` ->
@@ -225,6 +308,10 @@ class _Spell(cst.CSTTransformer):
         return updated
 
 
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
 def _without(args, keywords: set[str]) -> list[cst.Arg]:
     kept = [a for a in args if a.keyword is None or a.keyword.value not in keywords]
     if kept and len(kept) != len(args):
@@ -249,19 +336,29 @@ def own_name(source: str) -> bool:
 def spell(options: Options, source: str, code: str) -> tuple[str, Optional[str]]:
     """The text ``code`` (a file the Fabric rules changed; ``source`` its original) in
     Accelerate's API, or why it can't be (then the engine leaves the rule that needs it out)."""
-    if options.many_devices:
-        return code, ("--backend accelerate writes one process so far: this script runs several (a model "
-                      "Accelerate prepares for several is wrapped in DistributedDataParallel)")
     if own_name(source):
         return code, "the script has a name `accelerator` of its own, which Accelerate's object would take"
     try:
         module = cst.parse_module(code)
     except cst.ParserSyntaxError as exc:  # the engine's checks say what is wrong with it
         return code, f"the result does not parse ({exc})"
-    speller = _Spell()
+    speller = _Spell(options.many_devices)
     new = module.visit(speller)
     if speller.problems:
         return code, "; ".join(speller.problems)
+    imports = list(speller.imports)
+    if "DistributedDataParallelKwargs(" in new.code:
+        imports.append(("accelerate.utils", "DistributedDataParallelKwargs"))
+    if speller.needs_torch and not any(isinstance(n, ast.Import) and any(a.name == "torch" and a.asname is None
+                                                                        for a in n.names)
+                                       for n in ast.walk(ast.parse(new.code))):
+        return code, "`fabric.all_reduce` becomes `accelerator.reduce(torch.as_tensor(...))`, and the file " \
+                     "does not import torch"
+    if imports:
+        context = CodemodContext()
+        for module_name, name in imports:
+            AddImportsVisitor.add_needed_import(context, module_name, name)
+        new = AddImportsVisitor(context).transform_module(new)
     return new.code, None
 
 

@@ -110,6 +110,10 @@ class LoaderGroup:
     #: evaluation loaders (codemod/loops.py): every process iterates all of them
     #: (``use_distributed_sampler=False``), so the metrics the script computes stay whole
     evaluation: bool = False
+    #: --backend accelerate on several processes: loaders whose own DistributedSampler shards
+    #: them already, which Accelerate's ``prepare`` would shard again (Fabric leaves such a
+    #: sampler in place): set up whole (``use_distributed_sampler=False``), on their sampler
+    own_sampler: bool = False
 
 
 @dataclass
@@ -155,6 +159,9 @@ class FabricPlan:
     #: id(FunctionDef or ClassDef) -> a function that gets `fabric` as a new first parameter, a
     #: class whose ``__init__`` gets it after ``self`` and keeps it in ``self.fabric`` (callers pass it)
     added_params: dict[int, Union[cst.FunctionDef, cst.ClassDef]] = field(default_factory=dict)
+    #: --backend accelerate on several processes: reads of a set-up model (``model`` in
+    #: ``model.state_dict()``) that go through ``unwrap_model`` (rules/_fabric_setups.py)
+    unwraps: list[cst.CSTNode] = field(default_factory=list)
 
     def ref_at(self, facts: ScriptFacts, node: cst.CSTNode) -> Optional[str]:
         """How ``fabric`` is spelled where ``node`` stands, or None if it can't be reached."""

@@ -49,6 +49,21 @@ def distributed_batch_sampler(f: ScriptFacts, loader: Binding) -> Optional[cst.C
     return None
 
 
+def _may_be_distributed(f: ScriptFacts, loader: Binding) -> bool:
+    """``DataLoader(ds, sampler=train_sampler)`` where ``train_sampler`` may be a
+    DistributedSampler on some path (``RandomSampler(ds) if args.local_rank == -1 else
+    DistributedSampler(ds)``): the script shards it itself when it runs distributed."""
+    if loader.call is None:
+        return False
+    arg = next((a for a in loader.call.args if a.keyword is not None and a.keyword.value == "sampler"), None)
+    if arg is None:
+        return False
+    values = [v for _, v in f.assignments(arg.value)] if isinstance(arg.value, cst.Name) else [arg.value]
+    while any(isinstance(v, cst.IfExp) for v in values):
+        values = [b for v in values for b in ((v.body, v.orelse) if isinstance(v, cst.IfExp) else (v,))]
+    return any(isinstance(v, cst.Call) and f.qualnames(v) & set(SAMPLERS) for v in values)
+
+
 class Loaders:
     """The planner's part that decides the loaders (``self.f``: the facts, ``self.o``: the
     options, ``self.p``: the plan)."""
@@ -145,8 +160,10 @@ class Loaders:
                     node, why = sums.problem
                     p.loader_skips.append((node, f"--shard-eval: `{loader.path}` is not sharded: {why}; "
                                                  "every process evaluates all of it"))
-            groups.setdefault((id(f.block(loader.stmt)), evaluation), []).append(loader)
-        for (_, evaluation), loaders in groups.items():
+            own = self.o.accelerate and self.o.many_devices and not evaluation and (
+                sharded is not None or _may_be_distributed(f, loader))
+            groups.setdefault((id(f.block(loader.stmt)), evaluation, own), []).append(loader)
+        for (_, evaluation, own), loaders in groups.items():
             loaders.sort(key=lambda b: f.line(b.stmt))
             last = loaders[-1].stmt
             block = f.block(last)
@@ -157,7 +174,7 @@ class Loaders:
                         p.loader_skips.append((b.stmt, f"`{b.path}` is built before Fabric exists"))
                     continue
                 last = p.anchor
-            p.loader_groups.append(LoaderGroup(loaders, last, p.ref_at(f, loaders[-1].stmt), evaluation))
+            p.loader_groups.append(LoaderGroup(loaders, last, p.ref_at(f, loaders[-1].stmt), evaluation, own))
         set_up = {b.key for group in p.loader_groups for b in group.loaders}
         p.reductions = [r for r in reductions
                         if f.key_of(data_source(f, r[0].iter)) in set_up or any(

@@ -126,12 +126,6 @@ class _Planner(Home, Loaders, Reach, Devices, Setups):
         p = self.p
         if not self._find_home():
             return
-        if self.o.accelerate and self.o.many_devices:
-            self.refuse(p.ddp.starts[0] if p.ddp is not None and p.ddp.starts else p.anchor,
-                        "--backend accelerate writes one process so far, and this script runs several (a model "
-                        "Accelerate prepares for several is wrapped in DistributedDataParallel, whose state_dict() "
-                        "and methods differ from the module's); --backend fabric converts it")
-            return
         if p.ddp is not None and self._options_unbound():
             return
         self._precision()

@@ -104,6 +104,68 @@ class Setups:
             node, why = p.setup_skips[0]
             self.refuse(node, f"{why}; without setting every trained model up, Fabric can't apply "
                               "its precision or strategy, so nothing was converted")
+            return
+        if self.o.accelerate and self.o.many_devices:
+            for group in p.setups:
+                self._wrapped_reads(group)
+                if p.refusal is not None:
+                    return
+
+    def _wrapped_reads(self, group: SetupGroup) -> None:
+        """``--backend accelerate`` on several processes: Accelerate's ``prepare`` returns the model
+        wrapped in DistributedDataParallel, whose ``state_dict()`` keys, named parameters and
+        attributes are not the module's (Fabric's wrapper keeps them). Every read of the set-up
+        model other than a call, ``train()``, ``eval()``, ``parameters()`` or ``zero_grad()``
+        goes through ``accelerator.unwrap_model(model)`` (``p.unwraps``); a method of its own
+        that runs the model (``model.decode(z)``) would run outside DDP's forward, and passing it
+        to code the analysis can't see could hand that code the wrapper: both are refused."""
+        f, p = self.f, self.p
+        if group.forward_methods:
+            name = group.forward_methods[0]
+            where = next((call for _, call in f.attribute_calls_of(name)
+                          if f.same_object(f.key_of(call.func.value), group.model_key)), group.after)
+            self.refuse(where, f"`{group.model}.{name}(...)` runs the model outside DistributedDataParallel's "
+                               "forward, which Accelerate's prepared model has no way to mark (Fabric's "
+                               "mark_forward_method); --backend fabric converts it")
+            return
+        home, setup_line = f.function(group.after), f.line(group.after)
+        gone = {id(s) for s in (p.ddp.removed if p.ddp is not None else ())} | {
+            id(w.stmt) for w in (p.ddp.wraps if p.ddp is not None else ())} | {
+            id(f.statement(site.call)) for site in f.data_parallel()} | {  # wraps the conversion removes
+            id(f.statement(site.call)) for site in f.calls if site.qualname == "apex.amp.initialize"}  # migrated
+        target = f.object_of(group.model_key)
+        keys = [k for k in f.kinds if f.object_of(k) == target] or [group.model_key]
+        for key in keys:
+            for node in f.references(key):
+                if f.function(node) is home and f.line(node) <= setup_line or id(f.statement(node)) in gone:
+                    continue  # the model as built, before the set-up; the script's own DDP wrap, which goes
+                parent = f.parent(node)
+                if isinstance(parent, cst.Call) and parent.func is node:
+                    continue  # the forward
+                if isinstance(parent, cst.Attribute) and parent.value is node:
+                    if parent.attr.value in _WRAPPER_SAFE:
+                        continue
+                    if parent.attr.value == "module":  # the script's own unwrap (``ddp_model.module``)
+                        node = parent
+                    if p.ref_at(f, node) is None:
+                        self.refuse(node, f"`{short(parent)}` reads the set-up model where `accelerator` can't be "
+                                          "reached, to unwrap it from Accelerate's DistributedDataParallel")
+                        return
+                    p.unwraps.append(node)
+                    continue
+                if isinstance(parent, cst.Arg):
+                    call = f.parent(parent)
+                    if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in f.functions:
+                        continue  # the project's own code: its reads are the model's keys too
+                    if isinstance(call, cst.Call) and (
+                            f.qualname(call) == "builtins.isinstance"
+                            or f.qualname(call) == "builtins.hasattr" and len(call.args) == 2
+                            and m.matches(call.args[1].value, m.SimpleString('"module"') | m.SimpleString("'module'"))):
+                        continue  # ``model.module if hasattr(model, "module") else model``: the module either way
+                    self.refuse(node, f"`{short(call)}` is given the set-up `{short(node)}`: under Accelerate's "
+                                      "processes that is DistributedDataParallel, not the module, and the rewrite "
+                                      "can't see what that code reads of it; --backend fabric converts it")
+                    return
 
     def _received(self, opt: Optimizer) -> Optimizer:
         """An optimizer a helper builds and returns by name (``optimizer = None; if ...: optimizer =
@@ -282,6 +344,11 @@ class Setups:
                     found[name] = i
                     break
         return sorted(found, key=found.get)
+
+
+#: what a script may read of a model wrapped in DistributedDataParallel as of the module itself
+_WRAPPER_SAFE = frozenset({"train", "eval", "parameters", "zero_grad", "training", "requires_grad_", "to",
+                           "cuda", "cpu"})
 
 
 def _keys_by_object(f: ScriptFacts) -> dict[Key, list[Key]]:

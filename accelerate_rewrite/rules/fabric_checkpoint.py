@@ -55,6 +55,10 @@ def _classify_save(f, p, call: cst.Call, options):
     obj = call.args[0].value
     if file_object(f, call.args[1].value):
         return RANK_ZERO, None  # fabric.save takes a path, not an open file
+    if options.accelerate:
+        # Accelerate has no ``fabric.save(path, state)``: torch's save stays, written by the
+        # main process (its model state dicts read through ``unwrap_model``: _fabric_setups.py)
+        return RANK_ZERO, None
     if sharded:
         return SKIP, (f"torch.save left as is: under {options.strategy}, fabric.save writes a "
                       "sharded checkpoint that this script's loading code could not read; "
@@ -152,11 +156,16 @@ class FabricCheckpoint(FabricRule):
         if p.refusal is not None:
             return
         if ctx.options.accelerate:
-            # one process (--backend accelerate, rules/_accelerate.py): ``prepare`` returns the
-            # module itself, so torch's save and load of its state dict stay right as they are
-            for site in [*f.calls_to(*TORCH_SAVE), *f.calls_to("torch.load", "torch.serialization.load")]:
-                ctx.skip(site.call, f"`{code(site.call.func)}` kept: with one process Accelerate's `prepare` "
-                                    "returns the model itself, so its state dict is the one the original wrote")
+            # --backend accelerate (rules/_accelerate.py): torch's save and load stay, a save
+            # written by the main process (AR110), a model's state dict read unwrapped
+            for site in f.calls_to(*TORCH_SAVE):
+                action, detail = classify_save(f, p, site.call, ctx.options)
+                if action == SKIP:
+                    ctx.skip(site.call, detail)
+            for site in f.calls_to("torch.load", "torch.serialization.load"):
+                ctx.skip(site.call, f"`{code(site.call.func)}` kept: Accelerate has no `fabric.load`; a model's "
+                                    "state dict is loaded into the module itself (`unwrap_model` on several "
+                                    "processes)")
             return
         sharded = (ctx.options.strategy or "").startswith(("fsdp", "deepspeed"))
         for site in f.calls_to(*TORCH_SAVE):

@@ -58,9 +58,12 @@ class FabricDataloaders(FabricRule):
             return
         for group in p.loader_groups:
             names = ", ".join(b.path for b in group.loaders)
-            extra = ", use_distributed_sampler=False" if group.evaluation else ""
+            extra = ", use_distributed_sampler=False" if group.evaluation or group.own_sampler else ""
             ctx.edits.insert_after(group.after, stmt(f"{names} = {group.ref}.setup_dataloaders({names}{extra})\n"))
-            if group.evaluation:
+            if group.own_sampler:
+                ctx.change(group.after, f"set up `{names}` with Accelerate on its own DistributedSampler, which "
+                                        "shards it already (Accelerate's `prepare` would shard it again)")
+            elif group.evaluation:
                 ctx.change(group.after, f"set up `{names}` with Fabric for evaluation: not sharded, so with "
                                         "several devices every process evaluates all of it and the metrics "
                                         "the script computes stay those of the whole set")

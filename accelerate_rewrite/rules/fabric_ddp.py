@@ -3,6 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from accelerate_rewrite.codemod.ddp import DESTROY
 from accelerate_rewrite.codemod.ddp_places import PLACE_CALLS, strict_env_read
 from accelerate_rewrite.codemod.facts import code
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
@@ -91,8 +92,16 @@ class FabricHandDDP(FabricRule):
                              "process group, which Fabric starts")
         removed_funcs = {id(x) for x in d.removed_functions}
         wrapped = {id(w.stmt) for w in d.wraps}
+        ending = _ends_the_group(f, d) if o.accelerate else set()
         for s in d.removed:
             if any(id(a) in removed_funcs for a in f.ancestors(s)):
+                continue
+            ref = p.ref_at(f, s) if id(s) in ending else None
+            if ref is not None and p.after_creation(f, s):
+                # Accelerate leaves the process group to the script: ``end_training()`` destroys it
+                # (without it gloo's threads can abort the exit: measured, accelerate 1.15)
+                ctx.edits.replace(s, lambda u, r=ref: stmt(f"{r}.end_training()\n"))
+                ctx.change(s, f"`{short(s)}` became `{ref}.end_training()`: it destroys the process group")
                 continue
             ctx.edits.remove(s)
             ctx.change(s, f"removed `{short(s)}`: " + ("fabric.setup wraps the model in DistributedDataParallel"
@@ -266,3 +275,16 @@ def _is_distributed_test(f, node: cst.CSTNode):
     if value == "0" and op is cst.LessThan:
         return parent, False
     return None
+
+
+def _ends_the_group(f, d) -> set[int]:
+    """The removed statements that destroy the process group: ``dist.destroy_process_group()``,
+    or a call of a removed function of the script that does (``cleanup()``)."""
+    enders = {func.name.value for func in d.removed_functions
+              if any(f.qualname(c) in DESTROY for c in f.find_in(func, m.Call()))}
+    out: set[int] = set()
+    for s in d.removed:
+        for call in f.find_in(s, m.Call()):
+            if f.qualname(call) in DESTROY or m.matches(call.func, m.Name()) and call.func.value in enders:
+                out.add(id(s))
+    return out

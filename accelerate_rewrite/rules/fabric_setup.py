@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.rules._fabric import FabricRule, core_except, short, stmt
+from accelerate_rewrite.rules._fabric import FabricRule, code, core_except, expr, short, stmt
 from accelerate_rewrite.rules._fabric_plan import plan
 
 
@@ -85,6 +86,12 @@ class FabricSetup(FabricRule):
                                   f"with `{group.model}` there, `{group.model}` alone otherwise")
         for groups in joint.values():
             self._joint(ctx, groups)
+        for node in p.unwraps:  # --backend accelerate on several processes (rules/_fabric_setups.py)
+            ref = p.ref_at(ctx.facts, node)
+            # ``ddp_model.module``, the script's own unwrap: the module, as Accelerate unwraps it
+            ctx.edits.replace(node, lambda u, r=ref: expr(f"{r}.unwrap_model({code(u.value if m.matches(u, m.Attribute(attr=m.Name('module'))) else u)})"))
+            ctx.change(node, f"`{short(node)}` read through `{ref}.unwrap_model(...)`: Accelerate's prepared "
+                             "model is DistributedDataParallel on several processes")
 
     @staticmethod
     def _joint(ctx: RuleContext, groups) -> None:

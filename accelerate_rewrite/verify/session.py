@@ -238,8 +238,9 @@ def verify(
     except SourceError as exc:
         raise VerifyError(str(exc)) from None
     if options.accelerate and run_devices not in (None, 1):
-        raise VerifyError("--run-devices: --backend accelerate writes one process so far (several need "
-                          "--backend fabric)")
+        raise VerifyError("--run-devices: the verifier starts several processes through Fabric's launcher "
+                          "(LT_DEVICES), and an Accelerate rewrite needs accelerate launch or torchrun: not "
+                          "written yet (verify it on one process, or with --backend fabric)")
     notes: list[str] = []
     rule_kinds: list[str] = []
     structure_kinds: set[str] = set()
