@@ -150,16 +150,31 @@ def fixture_copy(tmp_path, monkeypatch):
     return copy
 
 
+def _runnable() -> list:
+    """Every fixture tests/test_verify.py runs both ways that the Accelerate backend converts:
+    gan and train_function in the default run (CI), the others in the ``slow`` set."""
+    from tests.test_verify import RUNNABLE
+
+    converted = [n for n in RUNNABLE if "Accelerator(" in run(n, ACCELERATE).output]
+    return [n if n in ("gan", "train_function") else pytest.param(n, marks=pytest.mark.slow) for n in converted]
+
+
 @pytest.mark.runs
-@pytest.mark.parametrize("name", ["gan", "train_function", pytest.param("trainer_class", marks=pytest.mark.slow),
-                                  pytest.param("checkpointing", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", _runnable())
 def test_an_accelerate_rewrite_at_32_true_prints_the_original_s_numbers(name, fixture_copy):
     """``verify --backend accelerate`` at 32-true ("no" mixed precision): the losses and
     gradient norms of every step identical to the original's."""
+    import shutil
+
     pytest.importorskip("accelerate")
     from accelerate_rewrite.verify.session import verify
+    from tests.goldens import ROOT
 
-    v = verify(fixture_copy(name), Options.create(backend="accelerate", precision="32-true"), **RUN)
+    path = fixture_copy(name)
+    for stub in ("apex", "timm"):  # stand-ins, as tests/test_verify.py gives them
+        if name.startswith(stub):
+            shutil.copytree(ROOT / "tests" / "stubs" / stub, path.parent / stub)
+    v = verify(path, Options.create(backend="accelerate", precision="32-true"), **RUN)
     assert v.verdict.verdict == "pass", v.verdict.reason
     assert v.rewritten.losses == v.original.losses and len(v.original.losses) > 0
 
@@ -306,3 +321,49 @@ def test_a_spawned_ddp_script_trains_every_rank_as_before(tmp_path):
     assert sorted(re.findall(LOSS, rewritten.stdout)) == expected
     summary = re.findall(r"mean last loss over 2 processes: [0-9.]+", original.stdout)
     assert summary and re.findall(r"mean last loss over 2 processes: [0-9.]+", rewritten.stdout) == summary
+
+
+def test_a_helper_that_reads_the_model_gets_the_module_where_it_is_called():
+    """Swin's shape: ``build_optimizer(model)`` reads ``model.named_parameters()`` before the
+    set-up (the model as built: nothing to unwrap); ``save_checkpoint(model)`` reads
+    ``state_dict()`` after it, where `accelerator` can't be reached and the model never runs:
+    the call passes ``accelerator.unwrap_model(model)``. A helper that runs the model, where
+    `accelerator` can't be reached, is refused."""
+    source = """
+import torch
+import torch.nn as nn
+
+
+def build_optimizer(model):
+    decay = [p for n, p in model.named_parameters() if not n.endswith("bias")]
+    return torch.optim.SGD(decay, lr=0.1)
+
+
+def save_checkpoint(model, path):
+    torch.save({"model": model.state_dict()}, path)
+
+
+def main():
+    model = nn.Linear(4, 1)
+    optimizer = build_optimizer(model)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1)))
+    for x, y in loader:
+        loss = nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    save_checkpoint(model, "model.pt")
+
+
+if __name__ == "__main__":
+    main()
+"""
+    result = rewrite(source, TWO)
+    out = result.output
+    assert '    save_checkpoint(accelerator.unwrap_model(model), "model.pt")\n' in out, out
+    assert '    decay = [p for n, p in model.named_parameters() if not n.endswith("bias")]\n' in out
+    runs = source.replace('    torch.save({"model": model.state_dict()}, path)\n',
+                          '    print(model(torch.zeros(1, 4)))\n    torch.save({"model": model.state_dict()}, path)\n')
+    refused = rewrite(runs, TWO)
+    assert "Accelerator(" not in refused.output
+    assert any("reads the set-up model where `accelerator` can't be reached" in n.message for n in refused.skips)

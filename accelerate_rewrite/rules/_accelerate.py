@@ -63,10 +63,9 @@ _RENAMED = {
     "rank_zero_first": "main_process_first",
 }
 _SAME = {"backward", "print", "device", "unwrap_model", "end_training"}
-#: keywords of Fabric's calls that one process makes no matter of
+#: keywords of Fabric's calls that one process makes no matter of (on several,
+#: ``use_distributed_sampler=False`` is written as ``prepare_data_loader``: ``_Spell._whole``)
 _IGNORED_KEYWORDS = {"setup_dataloaders": {"use_distributed_sampler"}}
-
-
 _EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 
 

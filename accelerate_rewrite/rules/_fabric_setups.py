@@ -22,6 +22,7 @@ from accelerate_rewrite.codemod.facts import (
 from accelerate_rewrite.codemod.facts_kinds import hand_updated
 from accelerate_rewrite.codemod.hints import model_hint
 from accelerate_rewrite.codemod.returns import _returns
+from accelerate_rewrite.codemod.syntax import passed_at
 from accelerate_rewrite.rules._fabric import SetupGroup, common_after, short
 from accelerate_rewrite.rules._fabric_home import trains
 
@@ -111,6 +112,45 @@ class Setups:
                 if p.refusal is not None:
                     return
 
+    def _only_before(self, func, home, setup_line: int, seen: frozenset = frozenset()) -> bool:
+        """``func`` (a helper: Swin's ``build_optimizer(config, model)``, and the
+        ``set_weight_decay(model, ...)`` it calls) is called only in the set-up's function before
+        the set-up, directly or through such helpers: it reads the model as built."""
+        f = self.f
+        fn = f.functions.get(func.name.value) if isinstance(func, cst.FunctionDef) and func is not home else None
+        if fn is None or fn.node is not func or not fn.calls or fn.other_uses or id(func) in seen:
+            return False
+        return all(f.function(c) is home and f.line(c) <= setup_line
+                   or self._only_before(f.function(c), home, setup_line, seen | {id(func)}) for c in fn.calls)
+
+    def _unwrapped_where_passed(self, node: cst.CSTNode, home, setup_line: int) -> bool:
+        """``load_checkpoint(config, model_without_ddp, ...)`` (Swin's utils.py), a helper of the
+        project that reads the model's ``load_state_dict`` where `accelerator` can't be reached:
+        where the helper never runs the model (no forward inside), each call passes
+        ``accelerator.unwrap_model(model)``, and the helper gets the module itself."""
+        f, p = self.f, self.p
+        func = f.function(node)
+        key = f.key_of(node) if isinstance(node, cst.Name) else None
+        if func is None or key is None or key[0] is not func:
+            return False
+        params = _params_of(func)
+        index = next((i for i, prm in enumerate(params) if prm.name.value == node.value), None)
+        fn = f.functions.get(func.name.value)
+        if index is None or fn is None or fn.node is not func or not fn.calls or fn.other_uses:
+            return False
+        if any(isinstance(f.parent(r), cst.Call) and f.parent(r).func is r for r in f.references(key)):
+            return False  # it runs the model: unwrapped, its forward would leave DDP's
+        passed = []
+        for call in fn.calls:
+            value = passed_at(call, index, node.value)
+            if value is None or p.ref_at(f, call) is None or (f.function(call) is home and f.line(call) <= setup_line):
+                return False
+            passed.append(value)
+        for value in passed:
+            if value not in p.unwraps:
+                p.unwraps.append(value)
+        return True
+
     def _wrapped_reads(self, group: SetupGroup) -> None:
         """``--backend accelerate`` on several processes: Accelerate's ``prepare`` returns the model
         wrapped in DistributedDataParallel, whose ``state_dict()`` keys, named parameters and
@@ -137,7 +177,8 @@ class Setups:
         keys = [k for k in f.kinds if f.object_of(k) == target] or [group.model_key]
         for key in keys:
             for node in f.references(key):
-                if f.function(node) is home and f.line(node) <= setup_line or id(f.statement(node)) in gone:
+                if f.function(node) is home and f.line(node) <= setup_line or id(f.statement(node)) in gone \
+                        or self._only_before(f.function(node), home, setup_line):
                     continue  # the model as built, before the set-up; the script's own DDP wrap, which goes
                 parent = f.parent(node)
                 if isinstance(parent, cst.Call) and parent.func is node:
@@ -148,10 +189,13 @@ class Setups:
                     if parent.attr.value == "module":  # the script's own unwrap (``ddp_model.module``)
                         node = parent
                     if p.ref_at(f, node) is None:
+                        if self._unwrapped_where_passed(node, home, setup_line):
+                            continue  # the helper receives the module itself
                         self.refuse(node, f"`{short(parent)}` reads the set-up model where `accelerator` can't be "
                                           "reached, to unwrap it from Accelerate's DistributedDataParallel")
                         return
-                    p.unwraps.append(node)
+                    if node not in p.unwraps:
+                        p.unwraps.append(node)
                     continue
                 if isinstance(parent, cst.Arg):
                     call = f.parent(parent)
@@ -349,6 +393,10 @@ class Setups:
 #: what a script may read of a model wrapped in DistributedDataParallel as of the module itself
 _WRAPPER_SAFE = frozenset({"train", "eval", "parameters", "zero_grad", "training", "requires_grad_", "to",
                            "cuda", "cpu"})
+
+
+def _params_of(func: cst.FunctionDef) -> list[cst.Param]:
+    return [*func.params.posonly_params, *func.params.params]
 
 
 def _keys_by_object(f: ScriptFacts) -> dict[Key, list[Key]]:

@@ -163,9 +163,9 @@ class FabricCheckpoint(FabricRule):
                 if action == SKIP:
                     ctx.skip(site.call, detail)
             for site in f.calls_to("torch.load", "torch.serialization.load"):
-                ctx.skip(site.call, f"`{code(site.call.func)}` kept: Accelerate has no `fabric.load`; a model's "
-                                    "state dict is loaded into the module itself (`unwrap_model` on several "
-                                    "processes)")
+                ctx.skip(site.call, f"`{code(site.call.func)}` kept: Accelerate loads no state with modules in it; "
+                                    "a model's state dict is loaded into the module itself (`unwrap_model` on "
+                                    "several processes)")
             return
         sharded = (ctx.options.strategy or "").startswith(("fsdp", "deepspeed"))
         for site in f.calls_to(*TORCH_SAVE):
