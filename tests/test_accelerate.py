@@ -367,3 +367,15 @@ if __name__ == "__main__":
     refused = rewrite(runs, TWO)
     assert "Accelerator(" not in refused.output
     assert any("reads the set-up model where `accelerator` can't be reached" in n.message for n in refused.skips)
+
+
+def test_the_notes_say_what_was_written():
+    from accelerate_rewrite.rules._accelerate import said
+
+    assert said("`loss.backward()` became `fabric.backward(loss)`", None) == \
+        "`loss.backward()` became `accelerator.backward(loss)`"
+    assert said("set up `model, optimizer` with Fabric", None) == "set up `model, optimizer` with Accelerate"
+    assert said("created `fabric = Fabric(devices=1)` and launched it", "accelerator = Accelerator()") == \
+        "created `accelerator = Accelerator()`"
+    assert said("refused; --backend fabric converts it", None) == "refused; --backend fabric converts it"
+    assert said("already uses Lightning Fabric", None) == "already uses Lightning Fabric"

@@ -378,7 +378,7 @@ _SAID = [
     (re.compile(r"fabric\.world_size\b"), "accelerator.num_processes"),
     (re.compile(r"fabric\.all_reduce\b"), "accelerator.reduce"),
     (re.compile(r"fabric\.rank_zero_first\b"), "accelerator.main_process_first"),
-    (re.compile(r"\bfabric\b"), NAME),
+    (re.compile(r"(?<!--backend )\bfabric\b"), NAME),
     (re.compile(r"(?<!Lightning )\bFabric's\b"), "Accelerate's"),
     (re.compile(r"(?<!Lightning )\bFabric\b"), "Accelerate"),
 ]

@@ -202,7 +202,7 @@ class Setups:
                     if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in f.functions:
                         continue  # the project's own code: its reads are the model's keys too
                     if isinstance(call, cst.Call) and (
-                            f.qualname(call) == "builtins.isinstance"
+                            f.qualname(call) in _LOOKS_ONLY
                             or f.qualname(call) == "builtins.hasattr" and len(call.args) == 2
                             and m.matches(call.args[1].value, m.SimpleString('"module"') | m.SimpleString("'module'"))):
                         continue  # ``model.module if hasattr(model, "module") else model``: the module either way
@@ -390,6 +390,9 @@ class Setups:
         return sorted(found, key=found.get)
 
 
+#: calls that only look at an object (its printed form is the wrapper's, which is no matter)
+_LOOKS_ONLY = frozenset({"builtins.isinstance", "builtins.print", "builtins.str", "builtins.repr", "builtins.type",
+                         "builtins.id"})
 #: what a script may read of a model wrapped in DistributedDataParallel as of the module itself
 _WRAPPER_SAFE = frozenset({"train", "eval", "parameters", "zero_grad", "training", "requires_grad_", "to",
                            "cuda", "cpu"})
