@@ -42,11 +42,16 @@ def distributed_batch_sampler(f: ScriptFacts, loader: Binding) -> Optional[cst.C
     if not (isinstance(value, cst.Call) and value.args and value.args[0].keyword in (None,)
             and any(n.endswith("BatchSampler") for n in f.qualnames(value))):
         return None
-    inner = sampler_of(value)
-    values = [v for _, v in f.assignments(inner)] if isinstance(inner, cst.Name) else [inner]
-    if any(isinstance(v, cst.Call) and f.qualnames(v) & set(SAMPLERS) for v in values):
-        return value
-    return None
+    return value if _may_hold_distributed(f, sampler_of(value)) else None
+
+
+def _may_hold_distributed(f: ScriptFacts, sampler: cst.BaseExpression) -> bool:
+    """``sampler`` is, or a name that may hold, a DistributedSampler on some path (an
+    assignment of it, a branch of ``A if c else B``)."""
+    values = [v for _, v in f.assignments(sampler)] if isinstance(sampler, cst.Name) else [sampler]
+    while any(isinstance(v, cst.IfExp) for v in values):
+        values = [b for v in values for b in ((v.body, v.orelse) if isinstance(v, cst.IfExp) else (v,))]
+    return any(isinstance(v, cst.Call) and f.qualnames(v) & set(SAMPLERS) for v in values)
 
 
 def _may_be_distributed(f: ScriptFacts, loader: Binding) -> bool:
@@ -56,12 +61,7 @@ def _may_be_distributed(f: ScriptFacts, loader: Binding) -> bool:
     if loader.call is None:
         return False
     arg = next((a for a in loader.call.args if a.keyword is not None and a.keyword.value == "sampler"), None)
-    if arg is None:
-        return False
-    values = [v for _, v in f.assignments(arg.value)] if isinstance(arg.value, cst.Name) else [arg.value]
-    while any(isinstance(v, cst.IfExp) for v in values):
-        values = [b for v in values for b in ((v.body, v.orelse) if isinstance(v, cst.IfExp) else (v,))]
-    return any(isinstance(v, cst.Call) and f.qualnames(v) & set(SAMPLERS) for v in values)
+    return arg is not None and _may_hold_distributed(f, arg.value)
 
 
 class Loaders:
