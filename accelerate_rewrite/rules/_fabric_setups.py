@@ -15,6 +15,7 @@ import libcst.matchers as m
 from accelerate_rewrite.codemod.facts import (
     CLIP_NORM,
     CLIP_VALUE,
+    OPTIMIZER,
     Key,
     Optimizer,
     ScriptFacts,
@@ -106,6 +107,14 @@ class Setups:
             self.refuse(node, f"{why}; without setting every trained model up, Fabric can't apply "
                               "its precision or strategy, so nothing was converted")
             return
+        if self.o.accelerate:
+            for call in f.method_calls(OPTIMIZER, "step"):
+                if not isinstance(f.parent(call), cst.Expr):
+                    # measured, accelerate 1.15: AcceleratedOptimizer.step(closure) returns nothing
+                    self.refuse(call, f"`{short(call)}`'s result is read, and the step of an optimizer Accelerate "
+                                      "prepares returns None (LBFGS's closure loss is lost); --backend fabric "
+                                      "converts it")
+                    return
         if self.o.accelerate and self.o.many_devices:
             for group in p.setups:
                 self._wrapped_reads(group)
