@@ -385,3 +385,26 @@ def test_the_notes_say_what_was_written():
         "created `accelerator = Accelerator()`"
     assert said("refused; --backend fabric converts it", None) == "refused; --backend fabric converts it"
     assert said("already uses Lightning Fabric", None) == "already uses Lightning Fabric"
+
+
+def test_what_only_reads_the_model_gets_the_module():
+    """``torch.save(model, f)`` and ``copy.deepcopy(model)`` on several processes: given the
+    module (``codemod/libraries.py`` MODEL_READERS), they save and copy what the original did."""
+    source = (FIXTURES / "train_function" / "input.py").read_text(encoding="utf-8")
+    last = '        print(f"epoch {epoch} val loss {val_loss:.4f} val acc {val_acc:.3f}")\n'
+    assert last in source
+    text = source.replace("import torch\n", "import copy\n\nimport torch\n", 1).replace(
+        last, last + '    torch.save(model, "whole.pt")\n    frozen = copy.deepcopy(model)\n')
+    out = rewrite(text, TWO).output
+    assert 'torch.save(accelerator.unwrap_model(model), "whole.pt")' in out, out
+    assert "frozen = copy.deepcopy(accelerator.unwrap_model(model))" in out
+
+
+def test_a_whole_model_saved_is_the_module_on_one_process_and_on_several():
+    """word_lm saves its best model whole (``torch.save(model, f)``): Fabric's output saves
+    ``model.module`` (its wrapper's), Accelerate's the model itself on one process (``prepare``
+    returns the module) and ``accelerator.unwrap_model(model)`` on several."""
+    one = run("word_lm", ACCELERATE).output
+    assert "torch.save(model, f)" in one and ".module" not in one.split("def main", 1)[-1]
+    several = run("word_lm", ACCELERATE + "-devices-2")
+    assert "Accelerator(" not in several.output  # word_lm calls model.init_hidden (refused on several)

@@ -176,3 +176,15 @@ SCHEDULER_FACTORIES: dict[str, SchedulerFactory] = {
         Argument(1, "optimizer"), True, _HF + ": get_scheduler(name, optimizer, num_warmup_steps, ...)")
        for path in ("", ".optimization")},
 }
+
+_TORCH = "torch 2.13, torch/serialization.py; Python 3.11, copy.py"
+#: calls that take a model only to read it (pickle it, copy it): given the module itself they
+#: do what they did before a wrapper came around it (--backend accelerate on several
+#: processes passes ``accelerator.unwrap_model(model)``): qualified name -> (where the model
+#: goes, the release read)
+MODEL_READERS: dict[str, tuple[Argument, str]] = {
+    "torch.save": (Argument(0, "obj"), _TORCH + ": save(obj, f) pickles obj"),
+    "torch.serialization.save": (Argument(0, "obj"), _TORCH + ": save(obj, f) pickles obj"),
+    "copy.deepcopy": (Argument(0, "x"), _TORCH + ": deepcopy(x) copies x"),
+    "copy.copy": (Argument(0, "x"), _TORCH + ": copy(x) copies x"),
+}

@@ -22,6 +22,7 @@ from accelerate_rewrite.codemod.facts import (
 )
 from accelerate_rewrite.codemod.facts_kinds import hand_updated
 from accelerate_rewrite.codemod.hints import model_hint
+from accelerate_rewrite.codemod.libraries import MODEL_READERS
 from accelerate_rewrite.codemod.returns import _returns
 from accelerate_rewrite.codemod.syntax import passed_at
 from accelerate_rewrite.rules._fabric import SetupGroup, common_after, short
@@ -210,6 +211,12 @@ class Setups:
                     call = f.parent(parent)
                     if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in f.functions:
                         continue  # the project's own code: its reads are the model's keys too
+                    reader = MODEL_READERS.get(f.qualname(call)) if isinstance(call, cst.Call) else None
+                    if reader is not None and passed_at(call, reader[0].index, reader[0].keyword) is node \
+                            and p.ref_at(f, node) is not None:
+                        if node not in p.unwraps:  # ``torch.save(model, f)``: the module, as the original saved
+                            p.unwraps.append(node)
+                        continue
                     if isinstance(call, cst.Call) and (
                             f.qualname(call) in _LOOKS_ONLY
                             or f.qualname(call) == "builtins.hasattr" and len(call.args) == 2

@@ -245,6 +245,8 @@ class FabricRankZero(FabricRule):
         obj = call.args[0].value if call.args else None
         if obj is None or p.group_of(f, f.key_of(obj)) is None:
             return
+        if ctx.options.accelerate:
+            return  # Accelerate's model is the module on one process, unwrapped on several (_fabric_setups.py)
         ctx.edits.replace(obj, lambda u: cst.Attribute(value=u, attr=cst.Name("module")))
         ctx.change(call, f"`torch.save({short(obj)}, ...)` saves `{short(obj)}.module`, the script's own "
                          "module: Fabric's wrapper would not load back")
