@@ -52,6 +52,7 @@ import libcst.matchers as m
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
+from accelerate_rewrite.codemod.facts import code
 from accelerate_rewrite.options import ACCELERATE_PRECISIONS, Options
 
 NAME = "accelerator"
@@ -73,8 +74,13 @@ class _Untranslatable(Exception):
     pass
 
 
+def _ref(name: str) -> m.BaseMatcherNode:
+    """``name`` or ``self.name``: how the rules spell the Fabric object, and the spelling's."""
+    return m.Name(name) | m.Attribute(value=m.Name("self"), attr=m.Name(name))
+
+
 def _is_fabric(node: cst.CSTNode) -> bool:
-    return m.matches(node, m.Name("fabric") | m.Attribute(value=m.Name("self"), attr=m.Name("fabric")))
+    return m.matches(node, _ref("fabric"))
 
 
 def _strategy_options(value: cst.BaseExpression) -> Optional[list[cst.Arg]]:
@@ -126,7 +132,7 @@ def _accelerator_call(fabric: cst.Call) -> cst.Call:
                 args.append(cst.Arg(keyword=cst.Name("mixed_precision"), equal=_EQUAL,
                                     value=cst.SimpleString(f'"{ACCELERATE_PRECISIONS[literal]}"')))
             continue
-        raise _Untranslatable(f"`{key}={cst.Module([]).code_for_node(value)}` of Fabric(...) has no "
+        raise _Untranslatable(f"`{key}={code(value)}` of Fabric(...) has no "
                               "Accelerate equivalent written yet")
     comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
     return cst.Call(func=cst.Name("Accelerator"), args=[a.with_changes(comma=comma if i < len(args) - 1 else
@@ -148,7 +154,7 @@ class _Spell(cst.CSTTransformer):
     # -- imports --
     def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom
                          ) -> Union[cst.ImportFrom, cst.RemovalSentinel]:
-        module = cst.Module([]).code_for_node(original.module) if original.module is not None else ""
+        module = code(original.module) if original.module is not None else ""
         if module in ("lightning.fabric", "lightning_fabric", "lightning.fabric.strategies",
                       "lightning_fabric.strategies"):
             names = [] if isinstance(updated.names, cst.ImportStar) else [a.name.value for a in updated.names
@@ -170,8 +176,7 @@ class _Spell(cst.CSTTransformer):
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
         if m.matches(updated, m.Attribute(value=m.Name("self"), attr=m.Name(NAME))):
             return updated
-        if _is_fabric(original.value) or m.matches(updated.value, m.Name(NAME) | m.Attribute(
-                value=m.Name("self"), attr=m.Name(NAME))):
+        if _is_fabric(original.value) or m.matches(updated.value, _ref(NAME)):
             attr = updated.attr.value
             if attr in _RENAMED:
                 return updated.with_changes(attr=cst.Name(_RENAMED[attr]))
@@ -193,7 +198,7 @@ class _Spell(cst.CSTTransformer):
                 self._fail(str(exc))
                 return updated
         if m.matches(original.func, m.Name("DDPStrategy")):
-            return updated  # gone with the Fabric(...) call around it (one process)
+            return updated  # its options become DistributedDataParallelKwargs (_accelerator_call)
         func = original.func
         if m.matches(func, m.Attribute(value=m.Name("torch"), attr=m.Name("load"))):
             return self._load(updated)
@@ -212,9 +217,8 @@ class _Spell(cst.CSTTransformer):
                     "barrier", "rank_zero_first"):
             # ``backward``'s keywords go to ``loss.backward`` in both (``retain_graph=True``), but
             # Fabric's ``model=`` (DeepSpeed's engine)
-            passed = ("print",) if attr == "print" else ()
-            if attr not in passed and any(a.keyword is not None and (attr != "backward" or a.keyword.value == "model")
-                                          for a in updated.args):
+            if attr != "print" and any(a.keyword is not None and (attr != "backward" or a.keyword.value == "model")
+                                       for a in updated.args):
                 self._fail(f"`fabric.{attr}(..., {_keywords(updated)})` has no Accelerate equivalent written yet")
             return updated
         if attr == "all_reduce":
@@ -222,7 +226,7 @@ class _Spell(cst.CSTTransformer):
                     and a.keyword.value == "reduce_op" else a for a in updated.args]
             if args and args[0].keyword is None:  # Fabric takes Python numbers too, Accelerate tensors only
                 args[0] = args[0].with_changes(value=cst.parse_expression(
-                    f"torch.as_tensor({_code(args[0].value)}, device={_code(new_func.value)}.device)"))
+                    f"torch.as_tensor({code(args[0].value)}, device={code(new_func.value)}.device)"))
                 self.needs_torch = True
             if any(a.keyword is not None and a.keyword.value not in ("reduction",) for a in args):
                 self._fail(f"`fabric.all_reduce(..., {_keywords(updated)})` has no Accelerate equivalent written yet")
@@ -245,9 +249,8 @@ class _Spell(cst.CSTTransformer):
         args = []
         for arg in call.args:
             if arg.keyword is not None and arg.keyword.value == "map_location" and m.matches(
-                    arg.value, m.Attribute(value=m.Name(NAME) | m.Attribute(value=m.Name("self"), attr=m.Name(NAME)),
-                                           attr=m.Name("device"))):
-                device = _code(arg.value)
+                    arg.value, m.Attribute(value=_ref(NAME), attr=m.Name("device"))):
+                device = code(arg.value)
                 arg = arg.with_changes(value=cst.parse_expression(f'"cpu" if {device}.type == "cpu" else {device}'))
             args.append(arg)
         return call.with_changes(args=args)
@@ -262,7 +265,7 @@ class _Spell(cst.CSTTransformer):
             self._fail(f"`fabric.setup_dataloaders(..., {_keywords(call)})` has no Accelerate equivalent written yet")
             return call
         self.imports.append(("accelerate.data_loader", "prepare_data_loader"))
-        made = [cst.parse_expression(f"prepare_data_loader({_code(x)}, {_code(ref)}.device, num_processes=1, "
+        made = [cst.parse_expression(f"prepare_data_loader({code(x)}, {code(ref)}.device, num_processes=1, "
                                      "process_index=0, put_on_device=True)") for x in loaders]
         if len(made) == 1:
             return made[0]
@@ -305,10 +308,6 @@ class _Spell(cst.CSTTransformer):
             if isinstance(call, cst.Call) and m.matches(call.func, m.Attribute(attr=m.Name("mark_forward_method"))):
                 return cst.RemoveFromParent()  # one process: the prepared model is the module itself
         return updated
-
-
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(node)
 
 
 def _without(args, keywords: set[str]) -> list[cst.Arg]:

@@ -24,7 +24,7 @@ from accelerate_rewrite.codemod.facts_kinds import hand_updated
 from accelerate_rewrite.codemod.hints import model_hint
 from accelerate_rewrite.codemod.libraries import MODEL_READERS
 from accelerate_rewrite.codemod.returns import _returns
-from accelerate_rewrite.codemod.syntax import passed_at
+from accelerate_rewrite.codemod.syntax import passed_at, positional_params
 from accelerate_rewrite.rules._fabric import SetupGroup, common_after, short
 from accelerate_rewrite.rules._fabric_home import trains
 
@@ -143,7 +143,7 @@ class Setups:
         key = f.key_of(node) if isinstance(node, cst.Name) else None
         if func is None or key is None or key[0] is not func:
             return False
-        params = _params_of(func)
+        params = positional_params(func)
         index = next((i for i, prm in enumerate(params) if prm.name.value == node.value), None)
         fn = f.functions.get(func.name.value)
         if index is None or fn is None or fn.node is not func or not fn.calls or fn.other_uses:
@@ -184,7 +184,7 @@ class Setups:
             id(f.statement(site.call)) for site in f.data_parallel()} | {  # wraps the conversion removes
             id(f.statement(site.call)) for site in f.calls if site.qualname == "apex.amp.initialize"}  # migrated
         target = f.object_of(group.model_key)
-        keys = [k for k in f.kinds if f.object_of(k) == target] or [group.model_key]
+        keys = _keys_by_object(f).get(target) or [group.model_key]
         for key in keys:
             for node in f.references(key):
                 if f.function(node) is home and f.line(node) <= setup_line or id(f.statement(node)) in gone \
@@ -412,10 +412,6 @@ _LOOKS_ONLY = frozenset({"builtins.isinstance", "builtins.print", "builtins.str"
 #: what a script may read of a model wrapped in DistributedDataParallel as of the module itself
 _WRAPPER_SAFE = frozenset({"train", "eval", "parameters", "zero_grad", "training", "requires_grad_", "to",
                            "cuda", "cpu"})
-
-
-def _params_of(func: cst.FunctionDef) -> list[cst.Param]:
-    return [*func.params.posonly_params, *func.params.params]
 
 
 def _keys_by_object(f: ScriptFacts) -> dict[Key, list[Key]]:
