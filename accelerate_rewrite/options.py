@@ -144,7 +144,7 @@ def normalize_backend(value: str) -> str:
     return _one_of("backend", value, BACKENDS)
 
 
-def _accelerate_options(precision, devices, strategy, num_nodes, accelerator, accumulate) -> None:
+def _accelerate_options(precision, devices, strategy, num_nodes, accelerator) -> None:
     """What ``--backend accelerate`` writes so far: one node, DDP (Accelerate's default),
     Accelerate's mixed precisions. The rest is refused with the reason."""
     if precision is not None and normalize_precision(precision) not in ACCELERATE_PRECISIONS:
@@ -159,9 +159,6 @@ def _accelerate_options(precision, devices, strategy, num_nodes, accelerator, ac
     if accelerator is not None and normalize_accelerator(accelerator) not in ("auto", "cpu", "cuda", "gpu"):
         raise OptionError(f"--accelerator {normalize_accelerator(accelerator)}: --backend accelerate takes "
                           "auto, cpu, cuda or gpu")
-    if accumulate is not None:
-        raise OptionError("--accumulate: --backend accelerate does not write `accelerator.accumulate(model)` "
-                          "yet; use --backend fabric")
 
 
 def normalize_clip_grad_norm(value: Union[str, float]) -> float:
@@ -331,7 +328,7 @@ class Options:
                 raise OptionError(f"{flag} needs --backend fabric: the torch backend keeps the "
                                   "script's own single process and device")
         if backend == "accelerate":
-            _accelerate_options(precision, devices, strategy, num_nodes, accelerator, accumulate)
+            _accelerate_options(precision, devices, strategy, num_nodes, accelerator)
         if keep_effective_batch and accumulate is None:
             raise OptionError("--keep-effective-batch needs --accumulate N: it divides the "
                               "DataLoader's batch_size by N")

@@ -54,6 +54,8 @@ OPTION_SETS: dict[str, dict] = {
     # issue 47: the Fabric plan spelled in Hugging Face Accelerate's API (one process, and two)
     "accelerate-bf16-mixed": {"backend": "accelerate", "precision": "bf16-mixed"},
     "accelerate-bf16-mixed-devices-2": {"backend": "accelerate", "precision": "bf16-mixed", "devices": 2},
+    "accelerate-accumulate-4-keep-devices-2": {"backend": "accelerate", "accumulate": 4, "keep_effective_batch": True,
+                                               "devices": 2},
 }
 
 

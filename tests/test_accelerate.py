@@ -32,7 +32,6 @@ def _names(code: str) -> set[str]:
     ({"precision": "bf16-true"}, "--precision bf16-true has no Accelerate equivalent"),
     ({"num_nodes": 2}, "--num-nodes: --backend accelerate writes one node so far"),
     ({"strategy": "fsdp"}, "--strategy fsdp: --backend accelerate does not write Accelerate's FSDP"),
-    ({"accumulate": 4}, "--accumulate: --backend accelerate does not write `accelerator.accumulate(model)` yet"),
 ])
 def test_what_accelerate_does_not_take_yet_is_refused_with_the_reason(flags, said):
     with pytest.raises(OptionError, match=said.replace("(", r"\(").replace(")", r"\)")):
@@ -408,3 +407,113 @@ def test_a_whole_model_saved_is_the_module_on_one_process_and_on_several():
     assert "torch.save(model, f)" in one and ".module" not in one.split("def main", 1)[-1]
     several = run("word_lm", ACCELERATE + "-devices-2")
     assert "Accelerator(" not in several.output  # word_lm calls model.init_hidden (refused on several)
+
+
+# ---- --accumulate: Accelerate's own accumulation ----------------------------------------------
+
+ACCUMULATE = "accelerate-accumulate-4-keep-devices-2"
+
+
+def test_accumulation_is_accelerate_s_own_where_the_fabric_backend_accumulates():
+    """Every fixture the Fabric backend accumulates, the Accelerate backend accumulates with
+    ``accelerator.accumulate(model)``, or as torch's where it writes no Accelerate (its plan
+    refused); the step and what belongs to it under ``if accelerator.sync_gradients:``."""
+    accumulated = 0
+    for name in fixture_names():
+        fabric, accelerate = run(name, "accumulate-4-keep-devices-2"), run(name, ACCUMULATE)
+        done = [n for n in accelerate.notes if n.rule == "AR302" and not n.skipped]
+        assert bool(done) == any(n.rule == "AR302" and not n.skipped for n in fabric.notes), name
+        if "Accelerator(" in accelerate.output and done:
+            accumulated += 1
+            assert re.search(r"Accelerator\((.*, )?gradient_accumulation_steps=4\)", accelerate.output), name
+            assert re.search(r"with (self\.)?accelerator\.accumulate\((self\.)?\w+\):", accelerate.output), name
+            assert "is_accumulating" not in accelerate.output and "/ min(4" not in accelerate.output, name
+    assert accumulated >= 15
+    out = run("transformer_lm", ACCUMULATE).output
+    assert ("            if accelerator.sync_gradients:\n"
+            "                optimizer.zero_grad(set_to_none=True)\n"
+            "            with accelerator.accumulate(model):\n"
+            "                logits = model(x)\n") in out
+    assert ("                accelerator.backward(loss)\n"
+            "            if accelerator.sync_gradients:\n"
+            "                accelerator.clip_grad_norm_(model.parameters(), 1.0)\n"
+            "                optimizer.step()\n"
+            "                scheduler.step()\n") in out
+    notes = " ".join(n.message for n in run("transformer_lm", ACCUMULATE).notes if n.rule == "AR302")
+    assert "moved from between the forward and the backward" in notes
+    assert "Accelerate divides each loss by 4, the last, partial group's of an epoch too" in notes
+
+
+def test_a_backward_that_is_not_accumulated_where_another_is_keeps_the_program_unaccumulated():
+    """Accelerate divides every backward by gradient_accumulation_steps: a program that
+    accumulates one loop and not another's backward is converted without being
+    accumulated (AR302 is dropped, with the reason); one that accumulates none converts without
+    accumulation, as with Fabric."""
+    gan = run("gan", ACCUMULATE)
+    assert "Accelerator(" in gan.output and "gradient_accumulation_steps" not in gan.output
+    assert any("steps 2 optimizers" in n.message for n in gan.notes if n.rule == "AR302" and n.skipped)
+    source = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=16)
+for x, y in loader:
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+for x, y in range(3):
+    optimizer.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+"""
+    result = rewrite(source, Options.create(backend="accelerate", accumulate=4))
+    assert "Accelerator()" in result.output and "accumulate" not in result.output
+    [dropped] = result.dropped
+    assert dropped.startswith("AR302 accumulate: dropped") and "`accelerator.backward(model(torch.randn(2, 4)).sum())` " \
+        "does not run under `accelerator.accumulate(...)`" in dropped
+
+
+ACCUMULATING = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn({n}, 4), torch.randn({n}, 1)), batch_size=4)
+for epoch in range(2):
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+print(" ".join(repr(float(v)) for v in torch.cat([p.detach().flatten() for p in model.parameters()])))
+"""
+
+
+@pytest.mark.runs
+def test_accelerate_s_accumulation_steps_as_the_fabric_plan_s(tmp_path):
+    """At 32-true on one process, groups of 4 in an epoch of 8 batches: the weights after two
+    epochs equal, digit for digit, those of the torch backend's accumulation (each loss over its
+    group's size); with 6 batches the last group of 2 is stepped with its sum over 4
+    (Accelerate's own rule), so the weights differ."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("accelerate")
+    weights = {}
+    for n in (32, 24):
+        source = ACCUMULATING.format(n=n)
+        for backend, extra in (("torch", {}), ("accelerate", {"accelerator": "cpu"})):
+            out = rewrite(source, Options.create(backend=backend, accumulate=4, **extra)).output
+            assert ("accelerator.accumulate(model)" in out) == (backend == "accelerate")
+            path = tmp_path / f"{backend}-{n}.py"
+            path.write_text(out, encoding="utf-8")
+            done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, cwd=tmp_path,
+                                  timeout=300)
+            assert done.returncode == 0, done.stderr[-2000:]
+            weights[backend, n] = done.stdout.split()
+    assert weights["torch", 32] == weights["accelerate", 32]
+    assert weights["torch", 24] != weights["accelerate", 24]

@@ -43,8 +43,10 @@ _THREADED = re.compile(r"parameter `(\w+)` became `fabric` \(its callers pass it
 class Spelling(Protocol):
     """How the rules' result is written for another target (rules/_accelerate.py)."""
 
-    def spell(self, options: Options, source: str, code: str) -> tuple[str, Optional[str]]:
-        """``code`` (a changed file, ``source`` its original) in the target's API, or why not."""
+    def spell(self, options: Options, source: str, code: str, program: Sequence[str] = ()
+              ) -> tuple[str, Optional[str]]:
+        """``code`` (a changed file, ``source`` its original) in the target's API, or why not;
+        ``program``: every file of the program as the rules left it (``code`` among them)."""
 
     def said(self, message: str, code: str) -> str:
         """A note's ``message`` said of the target's API (``code``: the file as written)."""
@@ -423,6 +425,7 @@ def _rewrite(
             compats[unit.index] = (made, unit.users(unit.source, code))
             heads[unit.index], splices[unit.index] = made.code, None
         keyword_calls = {name: i for made, _ in compats.values() for name, i in made.keyword_calls.items()}
+        program = tuple(heads)
         for unit in units:
             head_code = heads[unit.index]
             if keyword_calls and head_code != unit.head:
@@ -433,7 +436,7 @@ def _rewrite(
                 if moved != head_code:
                     heads[unit.index], splices[unit.index] = moved, None
             if spelling is not None and heads[unit.index] != unit.head:
-                spelled, why = spelling.spell(options, unit.source, heads[unit.index])
+                spelled, why = spelling.spell(options, unit.source, heads[unit.index], program)
                 if why is not None:
                     refused[unit.index] = why
                 else:

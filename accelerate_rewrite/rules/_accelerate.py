@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import libcst as cst
 import libcst.matchers as m
@@ -63,7 +63,7 @@ _RENAMED = {
     "world_size": "num_processes", "barrier": "wait_for_everyone", "all_reduce": "reduce",
     "rank_zero_first": "main_process_first",
 }
-_SAME = {"backward", "print", "device", "unwrap_model", "end_training"}
+_SAME = {"backward", "print", "device", "unwrap_model", "end_training", "accumulate", "sync_gradients"}
 #: keywords of Fabric's calls that one process makes no matter of (on several,
 #: ``use_distributed_sampler=False`` is written as ``prepare_data_loader``: ``_Spell._whole``)
 _IGNORED_KEYWORDS = {"setup_dataloaders": {"use_distributed_sampler"}}
@@ -101,7 +101,7 @@ def _strategy_options(value: cst.BaseExpression) -> Optional[list[cst.Arg]]:
     return None
 
 
-def _accelerator_call(fabric: cst.Call) -> cst.Call:
+def _accelerator_call(fabric: cst.Call, accumulate: Optional[int] = None) -> cst.Call:
     """``Fabric(accelerator="cpu", devices=1, precision="bf16-mixed")`` ->
     ``Accelerator(cpu=True, mixed_precision="bf16")``. The devices go: ``accelerate launch
     --num_processes N`` (or torchrun) starts the processes, and ``Accelerator()`` reads them."""
@@ -134,6 +134,9 @@ def _accelerator_call(fabric: cst.Call) -> cst.Call:
             continue
         raise _Untranslatable(f"`{key}={code(value)}` of Fabric(...) has no "
                               "Accelerate equivalent written yet")
+    if accumulate is not None:  # rules/accumulate.py: ``accelerator.accumulate(model)``
+        args.append(cst.Arg(keyword=cst.Name("gradient_accumulation_steps"), value=cst.Integer(str(accumulate)),
+                            equal=_EQUAL))
     comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
     return cst.Call(func=cst.Name("Accelerator"), args=[a.with_changes(comma=comma if i < len(args) - 1 else
                                                                        cst.MaybeSentinel.DEFAULT)
@@ -141,9 +144,11 @@ def _accelerator_call(fabric: cst.Call) -> cst.Call:
 
 
 class _Spell(cst.CSTTransformer):
-    def __init__(self, several: bool) -> None:
+    def __init__(self, several: bool, accumulate: Optional[int] = None) -> None:
         self.problems: list[str] = []
         self.several = several  # several processes: evaluation loaders stay whole by other means
+        self.accumulate = accumulate  # --accumulate N: Accelerator(gradient_accumulation_steps=N)
+        self.accumulating = 0  # how deep in ``with fabric.accumulate(...)`` blocks
         self.needs_torch = False
         self.imports: list[tuple[str, str]] = []  # (module, name) the spelling reads
 
@@ -189,11 +194,32 @@ class _Spell(cst.CSTTransformer):
             return updated.with_changes(keyword=cst.Name(NAME))
         return updated
 
+    # -- accumulation --
+    def visit_With(self, node: cst.With) -> None:
+        if any(m.matches(i.item, m.Call(func=m.Attribute(value=_ref("fabric"), attr=m.Name("accumulate"))))
+               for i in node.items):
+            self.accumulating += 1
+
+    def leave_With(self, original: cst.With, updated: cst.With) -> cst.With:
+        if any(m.matches(i.item, m.Call(func=m.Attribute(value=_ref("fabric"), attr=m.Name("accumulate"))))
+               for i in original.items):
+            self.accumulating -= 1
+        return updated
+
     # -- calls --
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.accumulate is not None and not self.accumulating and m.matches(
+                node.func, m.Attribute(value=_ref("fabric"), attr=m.Name("backward"))):
+            # every accelerator.backward is divided by gradient_accumulation_steps
+            spelled = re.sub(r"\bfabric\b", NAME, code(node))
+            self._fail(f"`{spelled}` does not run under `accelerator.accumulate(...)` (rule AR302 says "
+                       "why), and Accelerate divides every backward by gradient_accumulation_steps, which "
+                       "another loop needs; use --backend fabric to accumulate where it can")
+
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         if m.matches(original.func, m.Name("Fabric")):
             try:
-                return _accelerator_call(original)
+                return _accelerator_call(original, self.accumulate)
             except _Untranslatable as exc:
                 self._fail(str(exc))
                 return updated
@@ -331,16 +357,23 @@ def own_name(source: str) -> bool:
                or isinstance(n, ast.alias) and (n.asname or n.name) == NAME for n in ast.walk(tree))
 
 
-def spell(options: Options, source: str, code: str) -> tuple[str, Optional[str]]:
+#: rules/accumulate.py's ``with fabric.accumulate(model):`` (Fabric has no such method)
+_ACCUMULATES = re.compile(r"\bfabric\.accumulate\(")
+
+
+def spell(options: Options, source: str, code: str, program: Sequence[str] = ()) -> tuple[str, Optional[str]]:
     """The text ``code`` (a file the Fabric rules changed; ``source`` its original) in
-    Accelerate's API, or why it can't be (then the engine leaves the rule that needs it out)."""
+    Accelerate's API, or why it can't be (then the engine leaves the rule that needs it out).
+    ``program``: every file of the program (``code`` among them) as the rules left it: where
+    one accumulates (``--accumulate``), ``Accelerator(gradient_accumulation_steps=N)``."""
     if own_name(source):
         return code, "the script has a name `accelerator` of its own, which Accelerate's object would take"
     try:
         module = cst.parse_module(code)
     except cst.ParserSyntaxError as exc:  # the engine's checks say what is wrong with it
         return code, f"the result does not parse ({exc})"
-    speller = _Spell(options.many_devices)
+    accumulates = any(_ACCUMULATES.search(text) for text in (*program, code))
+    speller = _Spell(options.many_devices, options.accumulate if accumulates else None)
     new = module.visit(speller)
     if speller.problems:
         return code, "; ".join(speller.problems)
@@ -402,8 +435,9 @@ def created_line(code: str) -> Optional[str]:
 class AccelerateSpelling:
     """The engine's ``Spelling`` (codemod/engine.py) for ``--backend accelerate``."""
 
-    def spell(self, options: Options, source: str, code: str) -> tuple[str, Optional[str]]:
-        return spell(options, source, code)
+    def spell(self, options: Options, source: str, code: str, program: Sequence[str] = ()
+              ) -> tuple[str, Optional[str]]:
+        return spell(options, source, code, program)
 
     def said(self, message: str, code: str) -> str:
         return said(message, created_line(code))

@@ -49,6 +49,13 @@ class Accumulate(Rule):
     - with Fabric (unless `--devices 1`), forward and backward go under
       `with fabric.no_backward_sync(model, enabled=is_accumulating):`, so that DDP reduces
       the gradients once per step, not once per micro-batch (on one device it does nothing);
+    - with `--backend accelerate`, Accelerate's own accumulation instead:
+      `Accelerator(gradient_accumulation_steps=N)`, forward and backward under
+      `with accelerator.accumulate(model):`, the step and what belongs to it under
+      `if accelerator.sync_gradients:` (a `zero_grad` between the forward and the backward moves
+      to the top of the loop); Accelerate divides every loss by N, the last, partial group's
+      too, and a program with a backward it can't put under `accumulate` is converted
+      without accumulation (AR302 dropped, with the reason);
     - `--keep-effective-batch`: the DataLoader's `batch_size` (a number, or a name bound once
       to a number) is divided by N, so that each optimizer step sees as many samples as before.
 
@@ -261,6 +268,9 @@ class _Loop:
                     _update_call(f, c) for c in m.findall(s, m.Call())):
                 return self.skip(s, f"`{short(s)}` holds the backward and a step: not accumulated")
 
+        if o.accelerate and plan(f, o).refusal is None:  # else the loop stays torch's, as with Fabric
+            return self._accelerate(body, first, last, early, updates, step, loader, head)
+
         # ---- edits ----
         edits = self.ctx.edits
         i = counter or self._fresh(COUNTERS)
@@ -314,6 +324,90 @@ class _Loop:
         self.ctx.change(loop, f"gradients accumulated over {n} micro-batches in the loop {head}: "
                               f"`{short(step)}` every {n} batches and at the end of the epoch"
                               + (f"; {extra}" if extra else ""), kind=batch_kind)
+
+    def _accelerate(self, body, first: int, last: int, early: list, updates: list[int], step: cst.Call,
+                    loader: cst.BaseExpression, head: str) -> None:
+        """``--backend accelerate``: Accelerate's own accumulation. From the forward to the last
+        backward, the loop's body runs under ``with fabric.accumulate(model):`` (spelled
+        ``accelerator.accumulate``; ``Accelerator(gradient_accumulation_steps=N)``), which counts
+        the micro-batches and sets ``sync_gradients`` at the end of each group (and where the
+        prepared loader ends); the step and what belongs to it go under
+        ``if fabric.sync_gradients:`` (the prepared optimizer would skip its own step and
+        zero_grad, a scheduler's step and clipping it would not). Accelerate divides every
+        backward by N, the last, partial group's too (its own rule: that group's gradient is its
+        sum over N, not its mean)."""
+        f, o = self.ctx.facts, self.ctx.options
+        n = o.accumulate
+        p = plan(f, o)
+        ref = p.ref_at(f, self.loop)
+        optimizer = step.args[0].value if f.is_kind(step.func.value, SCALER) else step.func.value
+        built = next((b for b in f.optimizers if f.same_object(b.key, f.key_of(optimizer))), None)
+        model = visible_name(f, self.loop, built.models[0]) if built is not None and len(built.models) == 1 \
+            else None
+        if ref is None or model is None or not p.group_of(f, built.models[0]):
+            return self.skip(step, f"`{short(step)}`: the model that `accelerator.accumulate(...)` takes can't be "
+                                   "named here; not accumulated")
+        start = next((k for k in range(first + 1) if any(
+            f.same_object(f.key_of(c.func), built.models[0])
+            or any(f.same_object(f.key_of(a.value), built.models[0]) for a in c.args)
+            for c in m.findall(body[k], m.Call()))), None)
+        if start is None:
+            return self.skip(step, f"no call of `{model}` before the backward in the loop {head}: "
+                                   "not accumulated")
+        def plain(s: cst.BaseStatement) -> bool:  # what the prepared optimizer skips itself
+            calls = [c for c in m.findall(s, m.Call()) if _update_call(f, c)]
+            return all(isinstance(c.func, cst.Attribute) and c.func.attr.value in ("step", "zero_grad")
+                       and f.is_kind(c.func.value, OPTIMIZER) for c in calls)
+
+        # a zero_grad between the forward and the backward (``loss = ...; optimizer.zero_grad();
+        # loss.backward()``) moves to the top of the loop: under ``accumulate`` it would clear the
+        # group's gradients just before its last backward (the forward makes none)
+        moved_up = [s for s in early if body.index(s) >= start]
+        for s in moved_up:
+            if not (plain(s) and m.matches(s, m.SimpleStatementLine(body=[m.Expr(m.Call(
+                    func=m.Attribute(attr=m.Name("zero_grad"))))]))):
+                return self.skip(s, f"`{short(s)}` runs between the forward and the backward: not accumulated")
+        edits = self.ctx.edits
+        guarded = f"{ref}.sync_gradients"
+        for s in moved_up:
+            edits.remove(s)
+            self.notes.append(f"`{short(s)}` moved from between the forward and the backward (line {f.line(s)}) "
+                              "to the top of the loop, so that it clears the gradients before a group, not "
+                              "inside it")
+        if moved_up:
+            top = _if(guarded, [s.with_changes(leading_lines=[]) for s in moved_up])
+            edits.replace(self.loop, lambda u, t=top: u.with_changes(body=u.body.with_changes(body=[t, *u.body.body])))
+        for s in early:  # at the top of the loop: the last micro-batch's (the group before) was stepped
+            if s not in moved_up:
+                edits.replace(s, lambda u, t=guarded: _if(t, [u.with_changes(leading_lines=[])]).with_changes(
+                    leading_lines=u.leading_lines))
+        runs: list[list[cst.BaseStatement]] = []
+        for index in updates:
+            if runs and body.index(runs[-1][-1]) == index - 1:
+                runs[-1].append(body[index])
+            else:
+                runs.append([body[index]])
+        for run in runs:
+            edits.wrap(run, lambda inner, t=guarded: _if(t, inner))
+        edits.wrap(body[start:last + 1], lambda inner, r=ref, md=model: cst.With(
+            items=[cst.WithItem(expr(f"{r}.accumulate({md})"))], body=cst.IndentedBlock(body=inner)))
+        batch_kind = self._batch(loader)
+        moved = [code(c.func.value) for s in [*early, *(body[k] for k in updates)]
+                 for c in m.findall(s, m.Call()) if isinstance(c.func, cst.Attribute)
+                 and c.func.attr.value == "step" and f.is_kind(c.func.value, SCHEDULER)]
+        if moved:
+            self.notes.append(f"`{moved[0]}.step()` now runs once per optimizer step: a schedule "
+                              f"sized in batches runs {n} times slower")
+        breaks = [b for b in m.findall(self.loop.body, m.Break()) if _loop_of(f, b) is self.loop]
+        if breaks:
+            self.notes.append(f"the loop can `break` (line {f.line(breaks[0])}): a group cut short there "
+                              "is not stepped")
+        self.notes.append(f"Accelerate divides each loss by {n}, the last, partial group's of an epoch too "
+                          "(Accelerate's own rule: that step applies the sum of its micro-batches' "
+                          f"gradients over {n}, not their mean)")
+        self.ctx.change(self.loop, f"gradients accumulated over {n} micro-batches in the loop {head} with "
+                                   f"`{ref}.accumulate({model})`: `{short(step)}` every {n} batches and at the "
+                                   "end of the epoch; " + "; ".join(self.notes), kind=batch_kind)
 
     def _counter(self) -> tuple[Union[str, None, bool], int]:
         """The loop's own ``enumerate`` counter and start, (None, 0) when it has none, or
