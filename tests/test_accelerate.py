@@ -42,10 +42,9 @@ def test_what_accelerate_does_not_take_yet_is_refused_with_the_reason(flags, sai
 #: (accelerate 1.15), and L-BFGS's script reads the closure's loss from it
 REFUSED = {"lbfgs": "`optimizer.step(closure)`'s result is read, and the step of an optimizer Accelerate prepares"}
 #: where Accelerate's prepared model on several processes (DistributedDataParallel) can't stand
-#: in for the module: a method of the model's own that the script calls on it
-SEVERAL_REFUSED = {"manual_sgd": "`model.init_hidden(...)` runs the model outside DistributedDataParallel's forward",
-                   "vae": "`model.decode(...)` runs the model outside DistributedDataParallel's forward",
-                   "word_lm": "`model.init_hidden(...)` runs the model outside DistributedDataParallel's forward"}
+#: in for the module: none of the fixtures now (word_lm's ``init_hidden`` only probes the
+#: parameters, VAE's ``decode`` runs under no_grad: both read the module, unwrapped)
+SEVERAL_REFUSED: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("fabric_set, accelerate_set", [("default", ACCELERATE),
@@ -405,8 +404,10 @@ def test_a_whole_model_saved_is_the_module_on_one_process_and_on_several():
     returns the module) and ``accelerator.unwrap_model(model)`` on several."""
     one = run("word_lm", ACCELERATE).output
     assert "torch.save(model, f)" in one and ".module" not in one.split("def main", 1)[-1]
-    several = run("word_lm", ACCELERATE + "-devices-2")
-    assert "Accelerator(" not in several.output  # word_lm calls model.init_hidden (refused on several)
+    several = run("word_lm", ACCELERATE + "-devices-2").output
+    assert "torch.save(accelerator.unwrap_model(model), f)" in several
+    # init_hidden only probes the parameters (``next(self.parameters()).new_zeros(...)``)
+    assert "hidden = accelerator.unwrap_model(model).init_hidden(args.batch_size)" in several
 
 
 # ---- --accumulate: Accelerate's own accumulation ----------------------------------------------
@@ -517,3 +518,152 @@ def test_accelerate_s_accumulation_steps_as_the_fabric_plan_s(tmp_path):
             weights[backend, n] = done.stdout.split()
     assert weights["torch", 32] == weights["accelerate", 32]
     assert weights["torch", 24] != weights["accelerate", 24]
+
+
+# ---- what a research script does with its model around the set-up (several processes) ---------
+
+
+def test_a_research_script_s_reads_of_its_model_go_to_the_module_or_the_wrapper_as_they_need():
+    """research_reads: the main block's own ``model`` (built, moved, logged, its attributes read)
+    is never the set-up one; an EMA copy and a method that probes the parameters read the
+    module; SyncBatchNorm's conversion comes before the set-up; a decoder run under no_grad
+    reads the module."""
+    out = run("research_reads", ACCELERATE + "-devices-2").output
+    assert "    ema = copy.deepcopy(accelerator.unwrap_model(model))\n" in out
+    assert "            state = accelerator.unwrap_model(model).init_state(x.size(0))\n" in out
+    assert "        sample = accelerator.unwrap_model(model).decode(" in out
+    assert out.index("convert_sync_batchnorm(model)") < out.index("accelerator.prepare(model, optimizer)")
+    assert '    logger.info(model)\n    print(f"width {model.width}, code {model.code}")\n' in out
+    assert "mark_forward_method" not in out
+    notes = " ".join(n.message for n in run("research_reads", ACCELERATE + "-devices-2").notes)
+    assert "marked" not in notes
+
+
+#: the analysis's patterns, each where the wrapper or the module is what the original handed over
+SNIPPET = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+{imports}
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 1)
+
+    def encode(self, x):
+        return self.body(x)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+def main():
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4)
+{before}
+    for x, y in loader:
+        loss = (model(x) - y).pow(2).mean(){extra}
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+{after}
+
+
+main()
+"""
+
+
+def _several(imports="", before="", after="", extra=""):
+    source = SNIPPET.format(imports=imports, before=before, after=after, extra=extra)
+    return rewrite(source, Options.create(backend="accelerate", devices=2))
+
+
+def test_what_the_original_handed_its_ddp_wrapper_gets_accelerate_s():
+    """``model = DDP(model)`` in the original: code the rewrite can't see that then received the
+    wrapper (an EMA's ``update``) receives Accelerate's; timm's ModelEmaV2, built before the
+    wrap on the module (it keeps a deepcopy), receives the module."""
+    result = _several(imports="from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                              "from timm.utils import ModelEmaV2\n",
+                      before="    torch.distributed.init_process_group('gloo')\n    ema = ModelEmaV2(model)\n"
+                             "    model = DDP(model)",
+                      extra="\n        ema.update(model)")
+    assert "accelerator.prepare(model, optimizer)" in result.output, result.skips
+    assert "    ema = ModelEmaV2(accelerator.unwrap_model(model))\n" in result.output
+    assert "        ema.update(model)\n" in result.output
+    unseen = _several(imports="from ema_lib import Ema\n", before="    ema = Ema(model)")
+    assert "Accelerator" not in unseen.output
+    assert any("`Ema(model)` is given the set-up `model`" in n.message for n in unseen.skips)
+
+
+def test_library_calls_known_to_read_the_module_get_it_and_those_that_take_the_wrapper_keep_it():
+    result = _several(imports="from timm.models import resume_checkpoint\n",
+                      after="    resume_checkpoint(model, 'last.pth')\n    compiled = torch.compile(model)\n"
+                            "    torch.onnx.export(model, torch.randn(1, 4), 'net.onnx')")
+    out = result.output
+    assert "    resume_checkpoint(accelerator.unwrap_model(model), 'last.pth')\n" in out, result.skips
+    assert "    compiled = torch.compile(model)\n" in out
+    assert "    torch.onnx.export(accelerator.unwrap_model(model), torch.randn(1, 4), 'net.onnx')\n" in out
+
+
+def test_a_method_of_the_model_that_records_gradients_outside_its_forward_is_still_refused():
+    """``model.encode(x)`` in the training loop builds a graph outside DistributedDataParallel's
+    forward: refused (Fabric marks it); under no_grad it reads the module."""
+    refused = _several(extra=" + model.encode(x).pow(2).mean()")
+    assert "Accelerator" not in refused.output
+    assert any("`model.encode(...)` runs the model outside DistributedDataParallel's forward" in n.message
+               for n in refused.skips)
+    quiet = _several(after="    with torch.no_grad():\n        print(model.encode(torch.randn(1, 4)))")
+    assert "        accelerator.print(accelerator.unwrap_model(model).encode(torch.randn(1, 4)))\n" in quiet.output
+
+
+@pytest.mark.runs
+def test_a_research_script_trains_on_two_processes_and_its_checkpoint_loads_as_the_original_s(tmp_path):
+    """research_reads on 2 gloo processes: each loss line once, as many as the original's on
+    one; the EMA's state dict has the original's keys; at one process, 32-true, every printed
+    number equals the original's."""
+    import sys
+
+    from tests import processes
+
+    pytest.importorskip("accelerate")
+    [(original, rewritten)] = _two_ways("research_reads", tmp_path, [], [])
+    lines = [line for line in original.stdout.splitlines() if line.startswith(("epoch", "sample"))]
+    shard = [line.rsplit(" ", 2)[0] for line in rewritten.stdout.splitlines() if line.startswith(("epoch", "sample"))]
+    # 4 batches of each epoch per process, a line every 4 steps, once
+    assert shard == ["epoch 0 step 0", "epoch 1 step 0", "sample"], rewritten.stdout
+    import torch
+
+    keys = [sorted(torch.load(tmp_path / folder / "ema.pt", map_location="cpu")) for folder in ("original", "rewritten")]
+    assert keys[0] == keys[1]
+    one = rewrite((FIXTURES / "research_reads" / "input.py").read_text(encoding="utf-8"),
+                  Options.create(backend="accelerate", accelerator="cpu"))
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "input.py").write_text(one.output, encoding="utf-8")
+    done = processes.run_ranks([sys.executable, "input.py"], tmp_path / "one")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [line for line in done.stdout.splitlines() if line.startswith(("epoch", "sample"))] == lines
+
+
+def test_a_project_helper_without_training_code_is_read_where_the_model_is_handed_to_it(tmp_path, monkeypatch):
+    """SAM's ``enable_running_stats(model)`` (utility/bypass_bn.py: no backward, no optimizer):
+    on several processes its module is followed, and, since it never runs the model, it gets the
+    module (``accelerator.unwrap_model(model)``), not DistributedDataParallel."""
+    from accelerate_rewrite.codemod.project import Scope
+
+    (tmp_path / "bypass_bn.py").write_text(
+        "from torch.nn.modules.batchnorm import _BatchNorm\n\n\n"
+        "def disable_running_stats(model):\n"
+        "    def _disable(module):\n"
+        "        if isinstance(module, _BatchNorm):\n"
+        "            module.backup_momentum = module.momentum\n"
+        "            module.momentum = 0\n\n"
+        "    model.apply(_disable)\n", encoding="utf-8")
+    source = SNIPPET.format(imports="from bypass_bn import disable_running_stats\n", before="", after="",
+                            extra="\n        disable_running_stats(model)")
+    (tmp_path / "train.py").write_text(source, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    result = rewrite(source, Options.create(backend="accelerate", devices=2), path="train.py", scope=Scope())
+    assert "        disable_running_stats(accelerator.unwrap_model(model))\n" in result.output, result.skips

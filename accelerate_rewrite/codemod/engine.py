@@ -225,8 +225,10 @@ def rewrite(
     return result
 
 
-def _project(source: str, path: str, scope: Scope, sources: Optional[dict[str, str]]) -> Optional[Project]:
-    """The script with the project's modules it imports (codemod/project.py), or None."""
+def _project(source: str, path: str, scope: Scope, sources: Optional[dict[str, str]],
+             words: tuple[str, ...] = TRAINING_WORDS) -> Optional[Project]:
+    """The script with the project's modules it imports (codemod/project.py), or None.
+    ``words``: a module that mentions none of them is not followed (nothing a rule reads)."""
     folder = _folder(path)
     if folder is None or "import" not in source:
         return None
@@ -264,7 +266,7 @@ def _project(source: str, path: str, scope: Scope, sources: Optional[dict[str, s
         return text, head, tail, module
 
     module, head, _ = _parse(source, path, make=_parsed)
-    return build(path, head, module, source, read, words=TRAINING_WORDS)
+    return build(path, head, module, source, read, words=words)
 
 
 def removed_in(unit: Unit, output: str, splice: Optional[Splice]) -> list[tuple[int, str]]:
@@ -285,7 +287,10 @@ def _rewrite(
     sources: Optional[dict[str, str]] = None,
     spelling: Optional[Spelling] = None,
 ) -> Result:
-    project = _project(source, path, scope, sources) if scope is not None else None
+    # Accelerate on several processes reads every helper the set-up model is handed to
+    # (rules/_fabric_setups.py): DistributedDataParallel is not the module there
+    words = TRAINING_WORDS + (("model",) if options.accelerate and options.many_devices else ())
+    project = _project(source, path, scope, sources, words) if scope is not None else None
     unfollowed = project.unfollowed if project is not None else []
     several = project is not None and len(project.parts) > 1
     if several:

@@ -177,6 +177,20 @@ SCHEDULER_FACTORIES: dict[str, SchedulerFactory] = {
        for path in ("", ".optimization")},
 }
 
+#: calls that take a model wrapped in DistributedDataParallel as they take the module: they walk
+#: its submodules, or wrap it whole (--backend accelerate on several processes passes the
+#: prepared model as it is): qualified name -> (where the model goes, the release read)
+WRAPPER_TAKERS: dict[str, tuple[Argument, str]] = {
+    **{f"torch.nn{path}.SyncBatchNorm.convert_sync_batchnorm": (
+        Argument(0, "module"), "torch 2.13, torch/nn/modules/batchnorm.py: convert_sync_batchnorm(module) replaces "
+                               "each BatchNorm among the children, keeping its parameters and buffers, and returns "
+                               "the module it was given when that is no BatchNorm")
+       for path in ("", ".modules.batchnorm")},
+    "torch.compile": (Argument(0, "model"), "torch 2.13, torch/__init__.py: compile(model) wraps the module it is "
+                                            "given (DistributedDataParallel included: its compiled forward keeps "
+                                            "DDP's reduction)"),
+}
+
 _TORCH = "torch 2.13, torch/serialization.py; Python 3.11, copy.py"
 #: calls that take a model only to read it (pickle it, copy it): given the module itself they
 #: do what they did before a wrapper came around it (--backend accelerate on several
@@ -187,4 +201,19 @@ MODEL_READERS: dict[str, tuple[Argument, str]] = {
     "torch.serialization.save": (Argument(0, "obj"), _TORCH + ": save(obj, f) pickles obj"),
     "copy.deepcopy": (Argument(0, "x"), _TORCH + ": deepcopy(x) copies x"),
     "copy.copy": (Argument(0, "x"), _TORCH + ": copy(x) copies x"),
+    **{f"torch.onnx{path}.export": (Argument(0, "model"), "torch 2.13, torch/onnx/__init__.py: export(model, args, "
+                                                          "f, ...) traces the module's forward")
+       for path in ("", ".utils")},
+    **{f"timm.models{path}.{name}": (Argument(0, "model"), "timm 0.4.12 to 1.0.29, timm/models/helpers.py: "
+                                                           f"{name}(model, checkpoint_path, ...) strips `module.` "
+                                                           "from the checkpoint's keys and runs "
+                                                           "model.load_state_dict")
+       for path in ("", ".helpers", "._helpers") for name in ("resume_checkpoint", "load_checkpoint")},
+    **{f"timm.utils{path}.{name}": (Argument(0, "model"), f"timm 0.4.12 to 1.0.29, timm/utils/model_ema.py: {name}("
+                                                          "model, ...) keeps a deepcopy of the model")
+       for path in ("", ".model_ema") for name in ("ModelEma", "ModelEmaV2", "ModelEmaV3")},
+    **{f"timm.utils{path}.model_parameters": (Argument(0, "model"), "timm 0.4.12 to 1.0.29, timm/utils/model.py: "
+                                                                   "model_parameters(model, exclude_head) lists "
+                                                                   "model.parameters()")
+       for path in ("", ".model")},
 }

@@ -99,6 +99,19 @@ def _no_grad_call(f: ScriptFacts, node: cst.BaseExpression) -> bool:
     return bool(f.qualnames(core) & set(NO_GRAD)) or bool(f.qualnames(node) & set(NO_GRAD))
 
 
+def without_grad(f: ScriptFacts, node: cst.CSTNode) -> bool:
+    """``node`` runs under ``with torch.no_grad():`` (or inference_mode) in its function, or in a
+    function decorated with one."""
+    for parent in f.ancestors(node):
+        if isinstance(parent, cst.With) and any(_no_grad_call(f, item.item) for item in parent.items):
+            return True
+        if isinstance(parent, cst.FunctionDef):
+            return any(_no_grad_call(f, d.decorator) for d in parent.decorators)
+        if isinstance(parent, (cst.ClassDef, cst.Lambda)):
+            return False
+    return False
+
+
 def has_eval_evidence(f: ScriptFacts, loop: cst.For) -> bool:
     """The loop runs without gradients, or after ``model.eval()`` in its function."""
     for parent in f.ancestors(loop):

@@ -19,10 +19,12 @@ from accelerate_rewrite.codemod.facts import (
     Key,
     Optimizer,
     ScriptFacts,
+    code,
 )
 from accelerate_rewrite.codemod.facts_kinds import hand_updated
 from accelerate_rewrite.codemod.hints import model_hint
-from accelerate_rewrite.codemod.libraries import MODEL_READERS
+from accelerate_rewrite.codemod.libraries import MODEL_READERS, WRAPPER_TAKERS
+from accelerate_rewrite.codemod.loops import without_grad
 from accelerate_rewrite.codemod.returns import _returns
 from accelerate_rewrite.codemod.syntax import passed_at, positional_params
 from accelerate_rewrite.rules._fabric import SetupGroup, common_after, short
@@ -161,6 +163,75 @@ class Setups:
                 p.unwraps.append(value)
         return True
 
+    def _as_built(self, node: cst.CSTNode, home, name: str) -> bool:
+        """``node`` is a name of another function than the set-up's (or of the module) that
+        only ever holds the model as built (UNet's ``model = UNet(...)`` in the main block, read
+        as ``model.n_channels``, while ``train_model(model, ...)`` sets up its own ``model``):
+        not a parameter, every binding a construction, and the set-up's function declares no
+        ``global`` of it."""
+        f = self.f
+        if not isinstance(node, cst.Name) or home is None:
+            return False
+        func = f.function(node)
+        if func is home or func is not None and any(
+                prm.name.value == node.value for prm in (*func.params.posonly_params, *func.params.params,
+                                                         *func.params.kwonly_params)):
+            return False
+        if any(node.value in [n.name.value for n in g.names] or name in [n.name.value for n in g.names]
+               for g in f.find_in(home, m.Global() | m.Nonlocal())):
+            return False
+
+        def built(value: Optional[cst.BaseExpression]) -> bool:
+            # made by a class or a library (``UNet(...)``, ``model.to(memory_format=...)``); the
+            # project's own functions might hand the set-up one back
+            if not isinstance(value, cst.Call):
+                return False
+            callee = f.functions.get(value.func.value) if isinstance(value.func, cst.Name) else None
+            return callee is None or isinstance(callee.node, cst.ClassDef)
+
+        bindings = f.assignments(node)
+        return bool(bindings) and all(built(value) for _, value in bindings)
+
+    def _runs_apart(self, call: cst.Call, name: str, home, setup_line: int) -> bool:
+        """``model.NAME(...)`` may run on the module itself (``accelerator.unwrap_model(model)``,
+        outside DistributedDataParallel): on the model as built (in the set-up's function before
+        it, or in a helper called only there: YOLO's ``load_darknet_weights``), where no gradient
+        is recorded (``with torch.no_grad():``: VAE's ``model.decode(sample)``), or a method that
+        only probes its parameters (word_lm's ``init_hidden``: ``next(self.parameters())
+        .new_zeros(...)``)."""
+        f = self.f
+        func = f.function(call)
+        if func is home and f.line(call) <= setup_line or self._only_before(func, home, setup_line):
+            return True
+        return without_grad(f, call) or _probes_only(f, name)
+
+    def _wrapped_in_original(self, node: cst.CSTNode, depth: int = 0) -> bool:
+        """``node`` is, in the original on several processes, the script's own
+        DistributedDataParallel: read after ``model = DDP(model, ...)`` in that function, or a
+        parameter every call passes such a model (DeiT's ``train_one_epoch(model, ...)``, whose
+        ``model_ema.update(model)`` got the wrapper before). Code the rewrite can't see that takes
+        it there takes Accelerate's DistributedDataParallel the same."""
+        f, p = self.f, self.p
+        key = f.key_of(node) if isinstance(node, cst.Name) else None
+        if key is None or p.ddp is None or depth > 4:
+            return False
+        for wrap in p.ddp.wraps:
+            targets = wrap.stmt.body[0].targets if isinstance(wrap.stmt, cst.SimpleStatementLine) and isinstance(
+                wrap.stmt.body[0], cst.Assign) else ()
+            if any(isinstance(t.target, cst.Name) and f.key_of(t.target) == key for t in targets) \
+                    and f.function(wrap.stmt) is f.function(node) and f.line(wrap.stmt) < f.line(node):
+                return True
+        func = f.function(node)
+        if func is None or key[0] is not func:
+            return False
+        params = positional_params(func)
+        index = next((i for i, prm in enumerate(params) if prm.name.value == node.value), None)
+        fn = f.functions.get(func.name.value)
+        if index is None or fn is None or fn.node is not func or not fn.calls or fn.other_uses:
+            return False
+        passed = [passed_at(call, index, node.value) for call in fn.calls]
+        return all(value is not None and self._wrapped_in_original(value, depth + 1) for value in passed)
+
     def _wrapped_reads(self, group: SetupGroup) -> None:
         """``--backend accelerate`` on several processes: Accelerate's ``prepare`` returns the model
         wrapped in DistributedDataParallel, whose ``state_dict()`` keys, named parameters and
@@ -170,15 +241,16 @@ class Setups:
         that runs the model (``model.decode(z)``) would run outside DDP's forward, and passing it
         to code the analysis can't see could hand that code the wrapper: both are refused."""
         f, p = self.f, self.p
-        if group.forward_methods:
-            name = group.forward_methods[0]
-            where = next((call for _, call in f.attribute_calls_of(name)
-                          if f.same_object(f.key_of(call.func.value), group.model_key)), group.after)
-            self.refuse(where, f"`{group.model}.{name}(...)` runs the model outside DistributedDataParallel's "
-                               "forward, which Accelerate's prepared model has no way to mark (Fabric's "
-                               "mark_forward_method); --backend fabric converts it")
-            return
         home, setup_line = f.function(group.after), f.line(group.after)
+        for name in group.forward_methods:
+            where = next((call for _, call in f.attribute_calls_of(name)
+                          if f.same_object(f.key_of(call.func.value), group.model_key)
+                          and not self._runs_apart(call, name, home, setup_line)), None)
+            if where is not None:
+                self.refuse(where, f"`{group.model}.{name}(...)` runs the model outside DistributedDataParallel's "
+                                   "forward, which Accelerate's prepared model has no way to mark (Fabric's "
+                                   "mark_forward_method); --backend fabric converts it")
+                return
         gone = {id(s) for s in (p.ddp.removed if p.ddp is not None else ())} | {
             id(w.stmt) for w in (p.ddp.wraps if p.ddp is not None else ())} | {
             id(f.statement(site.call)) for site in f.data_parallel()} | {  # wraps the conversion removes
@@ -198,6 +270,8 @@ class Setups:
                         continue
                     if parent.attr.value == "module":  # the script's own unwrap (``ddp_model.module``)
                         node = parent
+                    if self._as_built(node, home, group.model):
+                        continue  # a caller's own name: the set-up rebinds the one of its function only
                     if p.ref_at(f, node) is None:
                         if self._unwrapped_where_passed(node, home, setup_line):
                             continue  # the helper receives the module itself
@@ -218,10 +292,15 @@ class Setups:
                             p.unwraps.append(node)
                         continue
                     if isinstance(call, cst.Call) and (
-                            f.qualname(call) in _LOOKS_ONLY
+                            f.qualname(call) in _LOOKS_ONLY or _logged(call)
                             or f.qualname(call) == "builtins.hasattr" and len(call.args) == 2
                             and m.matches(call.args[1].value, m.SimpleString('"module"') | m.SimpleString("'module'"))):
                         continue  # ``model.module if hasattr(model, "module") else model``: the module either way
+                    taker = WRAPPER_TAKERS.get(f.qualname(call)) if isinstance(call, cst.Call) else None
+                    if taker is not None and passed_at(call, taker[0].index, taker[0].keyword) is node:
+                        continue  # ``nn.SyncBatchNorm.convert_sync_batchnorm(model)``: the wrapper is as good
+                    if self._wrapped_in_original(node):
+                        continue  # the original hands that code its DistributedDataParallel too (timm's ModelEma)
                     self.refuse(node, f"`{short(call)}` is given the set-up `{short(node)}`: under Accelerate's "
                                       "processes that is DistributedDataParallel, not the module, and the rewrite "
                                       "can't see what that code reads of it; --backend fabric converts it")
@@ -409,9 +488,37 @@ class Setups:
 #: calls that only look at an object (its printed form is the wrapper's, which is no matter)
 _LOOKS_ONLY = frozenset({"builtins.isinstance", "builtins.print", "builtins.str", "builtins.repr", "builtins.type",
                          "builtins.id"})
+def _logged(call: cst.Call) -> bool:
+    """``logger.info(model)``, ``logging.info(model)``: the model's printed form, logged."""
+    func = call.func
+    return isinstance(func, cst.Attribute) and func.attr.value in (
+        "info", "debug", "warning", "warn", "error", "critical", "log") and "log" in code(func.value).lower()
+
+
 #: what a script may read of a model wrapped in DistributedDataParallel as of the module itself
 _WRAPPER_SAFE = frozenset({"train", "eval", "parameters", "zero_grad", "training", "requires_grad_", "to",
                            "cuda", "cpu"})
+
+
+#: calls a method may make and still only probe the model (its device, its dtype): a tensor
+#: made like a parameter records no gradient
+_PROBES = frozenset({"next", "parameters", "new_zeros", "new_ones", "new_empty", "new_full", "zeros", "ones",
+                     "empty", "size", "to", "range", "len", "int", "float", "tuple", "list"})
+
+
+def _probes_only(f: ScriptFacts, name: str) -> bool:
+    """Every method ``name`` of the project's classes records no gradient: it makes only calls
+    of ``_PROBES``, or runs under ``torch.no_grad()`` (ViT's ``load_from(weights)``: ``with
+    torch.no_grad(): self.head.weight.copy_(...)``)."""
+    methods = [s for cls in f.find(m.ClassDef()) for s in cls.body.body
+               if isinstance(s, cst.FunctionDef) and s.name.value == name]
+
+    def quiet(method: cst.FunctionDef) -> bool:
+        return all((call.func.value if isinstance(call.func, cst.Name) else call.func.attr.value
+                    if isinstance(call.func, cst.Attribute) else "") in _PROBES or without_grad(f, call)
+                   for call in f.find_in(method.body, m.Call()))
+
+    return bool(methods) and all(quiet(method) for method in methods)
 
 
 def _keys_by_object(f: ScriptFacts) -> dict[Key, list[Key]]:

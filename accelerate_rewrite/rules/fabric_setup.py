@@ -58,7 +58,9 @@ class FabricSetup(FabricRule):
                 continue
             opts = [o.set_up_as for o in group.optimizers]
             ref = group.ref
-            marks = [stmt(f'{group.model}.mark_forward_method("{name}")\n') for name in group.forward_methods]
+            # (Accelerate marks none: on several processes such a call reads the module, unwrapped)
+            marks = [] if ctx.options.accelerate else [stmt(f'{group.model}.mark_forward_method("{name}")\n')
+                                                       for name in group.forward_methods]
             if marks:
                 listed = ", ".join(f"`{n}`" for n in group.forward_methods)
                 ctx.change(group.after, f"marked {listed} of `{group.model}` as forward methods: the script "
