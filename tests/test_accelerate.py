@@ -667,3 +667,51 @@ def test_a_project_helper_without_training_code_is_read_where_the_model_is_hande
     monkeypatch.chdir(tmp_path)
     result = rewrite(source, Options.create(backend="accelerate", devices=2), path="train.py", scope=Scope())
     assert "        disable_running_stats(accelerator.unwrap_model(model))\n" in result.output, result.skips
+
+
+HELPERS = """\
+class Log:
+    def __call__(self, model, loss):
+        if model.training:
+            self._step(model, loss)
+
+    def _step(self, model, loss):
+        print(loss.item())
+
+
+def targets_for(model):
+    return model.head.out_features
+
+
+def loss_of(out, y, model):
+    return (out - y).pow(2).mean() * targets_for(model)
+
+
+def save(model, path):
+    module = model.module if hasattr(model, "module") else model
+    torch.save(module.state_dict(), path)
+
+"""
+
+
+def test_research_patterns_that_read_the_model_where_accelerator_is_not():
+    """YOLO's ``compute_loss(outputs, targets, model)`` (its ``build_targets`` reads the model's
+    attributes): the module, passed where ``accelerator`` is; SAM's ``log(model, loss)``, whose
+    class only reads ``model.training``: the prepared model; ViT's ``model.module if
+    hasattr(model, "module") else model``: as it is; poolformer's ``ModelEmaV2(model)`` after
+    ``from timm.utils import *``: the module; a multi-line optimizer's reads of the model come
+    before the set-up."""
+    source = SNIPPET.format(imports="from timm.utils import *\n\n" + HELPERS, before="    log = Log()",
+                            after="    ema = ModelEmaV2(model)\n    save(model, 'net.pt')",
+                            extra="\n        loss = loss_of(model(x), y, model)\n        log(model, loss)")
+    source = source.replace("optimizer = torch.optim.SGD(model.parameters(), lr=0.1)",
+                            "optimizer = torch.optim.SGD(\n        model.parameters(),\n"
+                            "        lr=0.1 / model.head.out_features)")
+    result = rewrite(source, Options.create(backend="accelerate", devices=2))
+    out = result.output
+    assert "accelerator.prepare(model, optimizer)" in out, result.skips
+    assert "        loss = loss_of(model(x), y, accelerator.unwrap_model(model))\n" in out
+    assert "        log(model, loss)\n" in out
+    assert "    ema = ModelEmaV2(accelerator.unwrap_model(model))\n" in out
+    assert '    module = model.module if hasattr(model, "module") else model\n' in out
+    assert "        lr=0.1 / model.head.out_features)\n" in out

@@ -186,6 +186,12 @@ WRAPPER_TAKERS: dict[str, tuple[Argument, str]] = {
                                "each BatchNorm among the children, keeping its parameters and buffers, and returns "
                                "the module it was given when that is no BatchNorm")
        for path in ("", ".modules.batchnorm")},
+    **{f"apex.parallel{path}.DistributedDataParallel": (
+        Argument(0, "module"), "apex 0.1 (24.04), apex/parallel/distributed.py: DistributedDataParallel(module) "
+                               "broadcasts the parameters and averages the gradients after backward: over "
+                               "DistributedDataParallel's own averages it gives the same numbers, twice reduced "
+                               "(the branch a script takes with its own --apex-amp flag, as under Fabric's wrapper)")
+       for path in ("", ".distributed")},
     "torch.compile": (Argument(0, "model"), "torch 2.13, torch/__init__.py: compile(model) wraps the module it is "
                                             "given (DistributedDataParallel included: its compiled forward keeps "
                                             "DDP's reduction)"),

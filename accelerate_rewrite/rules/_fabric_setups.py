@@ -139,29 +139,46 @@ class Setups:
         """``load_checkpoint(config, model_without_ddp, ...)`` (Swin's utils.py), a helper of the
         project that reads the model's ``load_state_dict`` where `accelerator` can't be reached:
         where the helper never runs the model (no forward inside), each call passes
-        ``accelerator.unwrap_model(model)``, and the helper gets the module itself."""
+        ``accelerator.unwrap_model(model)``, and the helper gets the module itself; through
+        helpers that pass it on, the outermost call that reaches `accelerator` (YOLO's
+        ``compute_loss(outputs, targets, model)``, whose ``build_targets`` reads
+        ``model.yolo_layers``)."""
+        passed = self._passed(node, home, setup_line)
+        if passed is None:
+            return False
+        for value in passed:
+            if value not in self.p.unwraps:
+                self.p.unwraps.append(value)
+        return True
+
+    def _passed(self, node: cst.CSTNode, home, setup_line: int, depth: int = 0) -> Optional[list]:
+        """Where ``node`` (a helper's parameter) is passed from a place that reaches `accelerator`,
+        or None."""
         f, p = self.f, self.p
         func = f.function(node)
         key = f.key_of(node) if isinstance(node, cst.Name) else None
-        if func is None or key is None or key[0] is not func:
-            return False
+        if func is None or key is None or key[0] is not func or depth > 4:
+            return None
         params = positional_params(func)
         index = next((i for i, prm in enumerate(params) if prm.name.value == node.value), None)
         fn = f.functions.get(func.name.value)
         if index is None or fn is None or fn.node is not func or not fn.calls or fn.other_uses:
-            return False
+            return None
         if any(isinstance(f.parent(r), cst.Call) and f.parent(r).func is r for r in f.references(key)):
-            return False  # it runs the model: unwrapped, its forward would leave DDP's
+            return None  # it runs the model: unwrapped, its forward would leave DDP's
         passed = []
         for call in fn.calls:
             value = passed_at(call, index, node.value)
-            if value is None or p.ref_at(f, call) is None or (f.function(call) is home and f.line(call) <= setup_line):
-                return False
+            if value is None or (f.function(call) is home and f.line(call) <= setup_line):
+                return None
+            if p.ref_at(f, call) is None:
+                further = self._passed(value, home, setup_line, depth + 1)
+                if further is None:
+                    return None
+                passed.extend(further)
+                continue
             passed.append(value)
-        for value in passed:
-            if value not in p.unwraps:
-                p.unwraps.append(value)
-        return True
+        return passed
 
     def _as_built(self, node: cst.CSTNode, home, name: str) -> bool:
         """``node`` is a name of another function than the set-up's (or of the module) that
@@ -192,7 +209,7 @@ class Setups:
         bindings = f.assignments(node)
         return bool(bindings) and all(built(value) for _, value in bindings)
 
-    def _runs_apart(self, call: cst.Call, name: str, home, setup_line: int) -> bool:
+    def _runs_apart(self, call: cst.Call, name: str, home, setup_line: int, model_key: Key) -> bool:
         """``model.NAME(...)`` may run on the module itself (``accelerator.unwrap_model(model)``,
         outside DistributedDataParallel): on the model as built (in the set-up's function before
         it, or in a helper called only there: YOLO's ``load_darknet_weights``), where no gradient
@@ -203,7 +220,9 @@ class Setups:
         func = f.function(call)
         if func is home and f.line(call) <= setup_line or self._only_before(func, home, setup_line):
             return True
-        return without_grad(f, call) or _probes_only(f, name)
+        classes = [f.functions[b.call.func.value].node for b in f.bound_as(model_key, "module")
+                   if b.call is not None and isinstance(b.call.func, cst.Name) and b.call.func.value in f.functions]
+        return without_grad(f, call) or _probes_only(f, name, [c for c in classes if isinstance(c, cst.ClassDef)])
 
     def _wrapped_in_original(self, node: cst.CSTNode, depth: int = 0) -> bool:
         """``node`` is, in the original on several processes, the script's own
@@ -241,11 +260,11 @@ class Setups:
         that runs the model (``model.decode(z)``) would run outside DDP's forward, and passing it
         to code the analysis can't see could hand that code the wrapper: both are refused."""
         f, p = self.f, self.p
-        home, setup_line = f.function(group.after), f.line(group.after)
+        home, setup_line = f.function(group.after), f.end_line(group.after)  # what it builds is read as built
         for name in group.forward_methods:
             where = next((call for _, call in f.attribute_calls_of(name)
                           if f.same_object(f.key_of(call.func.value), group.model_key)
-                          and not self._runs_apart(call, name, home, setup_line)), None)
+                          and not self._runs_apart(call, name, home, setup_line, group.model_key)), None)
             if where is not None:
                 self.refuse(where, f"`{group.model}.{name}(...)` runs the model outside DistributedDataParallel's "
                                    "forward, which Accelerate's prepared model has no way to mark (Fabric's "
@@ -269,6 +288,8 @@ class Setups:
                     if parent.attr.value in _WRAPPER_SAFE:
                         continue
                     if parent.attr.value == "module":  # the script's own unwrap (``ddp_model.module``)
+                        if _guarded(f, parent):
+                            continue  # ``model.module if hasattr(model, "module") else model``: either way
                         node = parent
                     if self._as_built(node, home, group.model):
                         continue  # a caller's own name: the set-up rebinds the one of its function only
@@ -285,7 +306,8 @@ class Setups:
                     call = f.parent(parent)
                     if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in f.functions:
                         continue  # the project's own code: its reads are the model's keys too
-                    reader = MODEL_READERS.get(f.qualname(call)) if isinstance(call, cst.Call) else None
+                    reader = MODEL_READERS.get(f.qualname(call) or _starred(f, call, MODEL_READERS)) \
+                        if isinstance(call, cst.Call) else None
                     if reader is not None and passed_at(call, reader[0].index, reader[0].keyword) is node \
                             and p.ref_at(f, node) is not None:
                         if node not in p.unwraps:  # ``torch.save(model, f)``: the module, as the original saved
@@ -299,6 +321,8 @@ class Setups:
                     taker = WRAPPER_TAKERS.get(f.qualname(call)) if isinstance(call, cst.Call) else None
                     if taker is not None and passed_at(call, taker[0].index, taker[0].keyword) is node:
                         continue  # ``nn.SyncBatchNorm.convert_sync_batchnorm(model)``: the wrapper is as good
+                    if _instance_takes_harmlessly(f, call, node):
+                        continue  # SAM's ``log(model, loss, ...)``: its class's method never reads it but as the module
                     if self._wrapped_in_original(node):
                         continue  # the original hands that code its DistributedDataParallel too (timm's ModelEma)
                     self.refuse(node, f"`{short(call)}` is given the set-up `{short(node)}`: under Accelerate's "
@@ -488,6 +512,72 @@ class Setups:
 #: calls that only look at an object (its printed form is the wrapper's, which is no matter)
 _LOOKS_ONLY = frozenset({"builtins.isinstance", "builtins.print", "builtins.str", "builtins.repr", "builtins.type",
                          "builtins.id"})
+def _starred(f: ScriptFacts, call: cst.CSTNode, table: dict) -> Optional[str]:
+    """``ModelEmaV2(model)`` after ``from timm.utils import *`` (poolformer): the one name of
+    ``table`` that a library's star import could have bound, where the program binds no such
+    name itself."""
+    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name)) or f.assignments(call.func):
+        return None
+    stars = [code(i.module) for i in f.find(m.ImportFrom(names=m.ImportStar())) if i.module is not None]
+    found = [f"{module}.{call.func.value}" for module in stars if f"{module}.{call.func.value}" in table]
+    return found[0] if len(found) == 1 else None
+
+
+def _instance_takes_harmlessly(f: ScriptFacts, call: cst.Call, node: cst.CSTNode) -> bool:
+    """``log(model, ...)`` or ``log.step(model, ...)``, with ``log = Log(...)`` an instance of a
+    class of the project: the method (``__call__``, ``step``) reads the model it receives only
+    as DistributedDataParallel reads as the module (``model.training``), or hands it to another
+    method of its class that does, or not at all (SAM's ``Log.__call__``)."""
+    func = call.func
+    holder, method = (func, "__call__") if isinstance(func, cst.Name) else (
+        (func.value, func.attr.value) if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
+        else (None, None))
+    if holder is None:
+        return False
+    values = [v for _, v in f.assignments(holder)]
+    made = {v.func.value for v in values if isinstance(v, cst.Call) and isinstance(v.func, cst.Name)}
+    if len(values) != 1 or len(made) != 1:
+        return False
+    cls = f.functions.get(next(iter(made)))
+    if cls is None or not isinstance(cls.node, cst.ClassDef):
+        return False
+    index = next((i for i, a in enumerate(call.args) if a.value is node and a.keyword is None), None)
+    return index is not None and _harmless(f, cls.node, method, index + 1, 0)
+
+
+def _harmless(f: ScriptFacts, cls: cst.ClassDef, method: str, index: int, depth: int) -> bool:
+    """The parameter at ``index`` (``self`` at 0) of ``cls.method`` is read only as
+    ``_WRAPPER_SAFE`` allows, or handed to another method of the class that reads it so."""
+    defs = [s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == method]
+    if len(defs) != 1 or depth > 4:
+        return False
+    params = [*defs[0].params.posonly_params, *defs[0].params.params]
+    if index >= len(params):
+        return False
+    name = params[index].name.value
+    for ref in m.findall(defs[0].body, m.Name(name)):
+        parent = f.parent(ref)
+        if isinstance(parent, cst.Attribute) and parent.value is ref and parent.attr.value in _WRAPPER_SAFE:
+            continue
+        if isinstance(parent, cst.Arg) and parent.keyword is None:
+            inner = f.parent(parent)
+            if isinstance(inner, cst.Call) and m.matches(inner.func, m.Attribute(value=m.Name("self"))) \
+                    and _harmless(f, cls, inner.func.attr.value,
+                                  [a.value for a in inner.args].index(ref) + 1, depth + 1):
+                continue
+        return False
+    return True
+
+
+def _guarded(f: ScriptFacts, read: cst.Attribute) -> bool:
+    """``model.module if hasattr(model, "module") else model``: the module, wrapped or not."""
+    choice = f.parent(read)
+    return isinstance(choice, cst.IfExp) and choice.body is read and m.matches(choice.test, m.Call(
+        func=m.Name("hasattr"), args=[m.Arg(m.Name(read.value.value) if isinstance(read.value, cst.Name)
+                                            else m.DoNotCare()), m.Arg(m.SimpleString())])) \
+        and choice.test.args[1].value.evaluated_value == "module" and isinstance(read.value, cst.Name)
+
+
 def _logged(call: cst.Call) -> bool:
     """``logger.info(model)``, ``logging.info(model)``: the model's printed form, logged."""
     func = call.func
@@ -506,11 +596,12 @@ _PROBES = frozenset({"next", "parameters", "new_zeros", "new_ones", "new_empty",
                      "empty", "size", "to", "range", "len", "int", "float", "tuple", "list"})
 
 
-def _probes_only(f: ScriptFacts, name: str) -> bool:
-    """Every method ``name`` of the project's classes records no gradient: it makes only calls
-    of ``_PROBES``, or runs under ``torch.no_grad()`` (ViT's ``load_from(weights)``: ``with
-    torch.no_grad(): self.head.weight.copy_(...)``)."""
-    methods = [s for cls in f.find(m.ClassDef()) for s in cls.body.body
+def _probes_only(f: ScriptFacts, name: str, classes: list[cst.ClassDef]) -> bool:
+    """Every method ``name`` of the model's classes (of the project's, where the model's is not
+    known) records no gradient: it makes only calls of ``_PROBES``, or runs under
+    ``torch.no_grad()`` (ViT's ``load_from(weights)``: ``with torch.no_grad():
+    self.head.weight.copy_(...)``, and the blocks' own ``load_from`` it calls there)."""
+    methods = [s for cls in (classes or f.find(m.ClassDef())) for s in cls.body.body
                if isinstance(s, cst.FunctionDef) and s.name.value == name]
 
     def quiet(method: cst.FunctionDef) -> bool:
