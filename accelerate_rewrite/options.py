@@ -144,15 +144,12 @@ def normalize_backend(value: str) -> str:
     return _one_of("backend", value, BACKENDS)
 
 
-def _accelerate_options(precision, devices, strategy, num_nodes, accelerator) -> None:
-    """What ``--backend accelerate`` writes so far: one node, DDP (Accelerate's default),
-    Accelerate's mixed precisions. The rest is refused with the reason."""
+def _accelerate_options(precision, devices, strategy, accelerator) -> None:
+    """What ``--backend accelerate`` writes so far: DDP (Accelerate's default), Accelerate's
+    mixed precisions. The rest is refused with the reason."""
     if precision is not None and normalize_precision(precision) not in ACCELERATE_PRECISIONS:
         raise OptionError(f"--precision {normalize_precision(precision)} has no Accelerate equivalent (it takes "
                           + ", ".join(ACCELERATE_PRECISIONS) + "); use --backend fabric")
-    if num_nodes is not None and normalize_num_nodes(num_nodes) != 1:
-        raise OptionError("--num-nodes: --backend accelerate writes one node so far (accelerate launch's "
-                          "multi-node lines are not written yet); use --backend fabric")
     if strategy is not None and normalize_strategy(strategy) not in ("auto", "ddp"):
         raise OptionError(f"--strategy {normalize_strategy(strategy)}: --backend accelerate does not write "
                           "Accelerate's FSDP or DeepSpeed plugins yet; use --backend fabric")
@@ -328,7 +325,7 @@ class Options:
                 raise OptionError(f"{flag} needs --backend fabric: the torch backend keeps the "
                                   "script's own single process and device")
         if backend == "accelerate":
-            _accelerate_options(precision, devices, strategy, num_nodes, accelerator)
+            _accelerate_options(precision, devices, strategy, accelerator)
         if keep_effective_batch and accumulate is None:
             raise OptionError("--keep-effective-batch needs --accumulate N: it divides the "
                               "DataLoader's batch_size by N")

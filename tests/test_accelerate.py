@@ -30,7 +30,6 @@ def _names(code: str) -> set[str]:
 @pytest.mark.parametrize("flags, said", [
     ({"precision": "16-true"}, "--precision 16-true has no Accelerate equivalent"),
     ({"precision": "bf16-true"}, "--precision bf16-true has no Accelerate equivalent"),
-    ({"num_nodes": 2}, "--num-nodes: --backend accelerate writes one node so far"),
     ({"strategy": "fsdp"}, "--strategy fsdp: --backend accelerate does not write Accelerate's FSDP"),
 ])
 def test_what_accelerate_does_not_take_yet_is_refused_with_the_reason(flags, said):
@@ -715,3 +714,38 @@ def test_research_patterns_that_read_the_model_where_accelerator_is_not():
     assert "    ema = ModelEmaV2(accelerator.unwrap_model(model))\n" in out
     assert '    module = model.module if hasattr(model, "module") else model\n' in out
     assert "        lr=0.1 / model.head.out_features)\n" in out
+
+
+def test_several_nodes_launch_with_accelerate_launch_and_slurm_runs_it_once_per_node(tmp_path):
+    """``--num-nodes 2 --devices 4``: Accelerator() takes neither (the launcher's); the summary
+    says accelerate launch's multi-node line (every machine's processes counted) and torchrun's;
+    ``--launcher slurm`` writes a batch file with one task per node, each an accelerate launch
+    with SLURM's node rank (torchrun's on CPUs)."""
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from accelerate_rewrite.cli import cli
+    from accelerate_rewrite.launch import run_lines, sbatch_text
+
+    options = Options.create(backend="accelerate", devices=4, num_nodes=2)
+    result = rewrite((FIXTURES / "train_function" / "input.py").read_text(encoding="utf-8"), options)
+    assert "accelerator = Accelerator()" in result.output and "num_nodes" not in result.output
+    lines = run_lines("train.py", options)
+    assert ("  accelerate launch --multi_gpu --num_machines 2 --num_processes 8 --machine_rank R "
+            "--main_process_ip MAIN --main_process_port 29500 train.py") in lines
+    assert any(line.startswith("  or torchrun --nnodes=2 --nproc-per-node=4 --node-rank=R") for line in lines)
+    text = sbatch_text(Path("train.py"), options, ["--epochs", "3"])
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gres=gpu:4\n" in text
+    assert ("srun bash -c 'accelerate launch --multi_gpu --num_machines $SLURM_NNODES --num_processes "
+            "$((4 * SLURM_NNODES)) --machine_rank $SLURM_NODEID --main_process_ip $MAIN_PROCESS_IP "
+            "--main_process_port 29500 train.py --epochs 3'") in text
+    cpu = sbatch_text(Path("train.py"), Options.create(backend="accelerate", devices=2, num_nodes=2,
+                                                       accelerator="cpu"))
+    assert "torchrun --nnodes $SLURM_NNODES --nproc-per-node=2 --node-rank $SLURM_NODEID" in cpu and "gres" not in cpu
+    script = tmp_path / "train.py"
+    script.write_text((FIXTURES / "train_function" / "input.py").read_text(encoding="utf-8"), encoding="utf-8")
+    done = CliRunner().invoke(cli, [str(script), "--backend", "accelerate", "--devices", "4", "--num-nodes", "2",
+                                    "--launcher", "slurm", "--write"])
+    assert done.exit_code == 0, done.output
+    assert (tmp_path / "train.sbatch").read_text(encoding="utf-8").startswith("#!/bin/bash\n# written by")

@@ -121,8 +121,9 @@ def cli() -> None:
                    "reads; never with -o or --pre-commit].")
 @click.option("--launcher", type=click.Choice(["slurm"]),
               help="slurm: with --write or -o, also write SCRIPT.sbatch beside the result, a SLURM batch "
-                   "file that runs it on --num-nodes nodes with --devices tasks each (srun; Fabric reads "
-                   "SLURM's environment). One input file.")
+                   "file that runs it on --num-nodes nodes with --devices processes each (Fabric: srun, a "
+                   "task per device; --backend accelerate: a task per node running accelerate launch). "
+                   "One input file.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, metavar="N",
               help="Processes to rewrite files with (the output keeps the order of the files) "
                    "[default: the number of cores].")
@@ -229,8 +230,6 @@ def rewrite_command(
 
 def _sbatch(launcher: str, paths, output: Optional[str], options, mode):
     """(the batch file's path, its text) for --launcher slurm, checked before anything is rewritten."""
-    if options.accelerate:
-        _fail("--launcher slurm: --backend accelerate does not write its batch file yet (use --backend fabric)")
     from pathlib import Path
 
     from accelerate_rewrite.launch import sbatch_path, sbatch_text

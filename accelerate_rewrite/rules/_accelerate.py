@@ -110,7 +110,7 @@ def _accelerator_call(fabric: cst.Call, accumulate: Optional[int] = None) -> cst
         key = arg.keyword.value if arg.keyword is not None else None
         value = arg.value
         literal = value.evaluated_value if isinstance(value, cst.SimpleString) else None
-        if key == "devices":
+        if key in ("devices", "num_nodes"):  # the launcher's (accelerate launch, torchrun): Accelerator reads them
             continue
         if key == "strategy" and _strategy_options(value) is not None:
             options = _strategy_options(value)
