@@ -62,7 +62,8 @@ ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps", "tpu")
 BACKENDS = ("fabric", "torch", "accelerate")
 #: ``--precision`` -> ``Accelerator(mixed_precision=...)`` (accelerate 1.x); the others have no
 #: Accelerate equivalent
-ACCELERATE_PRECISIONS = {"32-true": "no", "16-mixed": "fp16", "bf16-mixed": "bf16"}
+ACCELERATE_PRECISIONS = {"32-true": "no", "16-mixed": "fp16", "bf16-mixed": "bf16",
+                         "transformer-engine": "fp8"}  # fp8: Accelerate picks its FP8 backend (TransformerEngine where installed)
 #: Options that only Fabric can carry out (processes, strategies, accelerators).
 FABRIC_ONLY = ("devices", "strategy", "num_nodes", "accelerator")
 

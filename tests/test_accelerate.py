@@ -749,3 +749,30 @@ def test_several_nodes_launch_with_accelerate_launch_and_slurm_runs_it_once_per_
                                     "--launcher", "slurm", "--write"])
     assert done.exit_code == 0, done.output
     assert (tmp_path / "train.sbatch").read_text(encoding="utf-8").startswith("#!/bin/bash\n# written by")
+
+
+def test_transformer_engine_is_accelerate_s_fp8():
+    out = rewrite((FIXTURES / "train_function" / "input.py").read_text(encoding="utf-8"),
+                  Options.create(backend="accelerate", precision="transformer-engine")).output
+    assert 'accelerator = Accelerator(mixed_precision="fp8")' in out
+
+
+@pytest.mark.runs
+def test_tune_measures_accelerate_candidates_as_fabric_s(tmp_path, monkeypatch):
+    """``tune --try "--backend accelerate ..."``: each candidate rewritten and verified as
+    ``verify --backend accelerate`` does; at 32-true it PASSes and its command applies it."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from accelerate_rewrite.cli import cli
+
+    pytest.importorskip("accelerate")
+    shutil.copy(FIXTURES / "module_loop" / "input.py", tmp_path / "train.py")
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(cli, ["tune", "train.py", "--try", "--backend accelerate --precision 32-true",
+                                    "--steps", "6", "--threads", "1", "-q"],
+                              env={"COLUMNS": "250"})
+    assert done.exit_code == 0, done.output
+    out = " ".join(done.output.split())
+    assert "--backend accelerate --precision 32-true" in out and "PASS" in out, done.output
