@@ -67,6 +67,9 @@ class EditSet:
     quiet_removals: set[int] = field(default_factory=set)
     # id() keys are only meaningful while the nodes are alive: keep them referenced.
     _keep: list[cst.CSTNode] = field(default_factory=list)
+    #: statements of the input that went whole because the edits emptied them (``_emptied_if``:
+    #: a ``try`` around an import that went), found while applying
+    emptied: list[cst.CSTNode] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.replacements or self.removals or self.before or self.after or self.imports
@@ -173,7 +176,10 @@ class _Apply(cst.CSTTransformer):
             after = list(self.edits.after.get(key, ()))
             if key in self.moving:
                 self.moved[key] = stmt
-            if key in self.edits.removals or _emptied_if(orig_stmt, stmt):
+            emptied = key not in self.edits.removals and _emptied_if(orig_stmt, stmt)
+            if emptied:
+                self.edits.emptied.append(orig_stmt)
+            if key in self.edits.removals or emptied:
                 placed = before + after
                 if key in self.edits.quiet_removals:
                     kept = _detached_lines(stmt.leading_lines)
@@ -391,4 +397,5 @@ def apply_edits(
             if id(node) not in seen:
                 seen.add(id(node))
                 touched.append((node, id(node) in edits.removals))
+        touched.extend((node, True) for node in edits.emptied if id(node) not in seen)
     return new

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 from functools import lru_cache
+import difflib
 import io
 import tokenize
 from difflib import SequenceMatcher
@@ -221,8 +222,16 @@ def lost_trivia(source: str, output: str, regions: Iterable[Region]) -> Optional
     after = trivia(output)
     if after is None:
         return None
-    missing = _embedded(wanted, [text for _, text in after])
-    return f"it would lose {_describe(missing)}" if missing is not None else None
+    texts = [text for _, text in after]
+    missing = _embedded(wanted, texts)
+    if missing is None:
+        return None
+    # the first item the output really lacks (the greedy scan's first miss can be a later one:
+    # a blank line lost early shifts every blank line after it)
+    matcher = difflib.SequenceMatcher(None, [text for _, text in wanted], texts, autojunk=False)
+    matched = {i for block in matcher.get_matching_blocks() for i in range(block.a, block.a + block.size)}
+    missing = next((item for i, item in enumerate(wanted) if i not in matched), missing)
+    return f"it would lose {_describe(missing)}"
 
 
 def _inside(regions: Iterable[Region]) -> Callable[[int], bool]:
