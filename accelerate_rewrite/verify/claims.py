@@ -15,9 +15,10 @@ from accelerate_rewrite.verify.runner import RunRecord
 
 
 def clip_problem(original: RunRecord, rewritten: RunRecord, clip_diffs: list[tuple[int, float]],
-                  allowed: float, flag: str) -> Optional[str]:
+                  allowed: float, flag: str, where: Optional[str] = None) -> Optional[str]:
     """The first step whose gradient, measured by the clip before it clipped, differs: clipped to
-    the same norm, the applied gradients can't show it (issue 27.3)."""
+    the same norm, the applied gradients can't show it (issue 27.3). ``where``: where the runs
+    part, as the records show it (issue 48), said instead of the likely causes."""
     i = next((i for i, d in clip_diffs if d > allowed), None)
     if i is None:
         return None
@@ -25,8 +26,9 @@ def clip_problem(original: RunRecord, rewritten: RunRecord, clip_diffs: list[tup
     return (f"the gradient measured before clipping at step {i + 1} differs: norm "
             f"{rewritten.clip_norms[i]:.6g} instead of {original.clip_norms[i]:.6g} (relative {d:.2e}, "
             f"allowed {allowed:g}: {flag}); clipped to the same limit, the applied gradients look "
-            "alike, but the step's gradient changed (gradients left from the previous step, a loss "
-            "scaled differently)")
+            "alike, but the step's gradient changed "
+            + (f"(where the runs part: {where})" if where else
+               "(gradients left from the previous step, a loss scaled differently)"))
 
 
 def frozen_names(patterns: Sequence[str], names: Sequence[str]) -> set[str]:

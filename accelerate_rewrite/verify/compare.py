@@ -37,6 +37,7 @@ from accelerate_rewrite.verify.claims import check_clip, check_freeze, clip_prob
 from accelerate_rewrite.verify.environment import machine_failure
 from accelerate_rewrite.verify.evidence import evidence_problem, precision_problem, steps_text, unapplied
 from accelerate_rewrite.verify.runner import RunRecord
+from accelerate_rewrite.verify.where import parting, static_differences
 
 EXACT, APPROXIMATE, CHANGES_TRAINING = "exact", "approximate", "changes-training"
 PASS, FAIL, ERROR = "pass", "fail", "error"
@@ -152,27 +153,32 @@ def _exact_problem(original: RunRecord, rewritten: RunRecord, diffs, grad_diffs,
                    tolerance: Tolerance, clip_diffs: list[tuple[int, float]] = ()) -> Optional[str]:
     """The first step where the losses or the applied gradients part ways (whichever is first:
     a lost zero_grad changes the gradient of step 2 and the loss only from step 3), or the
-    gradients measured before clipping."""
+    gradients measured before clipping. Where the records show it (issue 48), the first module
+    or parameter group whose gradient or update differs, and how (``where.parting``)."""
     first = next((i for i, d in enumerate(diffs) if d > tolerance.max_rel), None)
     first_grad = next((i for i, d in enumerate(grad_diffs) if d > tolerance.max_rel), None)
     first_clip = next((i for i, d in clip_diffs if d > tolerance.max_rel), None)
+    if first is None and first_grad is None and first_clip is None:
+        return None
+    part = parting(original, rewritten, tolerance.max_rel, min(len(original.losses), len(rewritten.losses)))
+    where = f"; where the runs part: {part.text}" if part is not None else ""
     if first_clip is not None and all(x is None or first_clip < x for x in (first, first_grad)):
-        return clip_problem(original, rewritten, clip_diffs, tolerance.max_rel, "--rtol")
+        return clip_problem(original, rewritten, clip_diffs, tolerance.max_rel, "--rtol",
+                            where=part.text if part is not None else None)
     if first_grad is not None and (first is None or first_grad < first):
         losses = ("the losses agree" if first is None else
                   f"the losses agree until step {first}")
+        hint = where or ("; a loss scaled differently (e.g. not divided under accumulation), or gradients left "
+                         "from the previous step, change the gradient while the losses follow only a step "
+                         "later, or not at all under Adam")
         return (f"{losses}, but the gradient applied at step {first_grad + 1} "
                 f"differs: norm {rewritten.grad_norms[first_grad]:.6g} instead of "
                 f"{original.grad_norms[first_grad]:.6g} (relative {grad_diffs[first_grad]:.2e}, allowed "
-                f"{tolerance.max_rel:g}: --rtol); a loss scaled differently (e.g. not divided under "
-                "accumulation), or gradients left from the previous step, change the gradient while "
-                "the losses follow only a step later, or not at all under Adam")
-    if first is not None:
-        return (f"the losses differ from step {first + 1} on: "
-                f"{rewritten.losses[first]:.6g} instead of {original.losses[first]:.6g} "
-                f"(relative {diffs[first]:.2e}, allowed {tolerance.max_rel:g} for a "
-                "rewrite that keeps the math: --rtol)")
-    return None
+                f"{tolerance.max_rel:g}: --rtol){hint}")
+    return (f"the losses differ from step {first + 1} on: "
+            f"{rewritten.losses[first]:.6g} instead of {original.losses[first]:.6g} "
+            f"(relative {diffs[first]:.2e}, allowed {tolerance.max_rel:g} for a "
+            f"rewrite that keeps the math: --rtol){where}")
 
 
 def _allowed(tolerance: Tolerance, key: str, flag: str, precision: Optional[str],
@@ -450,6 +456,10 @@ def compare(
     if settling is not None:  # the curves part where a GradScaler skipped steps: by design
         return verdict(*settling)
     if why is not None:
+        if basis == APPROXIMATE:  # within a tolerance: what the records show differs whatever the figures
+            facts = static_differences(original, rewritten)
+            if facts:
+                why += f"; the records show: {'; '.join(facts)}"
         return verdict(FAIL, why)
     if basis == EXACT:
         return verdict(PASS, what)

@@ -86,6 +86,171 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _plain(value: Any) -> Any:
+    """A parameter group's setting as JSON can hold it (a 0-d tensor as its float), or _SKIP."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)):
+        items = [_plain(v) for v in value]
+        return _SKIP if any(v is _SKIP for v in items) else items
+    numel = getattr(value, "numel", None)
+    if callable(numel):
+        try:
+            if numel() == 1:
+                return float(value)
+        except Exception:
+            pass
+    return _SKIP
+
+
+_SKIP = object()
+
+
+class _Where:
+    """Where two runs part (issue 48): per step of the first optimizer, the gradient norm and the
+    update size (the norm of the change the step made) of each of its parameter groups and of each
+    top-level module of the model(s) it trains (their ``named_children()``; a parameter of the
+    model itself counts as a module of its own), and each group's learning rate; at the first
+    step, each group's settings (lr, weight_decay, betas, eps, momentum, ...), and the parameters
+    with ``requires_grad`` False. Norms only: the update is measured against a copy of the
+    parameters on the CPU, made just before the step and dropped right after it (none where they
+    hold more than ``COPY_MAX_BYTES``)."""
+
+    COPY_MAX_BYTES = 1 << 30
+
+    def __init__(self, recorder: "Recorder", optimizer) -> None:
+        self.torch = recorder.torch
+        self.optimizer_type = type(optimizer).__name__
+        groups = optimizer.param_groups
+        wanted = [p for group in groups for p in group["params"]]
+        roots = recorder._roots(wanted)
+        self.modules: list[str] = []
+        self.types: list[str] = []  # each module's class ("Parameter": a parameter of the model itself)
+        self.params: list = []  # the parameters recorded (references, never copies)
+        self.names: list[str] = []  # their names in the user's model
+        self.module_of: list[int] = []  # their module's index in ``modules``
+        seen: dict[int, int] = {}
+        classes = [type(root).__name__ for root in roots]
+        for k, root in enumerate(roots):
+            prefix = ""
+            if len(roots) > 1:  # several models trained by one optimizer: each named by its class
+                prefix = classes[k] + (f"[{classes[:k].count(classes[k])}]" if classes.count(classes[k]) > 1 else "") + "."
+            children = dict(root.named_children())
+            for name, param in root.named_parameters():
+                if id(param) in seen:
+                    continue
+                head = name.split(".", 1)[0]
+                module = prefix + (head if head in children else name)
+                if module not in self.modules:
+                    self.modules.append(module)
+                    self.types.append(type(children[head]).__name__ if head in children else "Parameter")
+                seen[id(param)] = len(self.params)
+                self.params.append(param)
+                self.names.append(prefix + name)
+                self.module_of.append(self.modules.index(module))
+        self.groups: list[list[int]] = []
+        for g, group in enumerate(groups):
+            positions = []
+            for j, param in enumerate(group["params"]):
+                if id(param) not in seen:  # a tensor of no module the verifier found
+                    seen[id(param)] = len(self.params)
+                    self.params.append(param)
+                    self.names.append(f"param_groups[{g}][{j}]")
+                    self.module_of.append(-1)
+                positions.append(seen[id(param)])
+            self.groups.append(positions)
+        self.settings = [{k: v for k, v in ((k, _plain(v)) for k, v in group.items() if k != "params")
+                          if v is not _SKIP} for group in groups]
+        self.frozen = [i for i, p in enumerate(self.params) if not p.requires_grad]
+        self.copy = sum(p.numel() * p.element_size() for p in self.params) <= self.COPY_MAX_BYTES
+        self.optimizer = optimizer
+        self.steps: list[Optional[dict]] = []
+        self.pending: Optional[dict] = None
+        self.before_copy: Optional[list] = None
+
+    def _sums(self, values: dict[int, float]) -> tuple[list, list]:
+        """Per module and per group, the norm over the parameters that have a value (None: none has)."""
+        modules: list[Optional[float]] = [None] * len(self.modules)
+        for i, v in values.items():
+            m = self.module_of[i]
+            if m >= 0:
+                modules[m] = (modules[m] or 0.0) + v * v
+        groups: list[Optional[float]] = []
+        for positions in self.groups:
+            present = [values[i] for i in positions if i in values]
+            groups.append(sum(v * v for v in present) if present else None)
+        root = self._root
+        return [root(x) for x in modules], [root(x) for x in groups]
+
+    @staticmethod
+    def _root(x: Optional[float]) -> Optional[float]:
+        return None if x is None else x ** 0.5
+
+    def _norms(self, tensors: dict[int, Any]) -> dict[int, float]:
+        torch = self.torch
+        if not tensors:
+            return {}
+        keys = list(tensors)
+        norms = [torch.linalg.vector_norm(tensors[i], dtype=torch.float32).to("cpu") for i in keys]
+        return dict(zip(keys, torch.stack(norms).tolist()))
+
+    def before(self) -> None:
+        grads = {i: p.grad.detach() for i, p in enumerate(self.params)
+                 if getattr(p, "grad", None) is not None and not p.grad.is_sparse}
+        grad_modules, grad_groups = self._sums(self._norms(grads))
+        self.pending = {"g": grad_modules, "gg": grad_groups}
+        self.before_copy = [p.detach().to("cpu", copy=True) for p in self.params] if self.copy else None
+
+    def after(self) -> None:
+        if self.pending is None:
+            return
+        if self.before_copy is not None:
+            torch = self.torch
+            with torch.no_grad():
+                changes = {i: p.detach().float() - b.to(p.device).float()
+                           for i, (p, b) in enumerate(zip(self.params, self.before_copy))}
+                update_modules, update_groups = self._sums(self._norms(changes))
+            self.pending.update(u=update_modules, gu=update_groups)
+        self.before_copy = None
+
+    def end_step(self, skipped: bool, clip_max: Optional[float] = None) -> None:
+        entry = None if skipped else self.pending
+        if entry is not None:
+            if clip_max is not None:
+                entry["clip_max"] = clip_max
+            lrs = []
+            for group in self.optimizer.param_groups:
+                value = _plain(group.get("lr"))
+                lrs.append(value if isinstance(value, (int, float)) else None)
+            entry["lr"] = lrs
+        self.steps.append(entry)
+        self.pending, self.before_copy = None, None
+
+    def record(self, optimizers: list) -> dict:
+        in_group = {id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]}
+
+        def by_module(positions) -> dict[str, list[str]]:
+            out: dict[str, list[str]] = {}
+            for i in positions:
+                if self.module_of[i] >= 0:
+                    out.setdefault(self.modules[self.module_of[i]], []).append(self.names[i])
+            return out
+
+        return {
+            "optimizer": self.optimizer_type,
+            "modules": self.modules,
+            "module_types": self.types,
+            "groups": [{"settings": settings, "params": len(positions),
+                        "modules": list(dict.fromkeys(self.modules[self.module_of[i]] for i in positions
+                                                      if self.module_of[i] >= 0))}
+                       for settings, positions in zip(self.settings, self.groups)],
+            "frozen": by_module(self.frozen),
+            "no_group": by_module(i for i, p in enumerate(self.params) if id(p) not in in_group),
+            "updates_measured": self.copy,
+            "steps": self.steps,
+        }
+
+
 class Recorder:
     def __init__(self, config: dict) -> None:
         self.out_dir: str = config["out_dir"]
@@ -106,6 +271,13 @@ class Recorder:
         #: half dtype, the forward under torch.autocast, the outputs cast back to fp32), so that
         #: the difference the precision alone makes to this script is measured
         self.autocast_forward: Optional[str] = config.get("autocast_forward")
+        #: where the runs part (issue 48): per step, each group's and top-level module's gradient
+        #: norm and update size (``_Where``), for the first optimizer
+        self.where_on: bool = bool(config.get("where", True))
+        self.where: Optional[_Where] = None
+        self.where_error: Optional[str] = None
+        self._where_s = 0.0  # the time the records took, left out of the step's time
+        self._optimizer_refs: list = []  # every optimizer that stepped (which parameters are in a group)
         self._forward_depth = 0
         self.step_dtypes: set[str] = set()
         self.graph_nodes = 0  # the most autograd nodes walked for one loss
@@ -124,6 +296,7 @@ class Recorder:
         self.grad_norm: Optional[float] = None
         self.no_grad = False  # the step about to run has parameters but no gradient
         self.clip_norm: Optional[float] = None  # the norm the last clip measured, before clipping
+        self.clip_max: Optional[float] = None  # the norm the last clip clipped to
         self._stepped = False
         self.autocast: list[list] = []  # [device_type, dtype, enabled]
         self.grad_scaler: list[list] = []  # [device, enabled]
@@ -219,6 +392,10 @@ class Recorder:
 
         def clip_grad_norm_(*args, **kwargs):
             total = original(*args, **kwargs)
+            try:  # (parameters, max_norm, ...): the threshold, for where the runs part (issue 48)
+                recorder.clip_max = float(kwargs["max_norm"] if "max_norm" in kwargs else args[1])
+            except (IndexError, KeyError, TypeError, ValueError):
+                recorder.clip_max = None
             try:
                 recorder.clip_norm = float(total)
             except (TypeError, ValueError, RuntimeError):
@@ -417,11 +594,35 @@ class Recorder:
         self.graph_nodes = max(self.graph_nodes, len(seen))
         return found
 
+    def _index(self, optimizer) -> int:
+        """The optimizer's index, in the order they first step."""
+        if id(optimizer) not in self.optimizers:
+            self.optimizers[id(optimizer)] = len(self.optimizers)
+            self._optimizer_refs.append(optimizer)
+        return self.optimizers[id(optimizer)]
+
+    def _where_call(self, what: str, optimizer=None, *args) -> None:
+        """One of ``_Where``'s records, timed (its time is not the step's); a failure turns them off
+        and is said in the record, never raised into the script."""
+        if not self.where_on:
+            return
+        start = self._now()
+        try:
+            if self.where is None:
+                self.where = _Where(self, optimizer)
+            getattr(self.where, what)(*args)
+        except Exception as exc:  # a sharded or exotic optimizer: its records are left out
+            self.where_on, self.where = False, None
+            self.where_error = f"{type(exc).__name__}: {exc}"
+        self._where_s += self._now() - start
+
     def _before_step(self, optimizer, args, kwargs) -> None:
         """The gradient the step is about to apply (unscaled: GradScaler.step unscales first).
         A loss that an accumulating rewrite forgot to divide leaves the losses alone under
         Adam, but doubles this."""
         torch = self.torch
+        if self._index(optimizer) == 0:
+            self._where_call("before", optimizer)
         if self.track_params and self.params is None:
             self.params = self._model_parameters(optimizer)
             self.params_start = self._fingerprints()
@@ -441,10 +642,14 @@ class Recorder:
         self._stepped = True
         # torch passes the step's own arguments with the optimizer first: (optimizer, closure)
         closure = args[1] if len(args) > 1 else kwargs.get("closure")
+        if self._index(optimizer) == 0 and self.where is not None:
+            self._where_call("after")
         self._end_step(optimizer, closure)
 
     def _end_step(self, optimizer, closure, skipped: bool = False) -> None:
-        index = self.optimizers.setdefault(id(optimizer), len(self.optimizers))
+        index = self._index(optimizer)
+        if index == 0 and self.where is not None:
+            self._where_call("end_step", None, skipped, self.clip_max if self.clip_norm is not None else None)
         if index == len(self.steps):
             self.steps.append([])
         if closure is not None and self.pending:
@@ -465,8 +670,8 @@ class Recorder:
             entry["clip_norm"] = self.clip_norm
             self.clip_norm = None
         if index == 0:
-            entry["time_s"] = now - (self.last_time if self.last_time is not None else now)
-            self.last_time = now
+            entry["time_s"] = max(0.0, now - (self.last_time if self.last_time is not None else now) - self._where_s)
+            self.last_time, self._where_s = now, 0.0
         self.steps[index].append(entry)
         if self.device is None:
             try:
@@ -483,6 +688,65 @@ class Recorder:
             self.last_time = self._now()  # the write is not the next step's time
 
     # ---- the parameters (--freeze: frozen ones unchanged, the others moved) ---------------------
+    def _unwrap(self, module):
+        for _ in range(4):  # Fabric / DDP / compile wrappers
+            names = self.WRAPPERS.get(type(module).__name__, ())
+            inner = next((getattr(module, n) for n in names
+                          if isinstance(getattr(module, n, None), self.torch.nn.Module)), None)
+            if inner is None:
+                break
+            module = inner
+        return module
+
+    def _roots(self, wanted: list) -> list:
+        """The model(s) that hold the parameters ``wanted`` (an optimizer's), unwrapped: the
+        outermost modules (no other module's child), the one with the most of them first where
+        several hold the same; then, while a model's parameters all sit in one child and none in
+        itself, that child (a wrapper of the project's own)."""
+        import gc
+
+        torch = self.torch
+        modules = []
+        for obj in gc.get_objects():
+            try:
+                if isinstance(obj, torch.nn.Module):
+                    modules.append(obj)
+            except Exception:
+                continue
+        inner = {id(child) for m in modules for child in getattr(m, "_modules", {}).values() if child is not None}
+        wanted_ids = {id(p) for p in wanted}
+        tops, held = [], []
+        for module in modules:
+            if id(module) in inner:
+                continue
+            try:
+                module = self._unwrap(module)
+                ids = {id(p) for p in module.parameters()}
+            except Exception:
+                continue
+            if ids & wanted_ids and all(module is not t for t in tops):
+                tops.append(module)
+                held.append(ids)
+        roots, covered = [], set()
+        for param in wanted:
+            if id(param) in covered:
+                continue
+            holders = [k for k, ids in enumerate(held) if id(param) in ids]
+            if not holders:
+                continue
+            best = max(holders, key=lambda k: (len(held[k] & wanted_ids), len(held[k])))
+            roots.append(tops[best])
+            covered |= held[best]
+        out = []
+        for root in roots:
+            for _ in range(8):
+                children = [c for c in root.children() if next(c.parameters(), None) is not None]
+                if len(children) != 1 or next(root.parameters(recurse=False), None) is not None:
+                    break
+                root = children[0]
+            out.append(root)
+        return out
+
     WRAPPERS = {"_FabricModule": ("_forward_module", "_original_module"), "DistributedDataParallel": ("module",),
                 "DataParallel": ("module",), "OptimizedModule": ("_orig_mod",),
                 "FullyShardedDataParallel": ("_fsdp_wrapped_module", "module")}
@@ -555,6 +819,14 @@ class Recorder:
             self.params_end = self._fingerprints()
         self._snapshot(final=True)
 
+    def _where_record(self) -> Optional[dict]:
+        if self.where is None:
+            return {"error": self.where_error} if self.where_error else None
+        try:
+            return self.where.record(self._optimizer_refs)
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+
     def _snapshot(self, final: bool = False) -> None:
         """Write what was recorded so far (the final write, at exit, or one during the run)."""
         self._last_snapshot = time.monotonic()
@@ -584,6 +856,7 @@ class Recorder:
             "graph_nodes": self.graph_nodes,
             "params_start": self.params_start,
             "params_end": self.params_end,
+            "where": self._where_record(),
         }
         path = os.path.join(self.out_dir, f"rank{rank}-{os.getpid()}.json")
         try:

@@ -78,6 +78,8 @@ class RunRecord:
     #: parameter name -> fingerprint, before the first step and at the end (None: not tracked)
     params_start: Optional[dict[str, str]] = None
     params_end: Optional[dict[str, str]] = None
+    #: where the runs part (harness ``_Where``): the first optimizer's groups and top-level modules
+    where: Optional[dict] = None
 
     @property
     def ok(self) -> bool:
@@ -395,6 +397,7 @@ def _merge(record: RunRecord, out_dir: Path) -> None:
     record.distributed_samplers = main.get("distributed_samplers") or []
     record.batch_sizes = main.get("batch_sizes") or []
     record.params_start, record.params_end = main.get("params_start"), main.get("params_end")
+    record.where = main.get("where")
 
 
 def _mean(values: list[Optional[float]]) -> Optional[float]:
