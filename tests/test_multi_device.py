@@ -168,7 +168,8 @@ def _runnable() -> list[str]:
     for name in fixture_names():
         if name in EVALUATED or name in ("pure_half", "hf_finetune", "accumulates_already", "ddp_spawn",
                                          "ddp_torchrun", "ddp_trainer", "hand_ddp",
-                                         "imagenet_ddp", "local_rank_finetune", "init_distributed_mode"):  # test_hand_ddp.py
+                                         "imagenet_ddp", "local_rank_finetune", "init_distributed_mode",  # test_hand_ddp.py
+                                         "own_download"):  # its download needs a URL: tests/test_side_effects.py
             continue
         result = rewrite((FIXTURES / name / "input.py").read_text(encoding="utf-8"), TWO)
         if any(n.rule == "AR101" for n in result.changes):
@@ -178,9 +179,9 @@ def _runnable() -> list[str]:
 
 #: the fixtures (besides EVALUATED) that convert to 2 devices: a list, so that collecting the
 #: tests (once per xdist worker) rewrites nothing; the test below keeps it current
-RUNNABLE = ["accelerator_api", "already_autocast", "apex_o1", "checkpointing", "conditional_optimizer",
+RUNNABLE = ["accelerator_api", "already_autocast", "apex_dcgan", "apex_o1", "checkpointing", "conditional_optimizer",
             "cuda_amp", "cyclegan_chain", "data_parallel", "finetune_encoder", "gan", "gan_bce", "lbfgs",
-            "manual_sgd", "module_loop", "param_groups", "sample_data", "scheduled_optim", "text_classification",
+            "manual_sgd", "module_loop", "param_groups", "research_reads", "sample_data", "scheduled_optim", "text_classification",
             "timm_scaler",
             "torchmetrics_metrics", "train_function", "trainer_class", "trainer_given_loaders", "trainer_run", "transformer_lm",
             "vit_finetune"]

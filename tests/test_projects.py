@@ -36,7 +36,7 @@ MODULES_CHANGE = {"engine_driver", "ddp_tutorial", "scaler_class", "research_eng
 
 
 def test_there_are_project_fixtures():
-    assert set(project_names()) == MODULES_CHANGE | {"sam", "gpt_repo", "dataset_object"}
+    assert set(project_names()) == MODULES_CHANGE | {"sam", "gpt_repo", "dataset_object", "progress_helper"}
 
 
 @pytest.mark.parametrize("name,option_set", CASES)

@@ -31,7 +31,7 @@ from accelerate_rewrite.codemod.preserve import (Region, lost_trivia, lost_trivi
                                                  removed_comments_spliced, restore, split_tail)
 from accelerate_rewrite.codemod.regions import edited_regions
 from accelerate_rewrite.codemod.rule import Note, Rule, RuleContext
-from accelerate_rewrite.codemod.words import TRAINING_WORDS
+from accelerate_rewrite.codemod.words import SIDE_EFFECT_WORDS, TRAINING_WORDS
 from accelerate_rewrite.codemod.suppress import applies_to, changed_lines, protected_lines, skip_file_line
 from accelerate_rewrite.options import Options
 
@@ -287,9 +287,12 @@ def _rewrite(
     sources: Optional[dict[str, str]] = None,
     spelling: Optional[Spelling] = None,
 ) -> Result:
-    # Accelerate on several processes reads every helper the set-up model is handed to
-    # (rules/_fabric_setups.py): DistributedDataParallel is not the module there
-    words = TRAINING_WORDS + (("model",) if options.accelerate and options.many_devices else ())
+    # on several processes, helpers whose side effects would run on each (a progress bar's
+    # sys.stdout.write, a download; rules/fabric_rank_zero.py) are read too, and with
+    # Accelerate every helper the set-up model is handed to (rules/_fabric_setups.py:
+    # DistributedDataParallel is not the module there)
+    words = TRAINING_WORDS + (SIDE_EFFECT_WORDS if options.many_devices else ()) + (
+        ("model",) if options.accelerate and options.many_devices else ())
     project = _project(source, path, scope, sources, words) if scope is not None else None
     unfollowed = project.unfollowed if project is not None else []
     several = project is not None and len(project.parts) > 1

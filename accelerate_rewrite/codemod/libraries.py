@@ -197,6 +197,16 @@ WRAPPER_TAKERS: dict[str, tuple[Argument, str]] = {
                                             "DDP's reduction)"),
 }
 
+#: calls that copy the model they are given (a deepcopy): on several processes Fabric's wrapper
+#: holds DistributedDataParallel, which can't be copied ("cannot pickle '_thread.lock' object",
+#: measured with lightning 2.6 on 2 gloo processes), so the Fabric backend hands them the module
+#: (``model.module``): qualified name -> where the model goes
+COPIERS: dict[str, Argument] = {
+    "copy.deepcopy": Argument(0, "x"), "copy.copy": Argument(0, "x"),
+    **{f"timm.utils{path}.{name}": Argument(0, "model")
+       for path in ("", ".model_ema") for name in ("ModelEma", "ModelEmaV2", "ModelEmaV3")},
+}
+
 _TORCH = "torch 2.13, torch/serialization.py; Python 3.11, copy.py"
 #: calls that take a model only to read it (pickle it, copy it): given the module itself they
 #: do what they did before a wrapper came around it (--backend accelerate on several
@@ -223,3 +233,28 @@ MODEL_READERS: dict[str, tuple[Argument, str]] = {
                                                                    "model.parameters()")
        for path in ("", ".model")},
 }
+
+
+#: calls that write to the terminal themselves (a progress bar's); print is rules/fabric_print.py's
+TERMINAL_WRITES = frozenset({"sys.stdout.write", "sys.stderr.write"})
+
+#: calls that prepare data on disk before training (fetch it, unpack it): every process then
+#: reads what they wrote, so on several processes they run on rank 0 while the others wait
+#: (rules/fabric_rank_zero.py); Python 3.11's urllib and shutil, torch 2.13's hub, torchvision
+#: 0.28's datasets/utils.py, wget 3.2, gdown 5
+PREPARERS = frozenset({
+    "urllib.request.urlretrieve", "shutil.unpack_archive", "torch.hub.download_url_to_file",
+    "torchvision.datasets.utils.download_url", "torchvision.datasets.utils.download_and_extract_archive",
+    "torchvision.datasets.utils.extract_archive", "wget.download", "gdown.download",
+})
+#: methods that unpack an archive, whatever their receiver (tarfile's and zipfile's ``extractall``)
+PREPARER_METHODS = frozenset({"extractall"})
+
+
+def prepares(f, call) -> bool:
+    """``call`` is a hand-written download or unpacking (``urlretrieve(url, path)``,
+    ``tar.extractall(root)``); ``f``: the script's facts (its qualified names)."""
+    import libcst as cst
+
+    return bool(f.qualnames(call) & PREPARERS) or (
+        isinstance(call.func, cst.Attribute) and call.func.attr.value in PREPARER_METHODS)

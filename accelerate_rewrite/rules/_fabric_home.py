@@ -14,6 +14,7 @@ import libcst.matchers as m
 from accelerate_rewrite.codemod.ddp import HandDDP, hand_ddp
 from accelerate_rewrite.codemod.facts import Optimizer, ScriptFacts, init_of, positional_params
 from accelerate_rewrite.codemod.facts_kinds import hand_updated
+from accelerate_rewrite.codemod.libraries import prepares
 from accelerate_rewrite.rules._fabric import NAME, Scope, _innermost_scope, first_in_common_block, short
 
 
@@ -124,6 +125,8 @@ class Home:
         interesting += [f.statement(d.call) for d in f.device_moves
                         if _innermost_scope(f, d.call) is home]
         interesting += extra
+        if self.o.many_devices:  # data the script prepares on disk: Fabric first, to run it once
+            interesting += self._preparing(home)
         if p.ddp is not None:  # Fabric starts the processes where the script started them
             interesting += self._ddp_statements(home)
         p.anchor = first_in_common_block(f, interesting)
@@ -134,6 +137,24 @@ class Home:
         if p.ddp is None:
             p.anchor = self._before_prints(p.anchor)
         return True
+
+    def _preparing(self, home: Scope) -> list[cst.BaseStatement]:
+        """The statements of ``home`` that fetch or unpack data (codemod/libraries.py,
+        PREPARERS), or call a function of the script that does (pygcn's ``fetch(url, root)``):
+        Fabric is created before them, so that rank 0 alone runs them (rules/fabric_rank_zero.py)."""
+        f = self.f
+        out: list[cst.BaseStatement] = []
+        todo = [(c, 0) for c in [*(s.call for s in f.calls), *f.attribute_calls] if prepares(f, c)]
+        while todo:
+            node, depth = todo.pop()
+            if _innermost_scope(f, node) is home:
+                out.append(f.statement(node))
+                continue
+            func = f.function(node)
+            fn = f.functions.get(func.name.value) if isinstance(func, cst.FunctionDef) else None
+            if fn is not None and fn.node is func and depth < 3:
+                todo += [(c, depth + 1) for c in fn.calls]
+        return out
 
     def _before_prints(self, anchor: cst.BaseStatement) -> cst.BaseStatement:
         """Fabric a little earlier, so that the prints just above where it would be created

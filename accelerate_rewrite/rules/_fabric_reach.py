@@ -16,6 +16,7 @@ from accelerate_rewrite.codemod.facts import (
     param_for,
     positional_params,
 )
+from accelerate_rewrite.codemod.libraries import TERMINAL_WRITES, prepares
 from accelerate_rewrite.rules._fabric import NAME
 
 
@@ -147,7 +148,7 @@ class Reach:
         optimizers are set up where the driver receives them."""
         f, p = self.f, self.p
         needs = [s.call for s in f.backward_sites if s.library is None] + [o.stmt for o in f.optimizers if setups] \
-            + ([n for n, _ in p.ddp.reads] if p.ddp else [])
+            + ([n for n, _ in p.ddp.reads] if p.ddp else []) + (self._side_effects() if self.o.many_devices else [])
         changed = True
         while changed:
             changed = False
@@ -184,6 +185,22 @@ class Reach:
                         if isinstance(method, cst.FunctionDef) and method is not init and _plain(method):
                             p.refs[id(method)] = f"self.{NAME}"
                 changed = True
+
+    def _side_effects(self) -> list[cst.CSTNode]:
+        """The calls of the script's functions that write to the terminal or prepare data on disk
+        (a project helper's progress bar, ``sys.stdout.write``; a download), where such a
+        function can't reach `fabric` itself: the functions that call them receive it, so that
+        rules/fabric_rank_zero.py can run those calls on rank 0."""
+        f = self.f
+        out: list[cst.CSTNode] = []
+        for call in [*(s.call for s in f.calls), *f.attribute_calls]:
+            if not (f.qualnames(call) & TERMINAL_WRITES or prepares(f, call)):
+                continue
+            func = f.function(call)
+            fn = f.functions.get(func.name.value) if isinstance(func, cst.FunctionDef) else None
+            if fn is not None and fn.node is func and f.enclosing_class(func) is None and not fn.other_uses:
+                out += fn.calls
+        return out
 
     def _plain_methods(self, cls: cst.ClassDef, needs: list[cst.CSTNode]) -> bool:
         """Every method that needs `fabric` takes ``self`` first: a static or class method

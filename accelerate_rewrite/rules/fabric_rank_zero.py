@@ -6,6 +6,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.facts import ScriptFacts
+from accelerate_rewrite.codemod.libraries import prepares
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.rules._fabric import FABRIC_CORE, FabricRule, code, expr, names_rank, short, stmt
 from accelerate_rewrite.rules._fabric_plan import plan
@@ -107,7 +108,8 @@ class FabricRankZero(FabricRule):
         guarded: dict[int, tuple[cst.BaseStatement, str, str]] = {}  # id(stmt) -> (stmt, ref, what)
         saved: list[cst.Call] = []  # the torch.save calls written on rank 0 only
         calls = {id(c): c for c in [*(s.call for s in f.calls), *f.attribute_calls]}
-        writes = [c for c in calls.values() if _downloads(c) or _is_writer(f, c, o)]
+        writes = [c for c in calls.values() if _downloads(c) or prepares(f, c) or _is_writer(f, c, o)]
+        preparing: set[int] = set()  # the functions that prepare data (their calls: rank 0, then a barrier)
         # a function of the script that writes, where `fabric` can't be reached: its callers
         # that can reach it guard the call (``save_checkpoint(state, is_best)``)
         writers: dict[int, list[cst.Call]] = {}
@@ -118,11 +120,14 @@ class FabricRankZero(FabricRule):
                     and not fn.other_uses and not _downloads(call) and all(
                         p.ref_at(f, c) is not None and p.after_creation(f, c) for c in fn.calls):
                 writers.setdefault(id(func), fn.calls)
+                if prepares(f, call):
+                    preparing.update(id(c) for c in fn.calls)
         covered = {id(c) for c in writes if f.function(c) is not None and id(f.function(c)) in writers}
         for call in sorted([c for c in writes if id(c) not in covered]
                            + [c for cs in writers.values() for c in cs], key=f.line):
             download = _downloads(call)
-            what = "download" if download else "write"
+            what = "download" if download else "prepare" if prepares(f, call) or id(call) in preparing \
+                else "write"
             ref = p.ref_at(f, call)
             if ref is None or not p.after_creation(f, call):
                 if o.many_devices:
@@ -135,13 +140,15 @@ class FabricRankZero(FabricRule):
             if target is None:
                 if o.many_devices:
                     ctx.skip(call, f"`{short(call)}` runs on every process: its statement binds a name "
-                                   "that later code reads, so it can't go under a rank check")
+                                   "that later code reads, so it can't go under a rank check"
+                                   + (" (each process fetches or unpacks the data at once: run it once by "
+                                      "hand, then a barrier)" if what == "prepare" else ""))
                 continue
             if f.qualnames(call) & set(TORCH_SAVE):
                 self._unwrap_model(ctx, p, call)
                 saved.append(call)
             previous = guarded.get(id(target))
-            if previous is None or previous[2] == "write":
+            if previous is None or previous[2] == "write" or what == "download":
                 guarded[id(target)] = (target, ref, what)
         self._apply(ctx, [v for v in guarded.values() if not self._inside_other(f, v[0], guarded)])
         self._barriers(ctx, p, saved)
@@ -277,15 +284,47 @@ class FabricRankZero(FabricRule):
             stmts = [s for s, _, _ in run]
             ref, what = run[0][1], run[0][2]
             if what == "download":
-                ctx.edits.wrap(stmts, lambda inner, r=ref: cst.With(
+                _enclose(ctx, stmts, lambda inner, r=ref: cst.With(
                     items=[cst.WithItem(expr(f"{r}.rank_zero_first()"))], body=cst.IndentedBlock(body=inner)))
                 ctx.change(stmts[0], f"the download runs on rank 0 first (`with {ref}.rank_zero_first():`), "
                                      "the other processes read what it fetched")
+            elif what == "prepare":
+                # rank 0 alone (a second fetch or unpacking would rewrite the files another
+                # process reads), then every process waits for it
+                following = _next_in_block(f, stmts[-1])
+                lines = ", ".join(str(f.line(s)) for s in stmts)
+                if following is not None:
+                    _enclose(ctx, stmts, lambda inner, r=ref: cst.If(
+                        test=expr(f"{r}.is_global_zero"), body=cst.IndentedBlock(body=inner)))
+                    ctx.edits.insert_before(following, stmt(f"{ref}.barrier()\n").with_changes(
+                        leading_lines=following.leading_lines))
+                    ctx.edits.replace(following, lambda u: u.with_changes(leading_lines=[]))
+                    ctx.change(stmts[0], f"data prepared on rank 0 only (`if {ref}.is_global_zero:`, line(s) "
+                                         f"{lines}), then `{ref}.barrier()`: the other processes read it once "
+                                         "it is complete")
+                else:  # the block's last statement: the barrier comes with the context manager
+                    _enclose(ctx, stmts, lambda inner, r=ref: cst.With(
+                        items=[cst.WithItem(expr(f"{r}.rank_zero_first()"))], body=cst.IndentedBlock(body=[cst.If(
+                            test=expr(f"{r}.is_global_zero"), body=cst.IndentedBlock(body=inner))])))
+                    ctx.change(stmts[0], f"data prepared on rank 0 only (`if {ref}.is_global_zero:` under "
+                                         f"`{ref}.rank_zero_first()`, line(s) {lines}): the other processes "
+                                         "wait for it, and read it once it is complete")
             else:
                 ctx.edits.wrap(stmts, lambda inner, r=ref: cst.If(
                     test=expr(f"{r}.is_global_zero"), body=cst.IndentedBlock(body=inner)))
                 lines = ", ".join(str(f.line(s)) for s in stmts)
                 ctx.change(stmts[0], f"writes on rank 0 only (`if {ref}.is_global_zero:`): line(s) {lines}")
+
+
+def _enclose(ctx: RuleContext, stmts: list[cst.BaseStatement], make) -> None:
+    """``make(stmts)`` in their place. One statement is replaced by it, so that what another rule
+    puts before it (Fabric's creation, where it is the anchor) stays before it; several are
+    wrapped."""
+    if len(stmts) > 1:
+        ctx.edits.wrap(stmts, make)
+        return
+    ctx.edits.replace(stmts[0], lambda u: make([u.with_changes(leading_lines=[])]).with_changes(
+        leading_lines=u.leading_lines))
 
 
 def _next_in_block(f: ScriptFacts, stmt: cst.BaseStatement) -> Optional[cst.BaseStatement]:

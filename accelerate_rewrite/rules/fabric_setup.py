@@ -3,7 +3,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from accelerate_rewrite.codemod.libraries import COPIERS
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
+from accelerate_rewrite.codemod.syntax import passed_at, positional_params
 from accelerate_rewrite.rules._fabric import FabricRule, code, core_except, expr, short, stmt
 from accelerate_rewrite.rules._fabric_plan import plan
 
@@ -88,12 +90,36 @@ class FabricSetup(FabricRule):
                                   f"with `{group.model}` there, `{group.model}` alone otherwise")
         for groups in joint.values():
             self._joint(ctx, groups)
+        if ctx.options.many_devices and not ctx.options.accelerate:
+            self._copied(ctx, p)
         for node in p.unwraps:  # --backend accelerate on several processes (rules/_fabric_setups.py)
             ref = p.ref_at(ctx.facts, node)
             # ``ddp_model.module``, the script's own unwrap: the module, as Accelerate unwraps it
             ctx.edits.replace(node, lambda u, r=ref: expr(f"{r}.unwrap_model({code(u.value if m.matches(u, m.Attribute(attr=m.Name('module'))) else u)})"))
             ctx.change(node, f"`{short(node)}` read through `{ref}.unwrap_model(...)`: Accelerate's prepared "
                              "model is DistributedDataParallel on several processes")
+
+    @staticmethod
+    def _copied(ctx: RuleContext, p) -> None:
+        """``copy.deepcopy(model)`` (an EMA's copy) of a set-up model on several processes: the
+        copy of ``model.module``, the module itself, as the original copied it; Fabric's wrapper
+        holds DistributedDataParallel there, which can't be copied (codemod/libraries.py)."""
+        f = ctx.facts
+        for site in f.calls:
+            where = COPIERS.get(site.qualname)
+            value = passed_at(site.call, where.index, where.keyword) if where is not None else None
+            group = p.group_of(f, f.key_of(value)) if value is not None else None
+            if group is None or not isinstance(value, (cst.Name, cst.Attribute)):
+                continue
+            func, home = f.function(site.call), f.function(group.after)
+            params = positional_params(func) if isinstance(func, cst.FunctionDef) else []
+            after = f.line(site.call) > f.end_line(group.after) if func is home else (
+                isinstance(value, cst.Name) and any(prm.name.value == value.value for prm in params))
+            if not after:
+                continue
+            ctx.edits.replace(value, lambda u: cst.Attribute(value=u, attr=cst.Name("module")))
+            ctx.change(site.call, f"`{short(site.call)}` copies `{short(value)}.module`, the module: Fabric's "
+                                  "wrapper holds DistributedDataParallel on several processes, which can't be copied")
 
     @staticmethod
     def _joint(ctx: RuleContext, groups) -> None:
