@@ -131,3 +131,39 @@ def test_a_project_helper_s_progress_bar_prints_once_on_two_processes(tmp_path, 
     shape = {folder: [(b.split(" | ")[0], b.rsplit(" ", 1)[-1]) for b in lines] for folder, lines in tests_.items()}
     assert shape["rewritten"] == shape["original"] and shape["original"]
     assert len(trains["rewritten"]) == len(trains["original"]) // 2
+
+
+def test_a_helper_that_writes_and_evaluates_is_not_run_on_rank_zero_alone():
+    """A function that writes to the terminal but also runs the model over a loader (an
+    evaluation with its own progress line) is not put under a rank check: the other processes
+    would miss its forward (DDP's collectives); its write is listed as per-process."""
+    source = '''import sys
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def evaluate(model, loader):
+    correct = 0
+    with torch.no_grad():
+        for x, y in loader:
+            correct += (model(x).argmax(1) == y).sum().item()
+    sys.stdout.write("acc %d\\n" % correct)
+
+
+def main():
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))), batch_size=4)
+    for x, y in loader:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    val_loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,))), batch_size=4)
+    evaluate(model, val_loader)
+
+
+main()
+'''
+    result = rewrite(source, Options.create(devices=2))
+    assert "Fabric(" in result.output and "    evaluate(model, val_loader)\n" in result.output, result.dropped
+    assert any("sys.stdout.write" in n.message and "every process" in n.message for n in result.skips)

@@ -5,7 +5,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import ScriptFacts
+from accelerate_rewrite.codemod.facts import LOADER, MODEL, ScriptFacts
 from accelerate_rewrite.codemod.libraries import prepares
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.rules._fabric import FABRIC_CORE, FabricRule, code, expr, names_rank, short, stmt
@@ -117,7 +117,7 @@ class FabricRankZero(FabricRule):
             func = f.function(call)
             fn = f.functions.get(func.name.value) if func is not None else None
             if fn is not None and fn.node is func and p.ref_at(f, call) is None and fn.calls \
-                    and not fn.other_uses and not _downloads(call) and all(
+                    and not fn.other_uses and not _downloads(call) and _light(f, func) and all(
                         p.ref_at(f, c) is not None and p.after_creation(f, c) for c in fn.calls):
                 writers.setdefault(id(func), fn.calls)
                 if prepares(f, call):
@@ -314,6 +314,14 @@ class FabricRankZero(FabricRule):
                     test=expr(f"{r}.is_global_zero"), body=cst.IndentedBlock(body=inner)))
                 lines = ", ".join(str(f.line(s)) for s in stmts)
                 ctx.change(stmts[0], f"writes on rank 0 only (`if {ref}.is_global_zero:`): line(s) {lines}")
+
+
+def _light(f: ScriptFacts, func: cst.FunctionDef) -> bool:
+    """A function whose call may run on rank 0 alone: it runs no model and draws no loader (an
+    evaluation that also prints would leave the other processes out of its collectives)."""
+    return not any(f.kinds_of(c.func) & {MODEL, LOADER} or any(f.kinds_of(a.value) & {LOADER} for a in c.args)
+                   for c in f.find_in(func, m.Call())) and not any(
+        f.kinds_of(loop.iter) & {LOADER} for loop in f.find_in(func, m.For()))
 
 
 def _enclose(ctx: RuleContext, stmts: list[cst.BaseStatement], make) -> None:
