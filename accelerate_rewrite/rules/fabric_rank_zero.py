@@ -78,6 +78,15 @@ class FabricRankZero(FabricRule):
       module, not Fabric's wrapper (which the script's loading code could not read back);
     - a statement that builds a dataset with `download=True` goes under
       `with fabric.rank_zero_first():`, so rank 0 downloads while the others wait, then read it;
+    - data the script prepares on disk itself (`urllib.request.urlretrieve`, an archive's
+      `extractall`, torchvision's `download_url`, ...; in the script, or in a function it calls,
+      of any module of the project) runs on rank 0 alone, then `fabric.barrier()`: a second
+      fetch or unpacking would rewrite the files another process is reading. Fabric is created
+      before it for that;
+    - a project helper that writes to the terminal itself (a progress bar's `sys.stdout.write`)
+      is called on rank 0 only; the functions that call it receive `fabric` for that. A helper
+      that also runs the model or draws a loader is not (the others would miss its
+      collectives): its write is listed as per-process;
     - a file rank 0 alone writes with `torch.save` that every process then reads back
       (`torch.load` of the best model after training) gets `fabric.barrier()` before the read,
       so that no process reads it half-written; a whole model saved after Fabric redirected one
