@@ -117,9 +117,61 @@ def failing_figure(v: Verification) -> Optional[str]:
     return None
 
 
+#: the most modules or groups drawn in the plot's "where the runs part" panel
+WHERE_CURVES = 6
+_FIGURES = {"g": ("g", "gradient norm"), "u": ("u", "update size"), "gu": ("gu", "update size")}
+
+
+def where_curves(v: Verification) -> Optional[dict]:
+    """The per-module (or per-group) curves where the runs part (issue 48), for the plot: the
+    modules or groups the verdict names first, then the others, up to WHERE_CURVES; the figure
+    they part on (gradient norm or update size), each run's value per step; the step where they
+    part (1-based). Against the structure run where that is what failed (the rewrite at
+    32-true: compared exactly); else the rewritten run, compared within the verdict's tolerance.
+    None where a run recorded nothing of the kind."""
+    from accelerate_rewrite.verify.where import parting, usable
+
+    c = v.verdict.comparison
+    tol = c.get("tolerance") or {}
+    structure_failed = v.structure is not None and (c.get("structure") or {}).get("verdict") == "fail"
+    other = v.structure if structure_failed else v.rewritten
+    o, r = usable(v.original), usable(other)
+    if o is None or r is None:
+        return None
+    exact = structure_failed or c.get("basis", tol.get("kind")) == "exact"
+    part = parting(v.original, other, tol.get("max_rel", 1e-5) if exact else tol.get("grad_rel", 1e-1))
+    key, ylabel = _FIGURES[part.figure if part is not None else "g"]
+    if key == "gu":
+        names = [f"param_groups[{i}]" for i in range(min(len(o.get("groups", [])), len(r.get("groups", []))))]
+        index_o = index_r = {name: i for i, name in enumerate(names)}
+    else:
+        names = [m for m in o.get("modules", []) if m in r.get("modules", [])]
+        index_o = {m: i for i, m in enumerate(o.get("modules", []))}
+        index_r = {m: i for i, m in enumerate(r.get("modules", []))}
+    named = [n for n in names if part is not None and any(n == x or x.startswith(n + " ") for x in part.names)]
+    chosen = (named + [n for n in names if n not in named])[:WHERE_CURVES]
+
+    def values(where: dict, index: dict, name: str) -> list[float]:
+        out = []
+        for entry in where["steps"]:
+            value = None
+            if isinstance(entry, dict) and key in entry and index[name] < len(entry[key]):
+                value = entry[key][index[name]]
+            out.append(float("nan") if value is None else value)
+        return out
+
+    curves = [(name, values(o, index_o, name), values(r, index_r, name)) for name in chosen]
+    title = f"where the runs part: {part.text}" if part is not None else f"per module: {ylabel}"
+    return {"title": title, "step": part.step + 1 if part is not None else None, "ylabel": ylabel,
+            "curves": curves, "named": named, "rewritten": other.label}
+
+
 def write_plot(path: Path, v: Verification) -> None:
-    """Both loss curves, both gradient-norm curves, and the relative difference of each per step
-    (needs matplotlib); the figure the verdict failed on is marked in red in its title."""
+    """Both loss curves, both gradient-norm curves, the per-module (or per-group) curves where the
+    runs part (``where_curves``), and the relative difference of the losses and gradient norms
+    per step (needs matplotlib); the figure the verdict failed on is marked in red in its title."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -130,8 +182,25 @@ def write_plot(path: Path, v: Verification) -> None:
     o, r = v.original.losses, v.rewritten.losses
     go, gr = v.original.grad_norms, v.rewritten.grad_norms
     failed = failing_figure(v)
-    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(8, 8), sharex=True,
-                                              gridspec_kw={"height_ratios": [2, 2, 1]})
+    where = where_curves(v)
+    if where is not None and where["curves"]:
+        fig, (top, middle, modules, bottom) = plt.subplots(
+            4, 1, figsize=(8, 11), sharex=True, gridspec_kw={"height_ratios": [2, 2, 2.4, 1]})
+        for k, (name, before, after) in enumerate(where["curves"]):
+            color = f"C{k % 10}"
+            width = 2.5 if name in where["named"] else 1.2
+            modules.plot(range(1, len(before) + 1), before, color=color, linewidth=width, label=f"{name}")
+            modules.plot(range(1, len(after) + 1), after, color=color, linewidth=width, linestyle="--")
+        if where["step"] is not None:
+            modules.axvline(where["step"], color="tab:red", linestyle=":", linewidth=1)
+        modules.set_yscale("symlog", linthresh=1e-8)
+        modules.set_ylabel(f"{where['ylabel']}\n(solid: original, dashed: {where['rewritten']})", fontsize=8)
+        modules.set_title("\n".join(textwrap.wrap(where["title"], 95)[:3]), fontsize=8,
+                          color="tab:red" if where["step"] is not None else "black")
+        modules.legend(fontsize=7, ncol=3)
+    else:
+        fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(8, 8), sharex=True,
+                                                  gridspec_kw={"height_ratios": [2, 2, 1]})
 
     def steps(values):
         return range(1, len(values) + 1)

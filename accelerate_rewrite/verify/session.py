@@ -47,13 +47,20 @@ class Verification:
     rewritten: RunRecord
     against: Optional[Path] = None
     notes: list[str] = field(default_factory=list)  # what the verifier did to run things
+    #: the structure run (the rewrite with its precision switched off), where there was one
+    structure: Optional[RunRecord] = None
 
     def to_json(self) -> dict:
+        runs = {}
+        for key, run in (("original", self.original), ("rewritten", self.rewritten)):
+            runs[key] = run.to_json()
+            # per step, each parameter group's and top-level module's gradient norm and update size
+            runs[key]["where"] = run.where
         return {
             "verdict": self.verdict.verdict,
             "reason": self.verdict.reason,
-            "original": self.original.to_json(),
-            "rewritten": self.rewritten.to_json(),
+            "original": runs["original"],
+            "rewritten": runs["rewritten"],
             "comparison": self.verdict.comparison,
             "notes": self.notes,
         }
@@ -140,6 +147,28 @@ def _with_structure(precision: Verdict, structure: Verdict, run: RunRecord, note
                              f"losses and gradient norms within {structure.comparison['tolerance']['max_rel']:g} "
                              f"at every one of {steps} steps); precision: {precision.reason}", precision.comparison)
     return precision
+
+
+def ended_early(original: RunRecord, rewritten: RunRecord, steps: int, compared: Optional[int]) -> Optional[str]:
+    """'compared 32 steps: the script ended after 32 of the 50 asked for' where a run made fewer
+    steps than asked for and ended by itself (not stopped by the verifier, not failed: its data
+    ran out, or its epochs did)."""
+    if not compared or compared >= steps:
+        return None
+    ended = {run.label: len(run.losses) for run in (original, rewritten)
+             if run.ok and not run.stopped_after_max_steps and len(run.losses) < steps}
+    if not ended:
+        return None
+    o, r = ended.get(original.label), ended.get(rewritten.label)
+    if o is not None and r is not None:
+        why = (f"the script ended after {o} of the {steps} asked for" if o == r else
+               f"the original ended after {o} and the rewritten script after {r} of the {steps} asked for")
+    elif o is not None:
+        why = f"the original ended after {o} of the {steps} asked for"
+    else:
+        why = (f"the rewritten script ended after {r} of the {steps} asked for "
+               f"(the original ran {len(original.losses)})")
+    return f"compared {compared} steps: {why}"
 
 
 def load_average() -> float:
@@ -380,9 +409,13 @@ def verify(
     verdict = compare(original, rewritten, tol, requested_precision=options.precision, claims=claims, noise=floor)
     if structure_verdict is not None:
         verdict = _with_structure(verdict, structure_verdict, structure, notes)
-    verdict.comparison.update(load_average=max(load, load_average()), cores=os.cpu_count())
+    verdict.comparison.update(load_average=max(load, load_average()), cores=os.cpu_count(), steps_asked=steps)
+    early = ended_early(original, rewritten, steps, verdict.comparison.get("steps"))
+    if early is not None:  # issue 48: how many steps were compared, and why not the number asked for
+        verdict.comparison["ended_early"] = early
+        verdict = Verdict(verdict.verdict, f"{verdict.reason}; {early}", verdict.comparison)
     if substituted is not None and verdict.verdict not in ("error",):
         verdict = Verdict(NOT_VERIFIED, f"{substituted}; with ddp: {verdict.label}: "
                                         f"{verdict.reason}", verdict.comparison)
-    return Verification(script, options, verdict, original, rewritten, against, notes)
+    return Verification(script, options, verdict, original, rewritten, against, notes, structure)
 

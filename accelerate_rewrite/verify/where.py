@@ -41,6 +41,8 @@ class Parting:
     step: int
     names: tuple[str, ...]
     text: str
+    #: the figure it parts on: "g" (the modules' gradients), "u" (their updates), "gu" (the groups' updates)
+    figure: str = "g"
 
 
 def usable(run: RunRecord) -> Optional[dict]:
@@ -281,8 +283,8 @@ def _at_step(runs: _Runs, s: int, updates_seen: bool) -> Optional[Parting]:
     if not anything:
         return None
 
-    def part(names, text) -> Parting:
-        return Parting(s, tuple(names), text)
+    def part(names, text, figure="g") -> Parting:
+        return Parting(s, tuple(names), text, figure)
 
     # a module with a gradient in one run only
     for m in grad_diff:
@@ -301,12 +303,16 @@ def _at_step(runs: _Runs, s: int, updates_seen: bool) -> Optional[Parting]:
             return part([m], f"{runs.label(m)}: a gradient in the rewrite (norm {b:.4g} at step {step}), none in "
                              "the original: its output reaches the loss in the rewrite only")
 
+    # the modules' gradients before a clip scaled them (each run's by the factor its clip applied)
+    limits = tuple((runs.step(run, s) or {}).get("clip_max") for run in ("o", "r"))
+    pre, clipped = _unclipped(grads, (go, gr), (co, cr), limits)
+    pre_diff = [m for m, (a, b) in pre.items() if _differ(a, b, rtol)]
+
     # the loss, with the same parameters (every update before agreed): scaled, or the forward or the batch
     if loss_differs and (s == 0 or updates_seen):
-        ratios = [b / a for a, b in grads.values() if a and b]
-        clipped = bool(co and cr)
-        k = cr / co if clipped else (ratios[0] if ratios else None)
-        if (lo and lr is not None and k is not None and len(ratios) == len(grads) == len(grad_diff) > 0
+        ratios = [b / a for a, b in pre.values() if a and b]
+        k = ratios[0] if ratios else None
+        if (lo and lr is not None and k is not None and len(ratios) == len(pre) == len(pre_diff) > 0
                 and max(ratios) <= min(ratios) * (1 + 1e-3) and not _differ(lr / lo, k, 1e-3)):
             measured = " (measured before clipping)" if clipped else ""
             return part([], f"every module: the gradient is {k:.4g}x the original's at step {step}{measured}, as "
@@ -331,9 +337,9 @@ def _at_step(runs: _Runs, s: int, updates_seen: bool) -> Optional[Parting]:
             return part([], clip)
 
     # gradients (or, clipped, the gradients measured before clipping)
-    if grad_diff or _differ(co, cr, rtol) or (not grads and _differ(go, gr, rtol)):
-        text = _gradients(runs, s, grads, grad_diff, (lo, lr), (go, gr), (co, cr), updates_seen)
-        return part(grad_diff if len(grad_diff) < len(grads) else [], text)
+    if grad_diff or pre_diff or _differ(co, cr, rtol) or (not grads and _differ(go, gr, rtol)):
+        text = _gradients(runs, s, pre, pre_diff, (lo, lr), (go, gr), (co, cr), updates_seen, clipped)
+        return part(pre_diff if len(pre_diff) < len(pre) else [], text)
 
     # updates, from equal gradients
     for m in update_diff:
@@ -343,51 +349,73 @@ def _at_step(runs: _Runs, s: int, updates_seen: bool) -> Optional[Parting]:
             if runs.no_group("r", m):
                 return part([m], f"{runs.label(m)}: gradient computed but no update applied: not in any optimizer "
                                  f"parameter group (step {step}: the original's update {a:.4g}, its gradient "
-                                 f"norm {gb:.4g} in both)")
+                                 f"norm {gb:.4g} in both)", "u")
             return part([m], f"{runs.label(m)}: gradient computed but no update applied at step {step} (the "
                              f"original's update {a:.4g}), although its parameters are in an optimizer group "
-                             "(a learning rate of 0?)")
+                             "(a learning rate of 0?)", "u")
         if a is not None and b is not None and a <= ZERO < b and runs.no_group("o", m):
             return part([m], f"{runs.label(m)}: updated in the rewrite (update {b:.4g} at step {step}), not in the "
-                             "original: in no optimizer parameter group of the original's")
+                             "original: in no optimizer parameter group of the original's", "u")
     settings = settings_differences(runs.o, runs.r)
     if group_update_diff or update_diff:
         names = ([runs.group_label(i) for i in group_update_diff] if group_update_diff else update_diff[:1])
-        return part(names, _updates(runs, s, group_updates, group_update_diff, updates, update_diff, settings))
+        return part(names, _updates(runs, s, group_updates, group_update_diff, updates, update_diff, settings),
+                    "gu" if group_update_diff else "u")
     # something differs that no module or group shows (a group's gradient over tensors of no module)
     return None
 
 
+def _unclipped(grads: dict, norms: tuple, clips: tuple, limits: tuple) -> tuple[dict, bool]:
+    """The modules' gradient norms before clipping (module -> (original's, rewritten's)): a clip
+    scales every gradient by one factor, the norm it measured over its max_norm (without the
+    max_norm recorded: over the norm the optimizer applied); and whether either run's clip acted."""
+    factors = []
+    for applied, measured, limit in zip(norms, clips, limits):
+        cap = limit if limit else applied
+        acted = cap and measured and measured > cap * (1 + 1e-6)
+        factors.append(measured / cap if acted else 1.0)
+    fo, fr = factors
+    scale = (lambda x, f: None if x is None else x * f)
+    return {m: (scale(a, fo), scale(b, fr)) for m, (a, b) in grads.items()}, fo != 1.0 or fr != 1.0
+
+
 def _gradients(runs: _Runs, s: int, grads: dict, grad_diff: list, losses, norms, clips,
-               updates_seen: bool) -> str:
+               updates_seen: bool, clipped: bool = False) -> str:
+    """``grads``: the modules' gradient norms before clipping."""
     step = s + 1
     (lo, lr), (go, gr), (co, cr) = losses, norms, clips
-    # clipped to the same norm, the modules' gradients may agree: the norms measured before clipping
-    clipped = co is not None and cr is not None and _differ(co, cr, runs.rtol) and not grad_diff
-    if clipped or (not grad_diff and not grads):
-        a, b = (co, cr) if clipped else (go, gr)
-        what = "the gradient measured before clipping" if clipped else "the gradient"
+    if not grads or not grad_diff:  # no module recorded, or none differs: the totals (measured before clipping, where a clip measured)
+        measured = co is not None and cr is not None
+        a, b = (co, cr) if measured else (go, gr)
+        what = "the gradient measured before clipping" if measured else "the gradient"
         return (f"every module: {what} is {b / max(a, ZERO):.4g}x the original's at step {step} (norm {b:.6g} "
                 f"instead of {a:.6g}){_scaled_why(lo, lr, a, b, runs.rtol, s, updates_seen)}")
-    if len(grad_diff) == len(grads):
+    if clipped and co is not None and cr is not None:
+        go, gr = co, cr  # the totals before clipping
+    before = " before clipping" if clipped else ""
+    if grad_diff and len(grad_diff) == len(grads):
         ratios = [b / a for a, b in grads.values() if a and b]
         if ratios and max(ratios) <= min(ratios) * (1 + 1e-3):
             k = ratios[0]
-            return (f"every module: the gradient is {k:.4g}x the original's at step {step} (total norm "
+            return (f"every module: the gradient{before} is {k:.4g}x the original's at step {step} (total norm "
                     f"{gr:.6g} instead of {go:.6g}){_scaled_why(lo, lr, 1.0, k, runs.rtol, s, updates_seen)}")
         same_loss = not _differ(lo, lr, runs.rtol)
         larger = all(b > a for a, b in grads.values() if a is not None and b is not None)
-        if same_loss and s > 0 and updates_seen and larger and ratios:
-            return (f"every module: the gradient is larger at step {step} with the same loss and parameters "
-                    f"(total norm {gr:.6g} instead of {go:.6g}), by {min(ratios) - 1:.1%} to {max(ratios) - 1:.1%}: "
-                    "gradients left from the previous step (a zero_grad() lost or moved)")
-        spread = f" by {min(_pct(b, a) for a, b in grads.values()):.1f}% to {max(_pct(b, a) for a, b in grads.values()):.1f}%"
-        return (f"every module: the gradient differs at step {step}{spread} (total norm {gr:.6g} instead of "
+        if same_loss and s > 0 and updates_seen and ratios:
+            # the same loss of the same parameters backwarded: gradients that differ were not all its own
+            how = (f"larger, by {min(ratios) - 1:.1%} to {max(ratios) - 1:.1%}," if larger
+                   else f"different ({min(ratios):.3g}x to {max(ratios):.3g}x the original's)")
+            return (f"every module: the gradient{before} is {how} at step {step} with the same loss and "
+                    f"parameters (total norm {gr:.6g} instead of {go:.6g}): gradients left from the previous step "
+                    "(a zero_grad() lost or moved)")
+        pcts = [_pct(b, a) for a, b in grads.values() if a is not None and b is not None]
+        spread = f" by {min(pcts):.1f}% to {max(pcts):.1f}%" if pcts else ""
+        return (f"every module: the gradient{before} differs at step {step}{spread} (total norm {gr:.6g} instead of "
                 f"{go:.6g}), not by one factor" + (", with the same loss" if same_loss else ""))
     m = grad_diff[0]
     a, b = grads[m]
     others = len(grads) - len(grad_diff)
-    return (f"{runs.label(m)}: the gradient differs by {_pct(b, a):.1f}% at step {step} (norm {b:.6g} instead of "
+    return (f"{runs.label(m)}: the gradient{before} differs by {_pct(b, a):.1f}% at step {step} (norm {b:.6g} instead of "
             f"{a:.6g}), while {others} other module(s)' agree: the backward through it differs (a hook, a "
             ".detach() in a branch, a gradient changed by hand)"
             + (f"; also {', '.join(runs.label(x) for x in grad_diff[1:4])}" if len(grad_diff) > 1 else ""))
