@@ -193,7 +193,7 @@ def write_plot(path: Path, v: Verification) -> None:
             modules.plot(range(1, len(after) + 1), after, color=color, linewidth=width, linestyle="--")
         if where["step"] is not None:
             modules.axvline(where["step"], color="tab:red", linestyle=":", linewidth=1)
-        modules.set_yscale("symlog", linthresh=1e-8)
+        modules.set_ylim(bottom=0)  # linear: an update of 0 (a module left out of the optimizer) shows
         modules.set_ylabel(f"{where['ylabel']}\n(solid: original, dashed: {where['rewritten']})", fontsize=8)
         modules.set_title("\n".join(textwrap.wrap(where["title"], 95)[:3]), fontsize=8,
                           color="tab:red" if where["step"] is not None else "black")
