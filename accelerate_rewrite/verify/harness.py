@@ -130,11 +130,11 @@ class _Where:
         self.names: list[str] = []  # their names in the user's model
         self.module_of: list[int] = []  # their module's index in ``modules``
         seen: dict[int, int] = {}
-        classes = [type(root).__name__ for root in roots]
-        for k, root in enumerate(roots):
-            prefix = ""
+        classes = self.models = [outer for outer, _, _ in roots]
+        for k, (_, root, path) in enumerate(roots):
+            prefix = path
             if len(roots) > 1:  # several models trained by one optimizer: each named by its class
-                prefix = classes[k] + (f"[{classes[:k].count(classes[k])}]" if classes.count(classes[k]) > 1 else "") + "."
+                prefix = classes[k] + (f"[{classes[:k].count(classes[k])}]" if classes.count(classes[k]) > 1 else "") + "." + path
             children = dict(root.named_children())
             for name, param in root.named_parameters():
                 if id(param) in seen:
@@ -238,6 +238,7 @@ class _Where:
 
         return {
             "optimizer": self.optimizer_type,
+            "models": self.models,
             "modules": self.modules,
             "module_types": self.types,
             "groups": [{"settings": settings, "params": len(positions),
@@ -702,7 +703,8 @@ class Recorder:
         """The model(s) that hold the parameters ``wanted`` (an optimizer's), unwrapped: the
         outermost modules (no other module's child), the one with the most of them first where
         several hold the same; then, while a model's parameters all sit in one child and none in
-        itself, that child (a wrapper of the project's own)."""
+        itself, that child (a wrapper of the project's own). Each as (the outermost module's class,
+        the module whose children are recorded, their path in it: "main.")."""
         import gc
 
         torch = self.torch
@@ -739,12 +741,13 @@ class Recorder:
             covered |= held[best]
         out = []
         for root in roots:
+            outer, path = type(root).__name__, ""
             for _ in range(8):
-                children = [c for c in root.children() if next(c.parameters(), None) is not None]
+                children = [(n, c) for n, c in root.named_children() if next(c.parameters(), None) is not None]
                 if len(children) != 1 or next(root.parameters(recurse=False), None) is not None:
                     break
-                root = children[0]
-            out.append(root)
+                path, root = path + children[0][0] + ".", children[0][1]
+            out.append((outer, root, path))
         return out
 
     WRAPPERS = {"_FabricModule": ("_forward_module", "_original_module"), "DistributedDataParallel": ("module",),

@@ -91,7 +91,7 @@ class _Runs:
 
     def label(self, module: str) -> str:
         kind = self.types.get(module)
-        return f"`{module}` ({kind})" if module.isdigit() and kind else f"`{module}`"
+        return f"`{module}` ({kind})" if module.rsplit(".", 1)[-1].isdigit() and kind else f"`{module}`"
 
     def step(self, run: str, s: int) -> Optional[dict]:
         steps = (self.o if run == "o" else self.r)["steps"]
@@ -254,6 +254,11 @@ def parting(original: RunRecord, rewritten: RunRecord, rtol: float, n: Optional[
         return None
     runs = _Runs(original, rewritten, o, r, rtol)
     n = min(len(original.losses), len(rewritten.losses)) if n is None else n
+    models_o, models_r = o.get("models"), r.get("models")
+    if models_o and models_r and models_o != models_r:  # the steps compared are another model's
+        return Parting(0, (), f"the first optimizer to step trains {', '.join(models_r)} in the rewrite, "
+                              f"{', '.join(models_o)} in the original: an optimizer's step lost, added or moved "
+                              "(the steps compared are those of the first optimizer to step)")
     updates_seen = True  # every update before this step was measured, and agreed
     for s in range(n):
         found = _at_step(runs, s, updates_seen)
@@ -318,9 +323,9 @@ def _at_step(runs: _Runs, s: int, updates_seen: bool) -> Optional[Parting]:
             return part([], f"every module: the gradient is {k:.4g}x the original's at step {step}{measured}, as "
                             f"is the loss ({lr:.6g} instead of {lo:.6g}): a loss scaled by {k:.4g} (e.g. not "
                             "divided under accumulation, or summed instead of averaged)")
-        return part([], f"the model's forward: the loss differs at step {step} before any parameter does "
-                        f"({lr:.6g} instead of {lo:.6g}): the batch or the forward differs (another seed or "
-                        "data order, dropout, train/eval mode, a changed layer or loss)")
+        return part([], f"the forward or the loss: the loss differs at step {step} before any parameter does "
+                        f"({lr:.6g} instead of {lo:.6g}): the batch, the forward or the loss differs (another "
+                        "seed or data order, dropout, train/eval mode, a changed layer, a loss term changed)")
 
     # clipping: the same gradient measured, another applied (every module's scaled alike; without
     # the modules' records, the total)
