@@ -26,6 +26,14 @@ torch, random and numpy, and hooks the places every variant of a training loop p
   this step ran in low precision: an autocast elsewhere (an evaluation loop) leaves none.
 - ``DistributedSampler``: one in the run (Fabric's under ddp, even on one device) orders the
   data its own way.
+- where the runs part (issue 48, ``_Where``), for the first optimizer: per step, the gradient
+  norm and the update size (the norm of the change the step made) of each parameter group and of
+  each top-level module of the model(s) it trains (their ``named_children()``), each group's lr,
+  and the max_norm a clip was called with; at the first step, each group's settings (lr,
+  weight_decay, betas, eps, momentum...) and the parameters with ``requires_grad`` False; the
+  parameters in no optimizer's group. Norms only: the update is measured against a copy on the
+  CPU made just before the step and dropped right after it; the time it takes is left out of
+  the step's time.
 - with ``track_params`` (``--freeze``): a fingerprint (blake2b of the bytes) of every parameter
   of the model the first optimizer trains, by name (wrappers' prefixes taken off), before the
   first step and at the end.
