@@ -142,7 +142,8 @@ class _Where:
         for k, (_, root, path) in enumerate(roots):
             prefix = path
             if len(roots) > 1:  # several models trained by one optimizer: each named by its class
-                prefix = classes[k] + (f"[{classes[:k].count(classes[k])}]" if classes.count(classes[k]) > 1 else "") + "." + path
+                twin = f"[{classes[:k].count(classes[k])}]" if classes.count(classes[k]) > 1 else ""
+                prefix = f"{classes[k]}{twin}.{path}"
             children = dict(root.named_children())
             for name, param in root.named_parameters():
                 if id(param) in seen:

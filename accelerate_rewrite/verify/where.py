@@ -113,7 +113,8 @@ class _Runs:
 
     def group_label(self, i: int) -> str:
         modules = self.o["groups"][i].get("modules") or []
-        shown = ", ".join(self.label(m) for m in modules[:3]) + (f" and {len(modules) - 3} more" if len(modules) > 3 else "")
+        more = f" and {len(modules) - 3} more" if len(modules) > 3 else ""
+        shown = ", ".join(self.label(m) for m in modules[:3]) + more
         return f"param_groups[{i}]" + (f" ({shown})" if shown else "")
 
     def frozen(self, run: str, module: str) -> bool:
@@ -389,7 +390,7 @@ def _gradients(runs: _Runs, s: int, grads: dict, grad_diff: list, losses, norms,
     """``grads``: the modules' gradient norms before clipping."""
     step = s + 1
     (lo, lr), (go, gr), (co, cr) = losses, norms, clips
-    if not grads or not grad_diff:  # no module recorded, or none differs: the totals (measured before clipping, where a clip measured)
+    if not grads or not grad_diff:  # no module recorded, or none differs: the totals (before clipping, if clipped)
         measured = co is not None and cr is not None
         a, b = (co, cr) if measured else (go, gr)
         what = "the gradient measured before clipping" if measured else "the gradient"
@@ -420,8 +421,8 @@ def _gradients(runs: _Runs, s: int, grads: dict, grad_diff: list, losses, norms,
     m = grad_diff[0]
     a, b = grads[m]
     others = len(grads) - len(grad_diff)
-    return (f"{runs.label(m)}: the gradient{before} differs by {_pct(b, a):.1f}% at step {step} (norm {b:.6g} instead of "
-            f"{a:.6g}), while {others} other module(s)' agree: the backward through it differs (a hook, a "
+    return (f"{runs.label(m)}: the gradient{before} differs by {_pct(b, a):.1f}% at step {step} (norm {b:.6g} "
+            f"instead of {a:.6g}), while {others} other module(s)' agree: the backward through it differs (a hook, a "
             ".detach() in a branch, a gradient changed by hand)"
             + (f"; also {', '.join(runs.label(x) for x in grad_diff[1:4])}" if len(grad_diff) > 1 else ""))
 
@@ -465,7 +466,8 @@ def _updates(runs: _Runs, s: int, group_updates: list, group_diff: list, updates
     every = [g for g in (runs.o.get("groups") or [])]
     if settings and every and all(_group_setting_differs(runs, i) for i in range(len(every))):
         return f"every group: the update differs by {by} at step {step} with equal gradients{why}"
-    return f"{runs.label(m)}: the update differs by {by.replace(f' ({runs.label(m)})', '')} at step {step} with equal gradients{why}"
+    by = by.replace(f" ({runs.label(m)})", "")
+    return f"{runs.label(m)}: the update differs by {by} at step {step} with equal gradients{why}"
 
 
 def _group_setting_differs(runs: _Runs, i: int) -> bool:
