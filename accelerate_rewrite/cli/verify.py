@@ -100,6 +100,9 @@ def verify_command(script, option_values, against, steps,
                 status.stop()
     except VerifyError as exc:
         _fail(str(exc))
+    except KeyboardInterrupt:  # the run going on was ended (runner.py); exit as SIGINT's convention says
+        click.echo("Aborted!", err=True)
+        raise click.exceptions.Exit(130) from None
     from accelerate_rewrite.verify import report
 
     out = make_console()
@@ -223,6 +226,9 @@ def tune_command(script, tries, against_files, steps, repeat, min_speedup, run_o
             run_on=None if run_on == "auto" else run_on, timeout=timeout, python=python, threads=threads,
             tolerance=_tolerance(rtol, mean_rtol, last_rtol, grad_rtol, noise_multiple, warmup_steps),
             min_speedup=min_speedup, on_start=on_start)
+    except KeyboardInterrupt:  # the run going on was ended (runner.py); exit as SIGINT's convention says
+        click.echo("Aborted!", err=True)
+        raise click.exceptions.Exit(130) from None
     finally:
         if status is not None:
             status.stop()

@@ -7,6 +7,18 @@ descendants are tracked while it runs (psutil's process tree), and every process
 the run's marker (``ACCELERATE_REWRITE_VERIFY_RUN`` in its environment) is found at the end,
 even one whose parent is gone. Nothing of a run is left behind when ``run_script`` returns.
 What every process recorded is merged: per optimizer step, the loss averaged over the ranks.
+
+Nor when the verifier itself is stopped (issue 48): while a run is on (``ending_runs_on_signals``),
+SIGTERM and SIGHUP end it as Ctrl-C does (the whole group, then what left it), and the verifier
+exits with 128 + the signal's number; so does any exception of the verifier's own. Where the
+verifier can't clean up (SIGKILL, the OOM killer), two things end the run without it:
+
+- on Linux, the script's process dies with it: the boot code (boot/sitecustomize.py) of the
+  process the verifier started asks the kernel for SIGKILL when its parent goes
+  (``prctl(PR_SET_PDEATHSIG)``);
+- everywhere, a watcher (a small Python process of the standard library alone, in a session of
+  its own, ``WATCHER``) polls the verifier's pid; when its parent changes it kills the run's
+  process group, and on Linux every process that carries the run's marker (``/proc/PID/environ``).
 """
 
 from __future__ import annotations
@@ -18,11 +30,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 from accelerate_rewrite.verify.harness import CONFIG_ENV
 
@@ -30,8 +44,41 @@ BOOT_DIR = Path(__file__).resolve().parent / "boot"
 TAIL_LINES = 15
 #: set in the environment of a run to a value of its own: whatever inherits it belongs to the run
 RUN_MARKER_ENV = "ACCELERATE_REWRITE_VERIFY_RUN"
+#: set in the environment of a run to the verifier's pid: the process it starts asks to die with it
+PARENT_ENV = "ACCELERATE_REWRITE_VERIFY_PARENT"
 #: how often the run's process tree is read while it runs
 POLL_S = 0.2
+#: the signals that end the runs as Ctrl-C does (SIGINT raises KeyboardInterrupt, which does already)
+ENDING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+#: the watcher of one run: ``python -I -S -c WATCHER WATCHER_TAG <verifier pid> <run's pgid> <marker>``;
+#: standard library only, so that it starts in milliseconds and needs nothing installed
+WATCHER_TAG = "accelerate-rewrite-verify-watcher"
+WATCHER = r"""
+import os, signal, sys, time
+parent, group, marker = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+for name in ("SIGINT", "SIGHUP", "SIGTERM"):
+    signal.signal(getattr(signal, name), signal.SIG_DFL)
+while os.getppid() == parent:
+    time.sleep(0.2)
+needle = ("\0ACCELERATE_REWRITE_VERIFY_RUN=" + marker + "\0").encode()
+for _ in range(2):  # again, for a process forked as the first went
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+    except OSError:  # no /proc (macOS): the group is all there is to end
+        pids = []
+    for pid in pids:
+        try:
+            with open("/proc/%d/environ" % pid, "rb") as handle:
+                if needle in b"\0" + handle.read():
+                    os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+    time.sleep(0.1)
+"""
 #: what torch's gloo backend prints as it aborts a process at exit: a worker thread ("pt_gloo_runloop")
 #: frees the last collective's tensors, needs the GIL, finds the interpreter shutting down, and
 #: std::terminate follows (torch 2.13, CPU; about 1 run in 10 of 2 processes, with or without
@@ -172,6 +219,84 @@ def _kill_group(process: subprocess.Popen) -> None:
             time.sleep(0.2)
 
 
+_raised: list[int] = []  # the signal that is ending the runs (once: a second one waits for the first)
+
+
+def _on_ending_signal(signum, frame) -> None:
+    if _raised:
+        return
+    _raised.append(signum)
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def ending_runs_on_signals() -> Iterator[None]:
+    """While inside: SIGTERM and SIGHUP raise ``SystemExit(128 + signum)`` in the main thread,
+    so that the run going on is ended as on Ctrl-C (``run_script`` ends its process group and
+    what left it on any exception) and ``finally`` blocks run (the rewritten file is removed).
+    A handler of the caller's own, or SIG_IGN (``nohup``), stays; nested uses are one; outside
+    the main thread nothing is installed (Python allows handlers only there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    installed = {}
+    for sig in ENDING_SIGNALS:
+        try:
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                installed[sig] = signal.signal(sig, _on_ending_signal)
+        except (OSError, ValueError):
+            continue
+    try:
+        yield
+    finally:
+        for sig, previous in installed.items():
+            signal.signal(sig, previous)
+        if installed:
+            _raised.clear()
+
+
+@contextmanager
+def _shielded() -> Iterator[None]:
+    """Ending a run is not cut short: SIGINT, SIGTERM and SIGHUP are held off while it goes on
+    (seconds at most: ``_kill_group`` and ``_Descendants.end`` wait 16 s in all, at worst)."""
+    held = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, *ENDING_SIGNALS):
+            try:
+                previous = signal.getsignal(sig)
+                if previous not in (signal.SIG_IGN, None):
+                    held[sig] = signal.signal(sig, lambda signum, frame: None)
+            except (OSError, ValueError):
+                continue
+    try:
+        yield
+    finally:
+        for sig, previous in held.items():
+            signal.signal(sig, previous)
+
+
+def _start_watcher(pgid: int, marker: str) -> Optional[subprocess.Popen]:
+    """The watcher of a run (``WATCHER``): it ends the run if this process dies without doing so."""
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", WATCHER, WATCHER_TAG, str(os.getpid()), str(pgid), marker],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a kill of the verifier's own group leaves it to do its work
+        )
+    except OSError:
+        return None
+
+
+def _stop_watcher(watcher: Optional[subprocess.Popen]) -> None:
+    if watcher is None:
+        return
+    try:
+        watcher.kill()
+        watcher.wait(timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -259,6 +384,7 @@ def _tail(text: str, lines: int = TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
+@ending_runs_on_signals()  # SIGTERM, SIGHUP: the run ends as on Ctrl-C
 def run_script(
     script: Path,
     args: Sequence[str] = (),
@@ -290,6 +416,7 @@ def run_script(
         )
         run_env.setdefault("PYTHONHASHSEED", "0")
         marker = run_env[RUN_MARKER_ENV] = uuid.uuid4().hex
+        run_env[PARENT_ENV] = str(os.getpid())
         log = out_dir / "output.log"
         with open(log, "wb") as handle:
             process = subprocess.Popen(
@@ -297,35 +424,45 @@ def run_script(
                 stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-            family = _Descendants(process.pid, marker)
+            watcher = family = None
             try:
-                deadline = time.monotonic() + timeout
-                while True:
+                watcher = _start_watcher(process.pid, marker)
+                family = _Descendants(process.pid, marker)
+                try:
+                    deadline = time.monotonic() + timeout
+                    while True:
+                        family.poll()
+                        try:
+                            record.exit_code = process.wait(
+                                timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
+                            break
+                        except subprocess.TimeoutExpired:
+                            if time.monotonic() >= deadline:
+                                raise
+                except subprocess.TimeoutExpired:
+                    record.timed_out = True
                     family.poll()
-                    try:
-                        record.exit_code = process.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
-                        break
-                    except subprocess.TimeoutExpired:
-                        if time.monotonic() >= deadline:
-                            raise
-            except subprocess.TimeoutExpired:
-                record.timed_out = True
-                family.poll()
-                _kill_group(process)
-                record.exit_code = process.returncode
-            except BaseException:  # Ctrl-C: no orphaned DDP workers
-                family.poll()
-                _kill_group(process)
-                family.end()
+                    _kill_group(process)
+                    record.exit_code = process.returncode
+                # DDP workers finish their own last step a moment after rank 0
+                deadline = time.monotonic() + 30
+                while _group_alive(process.pid) and time.monotonic() < deadline:
+                    family.poll()
+                    time.sleep(0.1)
+                if _group_alive(process.pid):
+                    _kill_group(process)
+                family.end()  # what left the group: a child in its own session, a daemon
+            except BaseException:  # Ctrl-C, SIGTERM, SIGHUP, an error of ours: nothing of the run stays
+                with _shielded():
+                    for end in (family and family.poll, lambda: _kill_group(process), family and family.end):
+                        try:
+                            if end is not None:
+                                end()
+                        except Exception:  # one step failing leaves the next to do its part
+                            pass
                 raise
-            # DDP workers finish their own last step a moment after rank 0
-            deadline = time.monotonic() + 30
-            while _group_alive(process.pid) and time.monotonic() < deadline:
-                family.poll()
-                time.sleep(0.1)
-            if _group_alive(process.pid):
-                _kill_group(process)
-            family.end()  # what left the group: a child in its own session, a daemon
+            finally:
+                _stop_watcher(watcher)
         record.output_tail = _tail(log.read_text(errors="replace"), 40)
         _merge(record, out_dir)
         if record.timed_out:

@@ -31,7 +31,7 @@ from accelerate_rewrite.verify.compare import (
     noise_floor,
 )
 from accelerate_rewrite.verify.evidence import HALF
-from accelerate_rewrite.verify.runner import RunRecord, run_script
+from accelerate_rewrite.verify.runner import RunRecord, ending_runs_on_signals, run_script
 
 
 class VerifyError(Exception):
@@ -236,6 +236,7 @@ def _rewritten_project(script: Path, source: str, members: Sequence) -> Iterator
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@ending_runs_on_signals()  # SIGTERM, SIGHUP: the run going on ends, the rewritten file goes
 def verify(
     script: Path,
     options: Options,

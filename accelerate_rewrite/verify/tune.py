@@ -23,6 +23,7 @@ from typing import Callable, Optional, Sequence
 
 from accelerate_rewrite.verify.compare import EXIT_CODES, LABELS, PASS, Tolerance, median_time
 from accelerate_rewrite.verify.environment import CUDA, Machine, Need, probe
+from accelerate_rewrite.verify.runner import ending_runs_on_signals
 from accelerate_rewrite.verify.session import Verification, VerifyError, load_average, verify
 
 #: a candidate must be this much faster than the original to be recommended: step times on a
@@ -217,6 +218,7 @@ def default_candidates(machine: Machine) -> list[Candidate]:
     return [Candidate.parse(t) for t in texts]
 
 
+@ending_runs_on_signals()  # SIGTERM, SIGHUP: the run going on ends (see runner.py)
 def tune(
     script: Path,
     candidates: Sequence[Candidate],

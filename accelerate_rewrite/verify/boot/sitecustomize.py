@@ -22,6 +22,29 @@ def _load(name, path):
     return module
 
 
+def _die_with_the_verifier():
+    """Linux: the process the verifier started (its parent's pid is ACCELERATE_REWRITE_VERIFY_PARENT)
+    gets SIGKILL from the kernel when the verifier dies, even of SIGKILL (PR_SET_PDEATHSIG). The
+    processes it starts in turn don't ask: the signal would come when the *thread* that started
+    them ends, which a script's own thread pool may do at any time; the verifier's watcher (see
+    runner.py) kills the run's process group instead."""
+    parent = os.environ.get("ACCELERATE_REWRITE_VERIFY_PARENT", "")
+    if not sys.platform.startswith("linux") or not parent.isdigit() or os.getppid() != int(parent):
+        return
+    try:
+        import ctypes
+        import signal
+
+        if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+            return
+    except (OSError, AttributeError, ImportError):
+        return
+    if os.getppid() != int(parent):  # the verifier died before the line above
+        os._exit(128 + 9)
+
+
+_die_with_the_verifier()
+
 if os.environ.get("ACCELERATE_REWRITE_VERIFY"):
     _load("accelerate_rewrite_verify_harness", os.path.join(os.path.dirname(_HERE), "harness.py")).boot()
 
