@@ -54,15 +54,16 @@ DIVERGING = {"pure_half"}
 #: hf_finetune, which downloads its weights (text_classification is the runnable NLP fixture);
 #: the hand-made DDP fixtures start their own processes: tests/test_hand_ddp.py runs them on 2
 #: conditional_optimizer runs both ways, on both of its paths, in tests/test_conditional.py;
-#: manual_sgd has no optimizer for the verifier to count steps by: tests/test_real_code.py runs it
+#: manual_sgd has no optimizer for the verifier to count steps by: tests/test_real_code.py runs it;
+#: own_download fetches its data from a URL: tests/test_side_effects.py runs it from a file:// one
 NOT_RUN = {"accumulates_already", "hf_finetune", "ddp_spawn", "ddp_torchrun", "ddp_trainer", "hand_ddp",
-           "conditional_optimizer", "manual_sgd"}
+           "conditional_optimizer", "manual_sgd", "own_download"}
 #: (a list, so that collecting the tests, once per xdist worker, rewrites nothing; the first
 #: test keeps it current)
-RUNNABLE = ["accelerator_api", "already_autocast", "apex_o1", "apex_o2_two_losses", "autoencoder_sums",
+RUNNABLE = ["accelerator_api", "already_autocast", "apex_dcgan", "apex_o1", "apex_o2_two_losses", "autoencoder_sums",
             "checkpointing", "cuda_amp", "cyclegan_chain", "data_parallel", "finetune_encoder", "gan", "gan_bce",
             "imagenet_ddp", "imagenet_style", "init_distributed_mode", "lbfgs", "local_rank_finetune", "mnist_style", "module_loop",
-            "param_groups", "rnn_classifier", "sample_data", "scheduled_optim", "text_classification", "timm_scaler",
+            "param_groups", "research_reads", "rnn_classifier", "sample_data", "scheduled_optim", "text_classification", "timm_scaler",
             "torchmetrics_metrics", "train_function", "trainer_class", "trainer_given_loaders", "trainer_run", "transformer_lm", "vae", "vit_finetune",
             "word_lm"]
 #: fixtures whose rewrite refuses bf16-mixed (the script's own autocast; LBFGS) and says why
