@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from accelerate_rewrite.codemod.files import Target
-    from accelerate_rewrite.codemod.siblings import Scope
+    from accelerate_rewrite.codemod.files.paths import Target
+    from accelerate_rewrite.codemod.analysis.siblings import Scope
     from accelerate_rewrite.codemod.result import Result
     from accelerate_rewrite.options import Options
     from accelerate_rewrite.prepare import Prepared
@@ -100,7 +100,7 @@ def _siblings(path: Path, text: str) -> list[Path]:
     """The project's own modules the script imports (``codemod.siblings.imported_files``), read
     with Python's parser only when the text names a module or package of its folder, or of its
     project's root, at all."""
-    from accelerate_rewrite.codemod.siblings import project_root
+    from accelerate_rewrite.codemod.analysis.siblings import project_root
 
     folder = path.parent
     stems: set[str] = set()
@@ -114,7 +114,7 @@ def _siblings(path: Path, text: str) -> list[Path]:
     stems.discard(path.stem)
     if not any(stem.isidentifier() and stem in text for stem in stems):
         return []
-    from accelerate_rewrite.codemod.siblings import imported_files
+    from accelerate_rewrite.codemod.analysis.siblings import imported_files
 
     return imported_files(path, text)
 
@@ -261,7 +261,7 @@ def _keyed(target: "Target", settings: "Settings"):
     folder = settings.cache_dir
     if folder is None or target.error is not None or target.path.suffix == ".ipynb":
         return None
-    from accelerate_rewrite.codemod.source import read_source
+    from accelerate_rewrite.codemod.files.source import read_source
 
     try:
         source = read_source(target.path)
@@ -295,7 +295,7 @@ def answer(target: "Target", settings: "Settings", keyed=False) -> Optional["Pre
 def prepare(target: "Target", settings: "Settings", scope: Optional["Scope"] = None) -> "Prepared":
     """``prepare.prepare`` (read, choose, rewrite, encode), answered from the cache when it can
     (``answer``), and stored in the cache otherwise. A script rewritten with the project's
-    modules it imports (``result.members``, codemod/project.py) is not stored: its result is
+    modules it imports (``result.members``, codemod/project/program.py) is not stored: its result is
     several files'. ``scope``: as ``prepare.prepare``'s."""
     from accelerate_rewrite.prepare import prepare as uncached
 

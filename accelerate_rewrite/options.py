@@ -286,7 +286,7 @@ class Options:
     #: rules selected by their own code or name (not by "ALL" or a prefix): opt-in rules apply
     #: their edits only then (set by config.choose from the selection, not an option of its own)
     explicit: frozenset = frozenset()
-    #: the script starts its own processes (hand-made DDP, codemod/ddp.py): without
+    #: the script starts its own processes (hand-made DDP, codemod/ddp/hand.py): without
     #: ``--devices`` the conversion keeps the script's world size, so it runs on several devices
     #: (set per file by the engine, not an option of its own)
     script_world: bool = False

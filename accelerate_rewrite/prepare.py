@@ -8,15 +8,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from accelerate_rewrite.codemod.files import Target
-from accelerate_rewrite.codemod.words import TRAINING_WORDS
+from accelerate_rewrite.codemod.files.paths import Target
+from accelerate_rewrite.codemod.analysis.words import TRAINING_WORDS
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.settings import Mode, Settings
 
 if TYPE_CHECKING:
     from accelerate_rewrite.api import Result
-    from accelerate_rewrite.codemod.siblings import Scope
-    from accelerate_rewrite.codemod.source import SourceFile
+    from accelerate_rewrite.codemod.analysis.siblings import Scope
+    from accelerate_rewrite.codemod.files.source import SourceFile
     from accelerate_rewrite.config import Choice
 
 @dataclass
@@ -65,7 +65,7 @@ def rewrite_text(text: str, path: Path, choice: "Choice", scope: Optional["Scope
 
 
 def _member_texts(path: Path, text: str) -> list[str]:
-    from accelerate_rewrite.codemod.siblings import candidates
+    from accelerate_rewrite.codemod.analysis.siblings import candidates
 
     def text_of(file: Path) -> Optional[str]:
         try:
@@ -80,7 +80,7 @@ def prepare(target: Target, settings: Settings, scope: Optional["Scope"] = None)
     """Read, choose the options and rules, rewrite, encode; every failure becomes an error
     message naming the file. ``scope``: the project's modules that may change with it."""
     from accelerate_rewrite.api import RewriteError
-    from accelerate_rewrite.codemod.source import SourceError, read_source
+    from accelerate_rewrite.codemod.files.source import SourceError, read_source
     from accelerate_rewrite.config import ConfigError
 
     path = target.path
@@ -119,7 +119,7 @@ def prepare(target: Target, settings: Settings, scope: Optional["Scope"] = None)
 
 
 def _encode(path: Path, source: "SourceFile", text: str) -> bytes:
-    from accelerate_rewrite.codemod.source import SourceError
+    from accelerate_rewrite.codemod.files.source import SourceError
 
     try:
         return source.encode(text)
@@ -130,7 +130,7 @@ def _encode(path: Path, source: "SourceFile", text: str) -> bytes:
 
 
 def _prepare_notebook(out: Prepared, source: "SourceFile", choice: "Choice", settings: Settings) -> Prepared:
-    """A notebook: its code cells rewritten as one program and put back (codemod/notebook.py)."""
+    """A notebook: its code cells rewritten as one program and put back (codemod/files/notebook.py)."""
     out.result, out.diff, out.where = rewrite_notebook(source.text, str(out.target.path), choice)
     if settings.mode is Mode.OUTPUT or (settings.mode is Mode.WRITE and out.result.changed):
         out.data = source.encode(out.result.output)
@@ -142,9 +142,9 @@ def rewrite_notebook(text: str, path: str, choice: "Choice") -> tuple["Result", 
     cell), and its program line -> (cell, line in the cell)."""
     from dataclasses import replace
 
-    from accelerate_rewrite.codemod import notebook
+    from accelerate_rewrite.codemod.files.paths import notebook
     from accelerate_rewrite.api import RewriteError, rewrite
-    from accelerate_rewrite.codemod.siblings import Scope
+    from accelerate_rewrite.codemod.analysis.siblings import Scope
 
     try:
         program = notebook.read(text, path)

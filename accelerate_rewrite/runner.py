@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Optional, Sequence
 
-from accelerate_rewrite.codemod.diff import render_diff, unified_diff
-from accelerate_rewrite.codemod.files import Target, collect
+from accelerate_rewrite.codemod.files.diff import render_diff, unified_diff
+from accelerate_rewrite.codemod.files.paths import Target, collect
 from accelerate_rewrite.prepare import Prepared, rewrite_notebook, rewrite_text
 from accelerate_rewrite.report import Outcome, Reporter, Tally, summary_table, exit_code, record
 from accelerate_rewrite.settings import Mode, Settings
@@ -21,12 +21,12 @@ from accelerate_rewrite.settings import Mode, Settings
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from accelerate_rewrite.codemod.siblings import Scope
+    from accelerate_rewrite.codemod.analysis.siblings import Scope
 
 def finish(prepared: Prepared, settings: Settings, report: Reporter) -> list[Outcome]:
     """Show, write and report one prepared file, and the project's modules rewritten with it
     (written with it as one: all or none)."""
-    from accelerate_rewrite.codemod.source import SourceError, write_atomic, write_atomic_set
+    from accelerate_rewrite.codemod.files.source import SourceError, write_atomic, write_atomic_set
 
     path = prepared.target.path
     outcome = Outcome(path, error=prepared.error, result=prepared.result, options=prepared.options,
@@ -98,12 +98,12 @@ def finish(prepared: Prepared, settings: Settings, report: Reporter) -> list[Out
 
 
 def projects(targets: Sequence[Target], settings: Settings) -> tuple[dict[Path, "Scope"], set[Path]]:
-    """Which targets are scripts whose project's modules (codemod/project.py) are among the
+    """Which targets are scripts whose project's modules (codemod/project/program.py) are among the
     targets: each script's Scope (the targets may change with it, or any module with
     ``--follow-imports``, or by default any whose changed names no other file under the
     script's folder reads; a module that two scripts given import changes with neither), and the targets that
     a script given imports (rewritten with it, not on their own)."""
-    from accelerate_rewrite.codemod.siblings import Scope, candidates
+    from accelerate_rewrite.codemod.analysis.siblings import Scope, candidates
 
     python = [t for t in targets if t.error is None and t.path.suffix == ".py"]
     if not python:
@@ -223,7 +223,7 @@ def run(
 
     def all_prepared():
         # scripts first; then the modules a script given imports that were not rewritten with
-        # it (not followed: codemod/project.py says why), on their own
+        # it (not followed: codemod/project/program.py says why), on their own
         covered: set[str] = set()
         for prepared in prepared_of(first):
             if prepared.result is not None:
@@ -265,8 +265,8 @@ def run_stdin(
     configuration, or with nothing to change, the input goes back as it came. ``--check`` writes
     nothing but the diff, if asked, and exits 1 when the source would change."""
     from accelerate_rewrite.api import RewriteError
-    from accelerate_rewrite.codemod.siblings import Scope
-    from accelerate_rewrite.codemod.source import SourceError, decode
+    from accelerate_rewrite.codemod.analysis.siblings import Scope
+    from accelerate_rewrite.codemod.files.source import SourceError, decode
     from accelerate_rewrite.config import ConfigError
 
     stdin = stdin if stdin is not None else sys.stdin.buffer

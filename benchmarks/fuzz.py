@@ -282,7 +282,7 @@ _COMMENT = re.compile(r"#.*$")
 
 
 def _comments(text: str) -> Optional[list[tuple[int, str]]]:
-    from accelerate_rewrite.codemod.preserve import trivia
+    from accelerate_rewrite.codemod.edits.preserve import trivia
 
     items = trivia(text)
     return None if items is None else [(line, t) for line, t in items if t]

@@ -103,7 +103,7 @@ def run_project(name: str, option_set: str) -> Result:
     """The project's script rewritten with every module of the project allowed to change (as
     ``accelerate-rewrite fixtures/projects/NAME``), from the repository's root: the paths in
     the notes are relative to it."""
-    from accelerate_rewrite.codemod.project import Scope
+    from accelerate_rewrite.codemod.project.program import Scope
 
     with contextlib.chdir(ROOT):
         path = f"fixtures/projects/{name}/train.py"
@@ -114,11 +114,11 @@ def run_project(name: str, option_set: str) -> Result:
 def project_scope(name: str):
     """As ``accelerate-rewrite fixtures/projects/NAME/train.py`` decides: the modules the script
     imports change with it, or, where another script of the project imports them too (its
-    ``eval.py``), change so that it keeps working (codemod/compat.py)."""
+    ``eval.py``), change so that it keeps working (codemod/project/compat.py)."""
     import os
 
-    from accelerate_rewrite.codemod.project import Scope
-    from accelerate_rewrite.codemod.siblings import candidates
+    from accelerate_rewrite.codemod.project.program import Scope
+    from accelerate_rewrite.codemod.analysis.siblings import candidates
 
     folder = (PROJECTS / name).resolve()
     script = folder / "train.py"

@@ -386,7 +386,7 @@ def test_the_notes_say_what_was_written():
 
 def test_what_only_reads_the_model_gets_the_module():
     """``torch.save(model, f)`` and ``copy.deepcopy(model)`` on several processes: given the
-    module (``codemod/libraries.py`` MODEL_READERS), they save and copy what the original did."""
+    module (``codemod/analysis/libraries.py`` MODEL_READERS), they save and copy what the original did."""
     source = (FIXTURES / "train_function" / "input.py").read_text(encoding="utf-8")
     last = '        print(f"epoch {epoch} val loss {val_loss:.4f} val acc {val_acc:.3f}")\n'
     assert last in source
@@ -650,7 +650,7 @@ def test_a_project_helper_without_training_code_is_read_where_the_model_is_hande
     """SAM's ``enable_running_stats(model)`` (utility/bypass_bn.py: no backward, no optimizer):
     on several processes its module is followed, and, since it never runs the model, it gets the
     module (``accelerator.unwrap_model(model)``), not DistributedDataParallel."""
-    from accelerate_rewrite.codemod.project import Scope
+    from accelerate_rewrite.codemod.project.program import Scope
 
     (tmp_path / "bypass_bn.py").write_text(
         "from torch.nn.modules.batchnorm import _BatchNorm\n\n\n"

@@ -266,7 +266,7 @@ def test_a_hit_loads_neither_libcst_nor_the_rules(good, cache_dir):
         import sys
         from pathlib import Path
         from accelerate_rewrite import cache
-        from accelerate_rewrite.codemod.files import Target
+        from accelerate_rewrite.codemod.files.paths import Target
         from accelerate_rewrite.options import Options
         from accelerate_rewrite.settings import Mode, Settings
 

@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from accelerate_rewrite.cli import cli
-from accelerate_rewrite.codemod.diff import NO_NEWLINE, unified_diff
+from accelerate_rewrite.codemod.files.diff import NO_NEWLINE, unified_diff
 from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.options import PRECISIONS, STRATEGIES, Options
 from accelerate_rewrite.rules import ALL_RULES

@@ -330,7 +330,7 @@ def test_lf_file_gets_no_crlf_and_keeps_its_final_newline():
 
 def test_encoding_round_trips_through_the_source_layer(tmp_path):
     """Bytes in, bytes out: a latin-1 file with its cookie, and a UTF-8 file with a BOM."""
-    from accelerate_rewrite.codemod.source import decode
+    from accelerate_rewrite.codemod.files.source import decode
 
     lf = MESSY.replace("\r\n", "\n")
     body = lf.split("\n", 2)[2].replace("—", "-")  # keep to latin-1 characters
@@ -537,7 +537,7 @@ def test_a_names_assignments_and_references_come_in_the_files_order():
     """``assignments`` and ``references`` (from LibCST's sets) in the order of the source."""
     import libcst as cst
 
-    from accelerate_rewrite.codemod.facts import ScriptFacts
+    from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
 
     source = "".join(f"x = {i}\nprint(x, x)\n" for i in range(12))
     facts = ScriptFacts(cst.parse_module(source), fresh=True)

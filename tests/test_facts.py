@@ -11,7 +11,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from accelerate_rewrite.codemod.facts import (
+from accelerate_rewrite.codemod.analysis.facts import (
     DEVICE,
     LOADER,
     MODEL,
@@ -629,7 +629,7 @@ def test_prints_and_functions():
     assert [text(n) for n in f.functions["helper"].other_uses] == ["helper"]
 
 
-# ---- the lean metadata (codemod/facts_metadata.py) is LibCST's own ---------------------------
+# ---- the lean metadata (codemod/tree/metadata.py) is LibCST's own ---------------------------
 
 FIXTURE_INPUTS = sorted((Path(__file__).resolve().parent.parent / "fixtures").glob("*/input.py"))
 
@@ -641,7 +641,7 @@ def test_parents_scopes_and_qualified_names_are_libcsts(path):
     from libcst.metadata import (MetadataWrapper, ParentNodeProvider, PositionProvider, QualifiedNameProvider,
                                  ScopeProvider)
 
-    from accelerate_rewrite.codemod.facts_walk import TOKENS
+    from accelerate_rewrite.codemod.tree.walk import TOKENS
 
     facts = ScriptFacts(cst.parse_module(path.read_text(encoding="utf-8")), fresh=True)
     wrapper = MetadataWrapper(facts.module, unsafe_skip_copy=True)
@@ -708,8 +708,8 @@ def test_the_stored_names_agree_with_libcsts_expression_contexts():
     LibCST of the constraints it does, and the names it marks are those LibCST marks STORE."""
     from libcst.metadata import ExpressionContext, ExpressionContextProvider, MetadataWrapper
 
-    from accelerate_rewrite.codemod.facts_scopes import _PROBE, _Stored, _lean_agrees
-    from accelerate_rewrite.codemod.facts_metadata import walk
+    from accelerate_rewrite.codemod.tree.scopes import _PROBE, _Stored, _lean_agrees
+    from accelerate_rewrite.codemod.tree.metadata import walk
 
     assert _lean_agrees()
     module = cst.parse_module(_PROBE)
@@ -723,7 +723,7 @@ def test_the_sets_filled_when_first_read_behave_as_libcsts_sets():
     """An access's assignments and an assignment's accesses (``_Lazy``): filled once, when first
     read, by what LibCST would have run; set algebra on them gives plain sets; emptied without
     being filled (``_unlink``)."""
-    from accelerate_rewrite.codemod.facts_scopes import _Lazy
+    from accelerate_rewrite.codemod.tree.scopes import _Lazy
 
     filled = []
 
@@ -814,12 +814,12 @@ def test_find_in_a_node_gives_what_matchers_find_under_it(every):
 
 @SAMPLED
 def test_the_parents_walk_visits_the_nodes_in_libcsts_order(every):
-    """The parents' walk of codemod/facts_metadata.py (no copy of each node, the fields LibCST's
+    """The parents' walk of codemod/tree/metadata.py (no copy of each node, the fields LibCST's
     walk visits recorded per class) gives the parents and spans LibCST's own walk gives, in the
     same order, and the nodes of each class in that order, on every fixture (the inputs and the goldens) and on odd sources: f-strings with
     and without a format spec (a class whose walk leaves an empty field out), star imports."""
-    from accelerate_rewrite.codemod.facts_metadata import _Parents
-    from accelerate_rewrite.codemod.facts_walk import TOKENS, _walk
+    from accelerate_rewrite.codemod.tree.metadata import _Parents
+    from accelerate_rewrite.codemod.tree.walk import TOKENS, _walk
     from tests.goldens import FIXTURES
     from tests.test_layout import ODD
 
@@ -875,8 +875,8 @@ def test_the_scopes_type_hints_are_libcsts(source):
     what it reads, is still LibCST's."""
     from libcst.metadata import MetadataWrapper, ScopeProvider
 
-    from accelerate_rewrite.codemod.facts_metadata import walk
-    from accelerate_rewrite.codemod.facts_scopes import _typing_named, scopes
+    from accelerate_rewrite.codemod.tree.metadata import walk
+    from accelerate_rewrite.codemod.tree.scopes import _typing_named, scopes
 
     module = cst.parse_module(source)
     by_type = walk(module)[2]

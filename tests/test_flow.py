@@ -1,4 +1,4 @@
-"""The engine's flow-sensitive check (codemod/flow.py): no output reads a name that some path
+"""The engine's flow-sensitive check (codemod/tree/flow.py): no output reads a name that some path
 leaves unbound where the input bound it on every path."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import textwrap
 
 from accelerate_rewrite.api import rewrite
-from accelerate_rewrite.codemod.flow import maybe_unbound
+from accelerate_rewrite.codemod.tree.flow import maybe_unbound
 from accelerate_rewrite.options import Options
 
 
@@ -123,13 +123,13 @@ def _every_source():
 
 
 def test_the_module_given_statement_by_statement_reads_as_the_whole():
-    """flow.unbound_in over a module's top-level statements (codemod/layout.py's pieces), each
+    """flow.unbound_in over a module's top-level statements (codemod/tree/layout.py's pieces), each
     parsed alone, finds what maybe_unbound finds in the whole file, line for line; asked only
     into some statements, it finds the module's reads and theirs."""
     import libcst as cst
 
-    from accelerate_rewrite.codemod.flow import unbound_in
-    from accelerate_rewrite.codemod.layout import Layout
+    from accelerate_rewrite.codemod.tree.flow import unbound_in
+    from accelerate_rewrite.codemod.tree.layout import Layout
 
     compared = 0
     for path in _every_source():

@@ -1,4 +1,4 @@
-"""codemod/layout.py: the code and positions of a module one top-level statement at a time are
+"""codemod/tree/layout.py: the code and positions of a module one top-level statement at a time are
 LibCST's own (``Module.code``, PositionProvider), and the code of a module the edits made from it,
 spliced, is that module's ``code``."""
 
@@ -10,8 +10,8 @@ import libcst as cst
 import pytest
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from accelerate_rewrite.codemod.facts import ScriptFacts
-from accelerate_rewrite.codemod.layout import Layout
+from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
+from accelerate_rewrite.codemod.tree.layout import Layout
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_INPUTS = sorted((ROOT / "fixtures").glob("*/input.py"))
@@ -104,10 +104,10 @@ def test_the_result_of_the_edits_is_spliced_not_printed_again():
 
 def test_a_module_read_with_aliases_is_printed_with_the_files_own_statements():
     """A project's file read through a module (``E.train`` analysed as ``train``,
-    codemod/project.py): each statement's code is the file's own (``known``, from the file's
+    codemod/project/program.py): each statement's code is the file's own (``known``, from the file's
     Layout), so the result reuses the file's text for the statements the edits kept, and reads
     through the module again only in those they changed (the engine's ``apply_to``)."""
-    from accelerate_rewrite.codemod.project import Realias, _Dealias
+    from accelerate_rewrite.codemod.project.program import Realias, _Dealias
 
     source = "import engine as E\n\n\nE.train(model)  # one\nloss = E.evaluate(model)\nprint(loss)\n"
     original = cst.parse_module(source)
@@ -130,7 +130,7 @@ def test_a_project_is_printed_once_and_analysed_without_a_copy(tmp_path):
     from unittest import mock
 
     from accelerate_rewrite.api import rewrite
-    from accelerate_rewrite.codemod.project import Scope
+    from accelerate_rewrite.codemod.project.program import Scope
     from accelerate_rewrite.options import Options
     from tests.test_projects import _engine_driver
 
@@ -152,7 +152,7 @@ def test_a_splice_is_the_new_module_and_its_blocks_map_the_kept_lines(name, sour
     """Layout.splice: the code of a module made from this one (statements replaced, removed,
     added) is its ``code``; its blocks cover the lines of both texts in order, and those it
     calls equal are equal (the flow check maps the result's lines to the input's by them)."""
-    from accelerate_rewrite.codemod.toplevel import line_list
+    from accelerate_rewrite.codemod.tree.toplevel import line_list
 
     try:
         module = cst.parse_module(source)
@@ -189,7 +189,7 @@ def test_the_trivia_of_the_statements_one_by_one_are_the_files(name, source):
     """preserve.py tokenizes a spliced result's changed statements alone: their comments and
     blank lines, put at their lines, are the whole file's; the checks by statements give the
     whole files' answers."""
-    from accelerate_rewrite.codemod.preserve import (_trivia_of, lost_trivia, lost_trivia_spliced,
+    from accelerate_rewrite.codemod.edits.preserve import (_trivia_of, lost_trivia, lost_trivia_spliced,
                                                      removed_comments, removed_comments_spliced, trivia)
 
     try:
@@ -220,7 +220,7 @@ def test_the_lines_python_tells_are_libcsts(name, source):
     """Positions.line: a node's line without its statement's positions where Python's parser
     tells it (``_line_in``), PositionProvider's line, for every node of every fixture it
     answers for; and ``line`` is PositionProvider's for every node."""
-    from accelerate_rewrite.codemod.positions import _line_in
+    from accelerate_rewrite.codemod.tree.positions import _line_in
 
     module = cst.parse_module(source)
     theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
@@ -253,7 +253,7 @@ def test_the_positions_of_a_statement_inside_are_libcsts(name, source):
     """Positions.get generates the innermost statement around a node whose line Python's parser
     tells, from that line and with its blocks' indentation: every position it makes so is
     PositionProvider's, for each statement inside a top-level one (asked first)."""
-    from accelerate_rewrite.codemod.positions import Positions
+    from accelerate_rewrite.codemod.tree.positions import Positions
 
     module = cst.parse_module(source)
     theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)

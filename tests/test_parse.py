@@ -1,4 +1,4 @@
-"""codemod/parse.py: a long module parsed in pieces (and a long function's or class's body in
+"""codemod/tree/parse.py: a long module parsed in pieces (and a long function's or class's body in
 pieces of its own) is the tree LibCST's parse of the whole text makes, node for node, and prints
 the same code. Pieces of a line or two put a cut between every two statements."""
 
@@ -8,9 +8,9 @@ import libcst as cst
 import libcst.matchers as m
 import pytest
 
-from accelerate_rewrite.codemod import parse
-from accelerate_rewrite.codemod.facts import ScriptFacts
-from accelerate_rewrite.codemod.parse import parse_module
+from accelerate_rewrite.codemod.tree import parse
+from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
+from accelerate_rewrite.codemod.tree.parse import parse_module
 from tests.goldens import FIXTURES, fixture_names, notes_text, run
 from tests.test_layout import _sources
 
@@ -92,7 +92,7 @@ def test_what_python_or_libcst_cannot_read_is_parsed_whole_for_libcsts_error():
 # ---- a long result's checks in pieces (codemod/checks.py) ----------------------------------
 
 def _spliced(source: str):
-    from accelerate_rewrite.codemod.layout import Layout
+    from accelerate_rewrite.codemod.tree.layout import Layout
 
     module = cst.parse_module(source)
     return Layout(module, text=source).splice(module)

@@ -1,5 +1,5 @@
 """Issue 14.2: a project, not a file. A script and the project's own modules it imports
-(``from engine import train_one_epoch``) are converted together (codemod/project.py): the golden
+(``from engine import train_one_epoch``) are converted together (codemod/project/program.py): the golden
 outputs of every file, the refusals and their reasons, the command line (every file shown and
 written as a set, ``--check``, ``--follow-imports``), and the rewritten project run on CPU: at
 32-true on one device it prints what the original prints, digit for digit; on 2 gloo processes
@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from accelerate_rewrite.cli import cli
 from accelerate_rewrite.api import rewrite
-from accelerate_rewrite.codemod.project import Scope
+from accelerate_rewrite.codemod.project.program import Scope
 from accelerate_rewrite.options import Options
 from tests import processes
 from tests.goldens import (FIXTURES, OPTION_SETS, PROJECT_SETS, PROJECTS, project_names, project_notes, project_outputs,
@@ -297,7 +297,7 @@ def test_a_module_another_file_imports_changes_compatibly_unless_told(tmp_path):
     """engine.py's train_one_epoch read by another file (from a subfolder through a module that
     imports it, inside a function, through the module read whole) would break it: by default it
     changes so that the other file keeps working (issue 46: `fabric` last and optional, the
-    changed statements guarded, codemod/compat.py), and the note names the file;
+    changed statements guarded, codemod/project/compat.py), and the note names the file;
     --follow-imports changes it as the conversion would. A file that reads only a name the
     rewrite leaves as it was does not hold it back."""
     cases = {
@@ -583,7 +583,7 @@ def test_a_loss_scaler_class_trains_every_rank_as_before(work):
 
 
 def test_changed_names_are_the_definitions_that_differ():
-    from accelerate_rewrite.codemod.siblings import changed_names
+    from accelerate_rewrite.codemod.analysis.siblings import changed_names
 
     before = "import a\n\n\ndef f():\n    pass\n\n\nclass C:\n    pass\n\n\nX = 1\n"
     assert changed_names(before, before.replace("def f():", "def f(fabric):") + "from b import c\n") == {"f"}

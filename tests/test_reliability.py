@@ -17,10 +17,10 @@ from click.testing import CliRunner
 
 from accelerate_rewrite.cli import cli
 from accelerate_rewrite.codemod import engine as engine_module
-from accelerate_rewrite.codemod import preserve
+from accelerate_rewrite.codemod.edits.edit_set import preserve
 from accelerate_rewrite.api import RewriteError, rewrite
 from accelerate_rewrite.codemod.rule import Rule, RuleContext
-from accelerate_rewrite.codemod.source import write_atomic
+from accelerate_rewrite.codemod.files.source import write_atomic
 from accelerate_rewrite.options import Options
 from tests.goldens import FIXTURES
 
@@ -42,7 +42,7 @@ def _twice(source: str, options: Options) -> str:
 # ---- 1-3: what LibCST does not round-trip is put back ------------------------------------------
 
 def test_libcst_itself_drops_these_bytes():
-    """The reason for codemod/preserve.py: if LibCST learns to keep them, the work-around can go."""
+    """The reason for codemod/edits/preserve.py: if LibCST learns to keep them, the work-around can go."""
     assert cst.parse_module("s\n #\n ").code == "s\n "
     assert cst.parse_module("x = 1\r\r\r").code == "x = 1\r\r"
 
@@ -246,7 +246,7 @@ def test_a_write_killed_before_its_rename_leaves_a_temp_file_the_next_write_remo
     stuck = (
         "import os, sys, time\n"
         "from pathlib import Path\n"
-        "from accelerate_rewrite.codemod import source\n"
+        "from accelerate_rewrite.codemod.files.paths import source\n"
         "os.replace = lambda *args: time.sleep(120)  # killed between the write and the rename\n"
         f"source.write_atomic(Path({str(path)!r}), b'x = 1\\n')\n"
     )

@@ -188,7 +188,7 @@ def _research_trees(tmp_path, options, shape=None):
     from pathlib import Path
 
     from accelerate_rewrite.api import rewrite
-    from accelerate_rewrite.codemod.project import Scope
+    from accelerate_rewrite.codemod.project.program import Scope
     from tests.goldens import PROJECTS
 
     original, rewritten = tmp_path / "original", tmp_path / "rewritten"
@@ -289,10 +289,10 @@ def test_a_conditional_wrap_and_a_config_s_local_rank_train_every_rank_as_before
     assert after == before
 
 
-# ---- codemod/compat.py: a module other files import, changed compatibly -------------------------
+# ---- codemod/project/compat.py: a module other files import, changed compatibly -------------------------
 
 def test_a_shared_function_takes_fabric_last_and_optional_and_guards_what_changed():
-    from accelerate_rewrite.codemod.compat import Taken, calls_by_keyword, compatible
+    from accelerate_rewrite.codemod.project.compat import Taken, calls_by_keyword, compatible
 
     old = ("import torch.distributed as dist\n\n\n"
            "def reduce(t, *rest, op=None):\n    # sum over the processes\n    dist.all_reduce(t)\n"
@@ -318,7 +318,7 @@ def test_a_shared_function_takes_fabric_last_and_optional_and_guards_what_change
 
 
 def test_a_change_that_reads_no_fabric_stays_out_and_one_that_can_t_keep_its_callers_is_none():
-    from accelerate_rewrite.codemod.compat import calls_by_keyword, compatible
+    from accelerate_rewrite.codemod.project.compat import calls_by_keyword, compatible
 
     # a change that reads no `fabric` (an API's new spelling, a move Fabric makes anyway) can't be
     # told from one the other callers would notice: the old code stays
@@ -343,7 +343,7 @@ def test_a_change_that_reads_no_fabric_stays_out_and_one_that_can_t_keep_its_cal
     assert compatible("X = 1\n\n\ndef f():\n    pass\n", "X = 2\n\n\ndef f():\n    pass\n") is None
 
 
-# ---- codemod/libraries.py: well-known library APIs, as data ------------------------------------
+# ---- codemod/analysis/libraries.py: well-known library APIs, as data ------------------------------------
 
 def test_timm_s_optimizer_factory_and_loss_scaler_are_known_as_data():
     """fixtures/timm_scaler (DeiT's shape on timm): ``create_optimizer_v2(model, ...)`` is an
@@ -366,7 +366,7 @@ def test_timm_s_optimizer_factory_and_loss_scaler_are_known_as_data():
 
 
 def test_every_library_entry_cites_the_release_it_was_read_from():
-    from accelerate_rewrite.codemod import libraries
+    from accelerate_rewrite.codemod.analysis import libraries
 
     tables = (libraries.LOSS_SCALERS, libraries.OPTIMIZER_FACTORIES, libraries.PARAM_GROUPS,
               libraries.SCHEDULER_FACTORIES)
@@ -410,7 +410,7 @@ def test_a_module_name_another_file_defines_too_is_read_as_its_own():
     from pathlib import Path
 
     from accelerate_rewrite.api import rewrite
-    from accelerate_rewrite.codemod.project import Scope
+    from accelerate_rewrite.codemod.project.program import Scope
     from accelerate_rewrite.options import Options
 
     root = Path(tempfile.mkdtemp())
@@ -475,7 +475,7 @@ def test_an_elif_chain_over_a_flag_s_every_choice_binds_on_every_path():
     assert not result.changed and any("some path leaves it unbound" in d for d in result.dropped)
 
 
-# ---- codemod/hints.py: every remaining refusal one line away -----------------------------------
+# ---- codemod/analysis/hints.py: every remaining refusal one line away -----------------------------------
 
 HINTED = """
 import torch
@@ -560,7 +560,7 @@ def test_loaders_that_are_attributes_of_a_project_object_run_as_before(tmp_path)
 
     pytest.importorskip("lightning")
     from accelerate_rewrite.api import rewrite
-    from accelerate_rewrite.codemod.project import Scope
+    from accelerate_rewrite.codemod.project.program import Scope
     from accelerate_rewrite.options import Options
     from tests import processes
     from tests.goldens import PROJECTS
@@ -628,7 +628,7 @@ def test_a_followed_module_s_code_the_program_never_reaches_does_not_count():
     from pathlib import Path
 
     from accelerate_rewrite.api import rewrite
-    from accelerate_rewrite.codemod.project import Scope
+    from accelerate_rewrite.codemod.project.program import Scope
     from accelerate_rewrite.options import Options
 
     root = Path(tempfile.mkdtemp())
@@ -664,7 +664,7 @@ def test_a_trainer_package_s_trainer_receives_fabric_despite_its_static_methods(
     static method makes no object, so the Trainer receives `fabric` and keeps it in
     ``self.fabric``."""
     from accelerate_rewrite.api import rewrite
-    from accelerate_rewrite.codemod.project import Scope
+    from accelerate_rewrite.codemod.project.program import Scope
     from accelerate_rewrite.options import Options
 
     source = (FIXTURES / "trainer_run" / "input.py").read_text()
@@ -843,7 +843,7 @@ def test_a_launcher_variable_read_before_fabric_exists_is_kept_when_a_missing_on
     said. With a default (``.get("LOCAL_RANK", 0)``) it could be silently wrong: refused as
     before."""
     from accelerate_rewrite.api import rewrite
-    from accelerate_rewrite.codemod.project import Scope
+    from accelerate_rewrite.codemod.project.program import Scope
     from accelerate_rewrite.options import Options
 
     script = tmp_path / "main.py"

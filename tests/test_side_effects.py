@@ -30,7 +30,7 @@ def test_the_apex_dcgan_example_migrates_with_every_comment_kept():
 
 
 def test_a_lost_blank_line_is_named_as_such_not_as_a_later_comment():
-    from accelerate_rewrite.codemod.preserve import lost_trivia
+    from accelerate_rewrite.codemod.edits.preserve import lost_trivia
 
     source = "import a\n\nimport b\n# one\nx = 1\n\n# two\ny = 2\n"
     output = "import a\nimport b\n# one\nx = 1\n\n# two\ny = 2\n"

@@ -244,7 +244,7 @@ def _sbatch(launcher: str, paths, output: Optional[str], options, mode):
 
 
 def _write_sbatch(path, text: str, write: bool) -> None:
-    from accelerate_rewrite.codemod.source import write_atomic
+    from accelerate_rewrite.codemod.files.source import write_atomic
     from accelerate_rewrite.launch import SBATCH_MARK
     from accelerate_rewrite.report import make_console
 
@@ -303,7 +303,7 @@ def rules_command() -> None:
 def explain_command(code: str) -> None:
     """Show a rule's documentation and its before/after example(s): its section of docs/rules.md.
     CODE: AR106 or a name."""
-    from accelerate_rewrite.codemod.diff import colour_wanted
+    from accelerate_rewrite.codemod.files.diff import colour_wanted
     from accelerate_rewrite.report import make_console
     from accelerate_rewrite.rules import ALL_RULES, find
     from accelerate_rewrite.rules.reference import section

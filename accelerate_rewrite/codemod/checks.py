@@ -1,6 +1,6 @@
 """Post-conditions on a rewritten module: it compiles, it uses no name it does not define, and
 it reads no name that some path leaves unbound where the input bound it on every path
-(codemod/flow.py)."""
+(codemod/tree/flow.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Callable, Optional, Union
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider, ScopeProvider
 
-from accelerate_rewrite.codemod.parse import PIECE_LINES, parse_module
+from accelerate_rewrite.codemod.tree.parse import PIECE_LINES, parse_module
 
 
 class _Positions:
@@ -28,7 +28,7 @@ class _Positions:
 
     def get(self, node: cst.CSTNode, default=None):
         if self.found is None:
-            from accelerate_rewrite.codemod.facts_metadata import resolve
+            from accelerate_rewrite.codemod.tree.metadata import resolve
 
             self.found = resolve(MetadataWrapper(self.module, unsafe_skip_copy=True), PositionProvider)
         return self.found.get(node, default)
@@ -36,7 +36,7 @@ class _Positions:
 
 def undefined_names(module: cst.Module) -> dict[str, int]:
     """Names read somewhere without any assignment, import or builtin behind them -> first line."""
-    from accelerate_rewrite.codemod.facts_scopes import scopes
+    from accelerate_rewrite.codemod.tree.scopes import scopes
 
     try:
         found = scopes(module)
@@ -76,7 +76,7 @@ def check(
     when first needed (a result that reads a name nothing defines; LibCST's analysis of a
     long input's every read is then made only where a result needs it).
     ``locate(name)`` gives the line of the input where a name that is no longer defined is
-    read (the user's file, not the discarded result). ``splice`` (codemod/layout.py), where
+    read (the user's file, not the discarded result). ``splice`` (codemod/tree/layout.py), where
     ``new_code`` is the input's top-level statements, some kept and some new: the flow check
     goes into the scopes of the new ones only, and compares the lines between the kept ones
     (``trees``: the statements it parsed for the module's scope, kept for the next attempt).
@@ -118,7 +118,7 @@ _FUTURE_FLAGS = functools.reduce(operator.or_, (getattr(__future__, name).compil
 
 
 def _pieces(new_code: str, splice, piece_lines: int = PIECE_LINES) -> Optional[list[str]]:
-    """A long result spliced from its top-level statements (codemod/layout.py) in pieces of whole
+    """A long result spliced from its top-level statements (codemod/tree/layout.py) in pieces of whole
     statements, about ``piece_lines`` lines each, which Python compiles one at a time (the
     compiler's own memory for the whole of a 50k-line script is about 120 MiB); None to take it whole:
     a short one, one not spliced, and one with a ``from __future__`` import or a module-level
@@ -162,8 +162,8 @@ def _new_unbound_reads(original: tuple[str, Callable[[], dict[tuple[str, str], l
     import bisect
     import difflib
 
-    from accelerate_rewrite.codemod.flow import maybe_unbound, unbound_in
-    from accelerate_rewrite.codemod.toplevel import line_list
+    from accelerate_rewrite.codemod.tree.flow import maybe_unbound, unbound_in
+    from accelerate_rewrite.codemod.tree.toplevel import line_list
 
     source, reads = original
     found = unbound_in(splice.new(), trees) if splice is not None else None

@@ -18,25 +18,25 @@ import re
 import libcst as cst
 
 from accelerate_rewrite.codemod.checks import check
-from accelerate_rewrite.codemod.edits import apply_edits
-from accelerate_rewrite.codemod.facts import ScriptFacts
-from accelerate_rewrite.codemod.flow import maybe_unbound
-from accelerate_rewrite.codemod.layout import Splice
-from accelerate_rewrite.codemod.parse import parse_module
+from accelerate_rewrite.codemod.edits.edit_set import apply_edits
+from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
+from accelerate_rewrite.codemod.tree.flow import maybe_unbound
+from accelerate_rewrite.codemod.tree.layout import Splice
+from accelerate_rewrite.codemod.tree.parse import parse_module
 from accelerate_rewrite.codemod.result import Kind, Result  # noqa: F401 (plain data: codemod/result.py)
-from accelerate_rewrite.codemod.compat import Compatible, calls_by_keyword, compatible
-from accelerate_rewrite.codemod.project import Project, Realias, Scope, analyse, build, candidates
-from accelerate_rewrite.codemod.project_units import Unit, relocate, units_of
-from accelerate_rewrite.codemod.preserve import (Region, lost_trivia, lost_trivia_spliced, removed_comments,
+from accelerate_rewrite.codemod.project.compat import Compatible, calls_by_keyword, compatible
+from accelerate_rewrite.codemod.project.program import Project, Realias, Scope, analyse, build, candidates
+from accelerate_rewrite.codemod.project.units import Unit, relocate, units_of
+from accelerate_rewrite.codemod.edits.preserve import (Region, lost_trivia, lost_trivia_spliced, removed_comments,
                                                  removed_comments_spliced, restore, split_tail)
 from accelerate_rewrite.codemod.regions import edited_regions
 from accelerate_rewrite.codemod.rule import Note, Rule, RuleContext
-from accelerate_rewrite.codemod.words import SIDE_EFFECT_WORDS, TRAINING_WORDS
+from accelerate_rewrite.codemod.analysis.words import SIDE_EFFECT_WORDS, TRAINING_WORDS
 from accelerate_rewrite.codemod.suppress import applies_to, changed_lines, protected_lines, skip_file_line
 from accelerate_rewrite.options import Options
 
 #: what AR105 says of a device parameter threaded into `fabric`, said again of a module changed
-#: compatibly (codemod/compat.py), where the parameter stays
+#: compatibly (codemod/project/compat.py), where the parameter stays
 _THREADED = re.compile(r"parameter `(\w+)` became `fabric` \(its callers pass it\)")
 
 
@@ -97,7 +97,7 @@ def _analyse(source: str, folder: Optional[Path] = None) -> ScriptFacts:
 
 @lru_cache(maxsize=2)
 def _parsed(text: str) -> cst.Module:
-    """LibCST's parse of the text (in pieces where it is long: codemod/parse.py), kept for the
+    """LibCST's parse of the text (in pieces where it is long: codemod/tree/parse.py), kept for the
     next parse of the same text: the script is parsed to look for its project's modules and then
     for its facts, and a project may read a module twice (a tree is never changed, only read and
     rebuilt)."""
@@ -176,7 +176,7 @@ def _for_script(facts: ScriptFacts, options: Options) -> Options:
     DDP) keeps its world size when ``--devices`` is not given, so its conversion is one for
     several devices."""
     if options.fabric and options.devices is None and not options.script_world:
-        from accelerate_rewrite.codemod.ddp import hand_ddp
+        from accelerate_rewrite.codemod.ddp.hand import hand_ddp
 
         ddp = hand_ddp(facts)
         if ddp.found and ddp.problem is None:
@@ -199,7 +199,7 @@ def rewrite(
     """The rewrite of the script ``source`` (its file ``path``) with ``rules``; ``catalogue``:
     every rule by code, for the prerequisites a selection leaves out (codemod/ knows no rule of
     its own: accelerate_rewrite.api.rewrite passes the registry in). The project's own modules it
-    imports are analysed with it (codemod/project.py); ``scope`` says which of them may change
+    imports are analysed with it (codemod/project/program.py); ``scope`` says which of them may change
     (by default none: a conversion that needs them to is left out, and says so), and their
     results are ``result.members``. ``sources``: the text of some of them (by path), instead of
     what is on disk. ``spelling``: how each changed file's text is written for another target
@@ -227,7 +227,7 @@ def rewrite(
 
 def _project(source: str, path: str, scope: Scope, sources: Optional[dict[str, str]],
              words: tuple[str, ...] = TRAINING_WORDS) -> Optional[Project]:
-    """The script with the project's modules it imports (codemod/project.py), or None.
+    """The script with the project's modules it imports (codemod/project/program.py), or None.
     ``words``: a module that mentions none of them is not followed (nothing a rule reads)."""
     folder = _folder(path)
     if folder is None or "import" not in source:
@@ -238,7 +238,7 @@ def _project(source: str, path: str, scope: Scope, sources: Optional[dict[str, s
         real = os.path.realpath(file)
         if real in overrides:
             return overrides[real]
-        from accelerate_rewrite.codemod.source import SourceError, read_source
+        from accelerate_rewrite.codemod.files.source import SourceError, read_source
 
         try:
             return read_source(file).text
@@ -360,7 +360,7 @@ def _rewrite(
     active = [r for r in active if r.code not in gone]
 
     def apply_to(unit: Unit, edit_sets, touched=None) -> tuple[str, Optional[Splice]]:
-        """The unit's text with the edits applied, and its Splice (codemod/layout.py) where
+        """The unit's text with the edits applied, and its Splice (codemod/tree/layout.py) where
         that text is the statements' code joined."""
         new = apply_edits(unit.view, edit_sets, touched, imports_read=several, parent=unit.parent,
                           layout=unit.layout)
@@ -400,7 +400,7 @@ def _rewrite(
                 protected, local, n.rule) is None)(unit.local(n.line))]
 
     splices: dict[int, Optional[Splice]] = {}  # of the last attempt: unit -> its result's Splice
-    #: of the last attempt: unit -> its compatible change (codemod/compat.py), and the files
+    #: of the last attempt: unit -> its compatible change (codemod/project/compat.py), and the files
     #: that import what changes there
     compats: dict[int, tuple[Compatible, list[str]]] = {}
 
@@ -429,7 +429,7 @@ def _rewrite(
             if made is None:
                 refused[unit.index] = why
                 continue
-            # a module other files import changes so that they keep working (codemod/compat.py)
+            # a module other files import changes so that they keep working (codemod/project/compat.py)
             compats[unit.index] = (made, unit.users(unit.source, code))
             heads[unit.index], splices[unit.index] = made.code, None
         keyword_calls = {name: i for made, _ in compats.values() for name, i in made.keyword_calls.items()}

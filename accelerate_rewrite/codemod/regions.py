@@ -1,5 +1,5 @@
 """The lines of the input the edits may change (codemod/engine.py asks, for the checks that the
-comments and blank lines elsewhere stay: codemod/preserve.py): each edited statement with its
+comments and blank lines elsewhere stay: codemod/edits/preserve.py): each edited statement with its
 leading lines, and around a removed one the spacing the removal adjusts."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Optional, Sequence, Union
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from accelerate_rewrite.codemod.facts import ScriptFacts
-from accelerate_rewrite.codemod.preserve import Region
+from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
+from accelerate_rewrite.codemod.edits.preserve import Region
 
 
 def edited_regions(facts: ScriptFacts, touched: Sequence[tuple[cst.CSTNode, bool]]) -> list[Region]:

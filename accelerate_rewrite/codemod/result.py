@@ -50,7 +50,7 @@ class Result:
     notes: list[Note] = field(default_factory=list)
     #: rules dropped for this file, with why (a failed check, an internal error)
     dropped: list[str] = field(default_factory=list)
-    #: the project's own modules analysed with this script (codemod/project.py), each with its
+    #: the project's own modules analysed with this script (codemod/project/program.py), each with its
     #: own result: they change with it, or not at all
     members: list["Result"] = field(default_factory=list)
 

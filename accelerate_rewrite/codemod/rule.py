@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, ClassVar, Optional
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.edits import EditSet
+from accelerate_rewrite.codemod.edits.edit_set import EditSet
 from accelerate_rewrite.codemod.result import Kind, Note  # noqa: F401 (their home is codemod/result.py)
 from accelerate_rewrite.options import Options
 
 if TYPE_CHECKING:
-    from accelerate_rewrite.codemod.facts import ScriptFacts
+    from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
 
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "rules" / "examples"

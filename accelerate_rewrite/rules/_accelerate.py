@@ -52,7 +52,7 @@ import libcst.matchers as m
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
-from accelerate_rewrite.codemod.facts import code
+from accelerate_rewrite.codemod.analysis.facts import code
 from accelerate_rewrite.options import ACCELERATE_PRECISIONS, Options
 
 NAME = "accelerator"

@@ -9,8 +9,8 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.syntax import short
-from accelerate_rewrite.codemod.facts import (
+from accelerate_rewrite.codemod.analysis.syntax import short
+from accelerate_rewrite.codemod.analysis.facts import (
     APEX_INITIALIZE,
     APEX_LOAD_STATE_DICT,
     APEX_MASTER_PARAMS,
@@ -147,7 +147,7 @@ def _flat(node: cst.BaseExpression) -> list[str]:
 def _flag_default(f: ScriptFacts, value: cst.BaseExpression) -> tuple[Optional[str], Optional[str]]:
     """``opt_level=args.opt_level``: the flag (``--opt-level``) and its literal default, where
     an ``add_argument`` of the script declares one."""
-    from accelerate_rewrite.codemod.flags import flags
+    from accelerate_rewrite.codemod.analysis.flags import flags
 
     found = flags(f).get(value.attr.value) if isinstance(value, cst.Attribute) else None
     if found is None or not isinstance(found.default, str):

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.facts import code
+from accelerate_rewrite.codemod.analysis.facts import code
 from accelerate_rewrite.codemod.rule import RuleContext
 
 #: a call longer than this once the keywords are in gets one argument a line (as black would)

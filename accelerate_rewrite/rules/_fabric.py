@@ -21,7 +21,7 @@ from typing import Optional, Union
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import (
+from accelerate_rewrite.codemod.analysis.facts import (
     Binding,
     DeviceMove,
     Key,
@@ -30,7 +30,7 @@ from accelerate_rewrite.codemod.facts import (
     code,  # noqa: F401 (the rules import it from here)
     short,  # noqa: F401
 )
-from accelerate_rewrite.codemod.ddp import HandDDP
+from accelerate_rewrite.codemod.ddp.hand import HandDDP
 from accelerate_rewrite.codemod.rule import Rule
 from accelerate_rewrite.options import Options
 
@@ -107,7 +107,7 @@ class LoaderGroup:
     loaders: list[Binding]
     after: cst.BaseStatement
     ref: str
-    #: evaluation loaders (codemod/loops.py): every process iterates all of them
+    #: evaluation loaders (codemod/analysis/loops.py): every process iterates all of them
     #: (``use_distributed_sampler=False``), so the metrics the script computes stay whole
     evaluation: bool = False
     #: --backend accelerate on several processes: loaders whose own DistributedSampler shards
@@ -153,7 +153,7 @@ class FabricPlan:
     trivial_stmts: list[cst.BaseStatement] = field(default_factory=list)
     #: optimizers over tensors, not a model's parameters (``LBFGS([input_img])``): nothing to set up
     tensor_optimizers: list[Optimizer] = field(default_factory=list)
-    #: hand-made DDP taken over (codemod/ddp.py); with ``ddp.spawn`` Fabric is created where
+    #: hand-made DDP taken over (codemod/ddp/hand.py); with ``ddp.spawn`` Fabric is created where
     #: ``mp.spawn`` was, and the spawned function receives it
     ddp: Optional[HandDDP] = None
     #: id(FunctionDef or ClassDef) -> a function that gets `fabric` as a new first parameter, a

@@ -10,7 +10,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import (
+from accelerate_rewrite.codemod.analysis.facts import (
     DEVICE,
     LOADER,
     MODEL,
@@ -25,9 +25,9 @@ from accelerate_rewrite.codemod.facts import (
     root_of,
     unwrap_moves,
 )
-from accelerate_rewrite.codemod.hints import hints_of, loader_hint
-from accelerate_rewrite.codemod.libraries import SHARDED_LOADER_FACTORIES
-from accelerate_rewrite.codemod.loops import data_source, drawing_loops, for_loops, is_counter
+from accelerate_rewrite.codemod.analysis.hints import hints_of, loader_hint
+from accelerate_rewrite.codemod.analysis.libraries import SHARDED_LOADER_FACTORIES
+from accelerate_rewrite.codemod.analysis.loops import data_source, drawing_loops, for_loops, is_counter
 from accelerate_rewrite.rules._fabric_loaders import distributed_batch_sampler
 from accelerate_rewrite.rules._half import low_casts, strip_half
 from accelerate_rewrite.options import MIXED_PRECISIONS
@@ -147,7 +147,7 @@ class Devices:
             if factory is not None:
                 p.loader_skips.append((loop, f"batches come from `{short(source)}`, built by `{factory}`, which "
                                              "shards the data by the process's rank itself when told the run is "
-                                             "distributed (codemod/libraries.py): not set up, their moves kept"))
+                                             "distributed (codemod/analysis/libraries.py): not set up, their moves kept"))
                 continue
             if o.many_devices:
                 hint = f"; {loader_hint([f.line(b) for b in bound])}" if bound else ""

@@ -11,10 +11,10 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.ddp import HandDDP, hand_ddp
-from accelerate_rewrite.codemod.facts import Optimizer, ScriptFacts, init_of, positional_params
-from accelerate_rewrite.codemod.facts_kinds import hand_updated
-from accelerate_rewrite.codemod.libraries import prepares
+from accelerate_rewrite.codemod.ddp.hand import HandDDP, hand_ddp
+from accelerate_rewrite.codemod.analysis.facts import Optimizer, ScriptFacts, init_of, positional_params
+from accelerate_rewrite.codemod.analysis.kinds import hand_updated
+from accelerate_rewrite.codemod.analysis.libraries import prepares
 from accelerate_rewrite.rules._fabric import NAME, Scope, _innermost_scope, first_in_common_block, short
 
 
@@ -139,7 +139,7 @@ class Home:
         return True
 
     def _preparing(self, home: Scope) -> list[cst.BaseStatement]:
-        """The statements of ``home`` that fetch or unpack data (codemod/libraries.py,
+        """The statements of ``home`` that fetch or unpack data (codemod/analysis/libraries.py,
         PREPARERS), or call a function of the script that does (pygcn's ``fetch(url, root)``):
         Fabric is created before them, so that rank 0 alone runs them (rules/fabric_rank_zero.py)."""
         f = self.f
@@ -309,7 +309,7 @@ class Home:
         return False
 
 
-#: what starts processes that run a function of the script (not DDP's spawn: codemod/ddp.py)
+#: what starts processes that run a function of the script (not DDP's spawn: codemod/ddp/hand.py)
 PROCESS_STARTERS = ("torch.multiprocessing.Process", "multiprocessing.Process", "multiprocessing.context.Process",
                     "torch.multiprocessing.start_processes")
 #: a pool's or an executor's methods that run a function in its processes

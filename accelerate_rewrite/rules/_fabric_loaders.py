@@ -9,9 +9,9 @@ from typing import Optional
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.ddp import SAMPLERS
-from accelerate_rewrite.codemod.facts import Binding, ScriptFacts, code
-from accelerate_rewrite.codemod.loops import (
+from accelerate_rewrite.codemod.ddp.hand import SAMPLERS
+from accelerate_rewrite.codemod.analysis.facts import Binding, ScriptFacts, code
+from accelerate_rewrite.codemod.analysis.loops import (
     EVAL, TRAIN, data_source, eval_sums, evaluations_of_training_loader, loader_role, training_sums,
 )
 from accelerate_rewrite.options import Options
@@ -112,7 +112,7 @@ class Loaders:
         for loader in f.loaders:
             if loader.key in f.returned_loaders or loader.key in on_objects:
                 continue  # set up where the helper that returns it is called, or on the object
-                # that holds it (``dataset.train``, codemod/returns.py)
+                # that holds it (``dataset.train``, codemod/analysis/returns.py)
             sharded = p.ddp.sharded(f, loader.key) if p.ddp is not None else None
             if sharded is not None and not sharded.set_up:
                 p.loader_skips.append((loader.stmt, sharded.why))

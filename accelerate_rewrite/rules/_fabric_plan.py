@@ -11,11 +11,11 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import ScriptFacts
-from accelerate_rewrite.codemod.ddp import hand_ddp
-from accelerate_rewrite.codemod.ddp_places import PLACE_CALLS, strict_env_read
-from accelerate_rewrite.codemod.facts_kinds import custom_steps, hand_updated
-from accelerate_rewrite.codemod.libraries import PROCESS_GROUP_STARTERS
+from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
+from accelerate_rewrite.codemod.ddp.hand import hand_ddp
+from accelerate_rewrite.codemod.ddp.places import PLACE_CALLS, strict_env_read
+from accelerate_rewrite.codemod.analysis.kinds import custom_steps, hand_updated
+from accelerate_rewrite.codemod.analysis.libraries import PROCESS_GROUP_STARTERS
 from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, Options
 from accelerate_rewrite.rules._fabric import (

@@ -9,14 +9,14 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import (
+from accelerate_rewrite.codemod.analysis.facts import (
     DEVICE,
     code,
     init_of,
     param_for,
     positional_params,
 )
-from accelerate_rewrite.codemod.libraries import TERMINAL_WRITES, prepares
+from accelerate_rewrite.codemod.analysis.libraries import TERMINAL_WRITES, prepares
 from accelerate_rewrite.rules._fabric import NAME
 
 

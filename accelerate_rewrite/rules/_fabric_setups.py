@@ -12,7 +12,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import (
+from accelerate_rewrite.codemod.analysis.facts import (
     CLIP_NORM,
     CLIP_VALUE,
     OPTIMIZER,
@@ -21,12 +21,12 @@ from accelerate_rewrite.codemod.facts import (
     ScriptFacts,
     code,
 )
-from accelerate_rewrite.codemod.facts_kinds import hand_updated
-from accelerate_rewrite.codemod.hints import model_hint
-from accelerate_rewrite.codemod.libraries import MODEL_READERS, WRAPPER_TAKERS
-from accelerate_rewrite.codemod.loops import without_grad
-from accelerate_rewrite.codemod.returns import _returns
-from accelerate_rewrite.codemod.syntax import passed_at, positional_params
+from accelerate_rewrite.codemod.analysis.kinds import hand_updated
+from accelerate_rewrite.codemod.analysis.hints import model_hint
+from accelerate_rewrite.codemod.analysis.libraries import MODEL_READERS, WRAPPER_TAKERS
+from accelerate_rewrite.codemod.analysis.loops import without_grad
+from accelerate_rewrite.codemod.analysis.returns import _returns
+from accelerate_rewrite.codemod.analysis.syntax import passed_at, positional_params
 from accelerate_rewrite.rules._fabric import SetupGroup, common_after, short
 from accelerate_rewrite.rules._fabric_home import trains
 

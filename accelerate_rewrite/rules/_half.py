@@ -9,8 +9,8 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import MODEL, ScriptFacts, unwrap_moves
-from accelerate_rewrite.codemod.facts_index import matching
+from accelerate_rewrite.codemod.analysis.facts import MODEL, ScriptFacts, unwrap_moves
+from accelerate_rewrite.codemod.analysis.index import matching
 
 
 

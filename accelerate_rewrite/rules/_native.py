@@ -18,7 +18,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import (
+from accelerate_rewrite.codemod.analysis.facts import (
     DEVICE,
     MODEL,
     OPTIMIZER,
@@ -29,7 +29,7 @@ from accelerate_rewrite.codemod.facts import (
 from accelerate_rewrite.options import MIXED_PRECISIONS, TRUE_HALF_PRECISIONS, Options
 from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.rules._fabric import short
-from accelerate_rewrite.rules._native_scaler import SCALER, Scaler  # noqa: F401 (SCALER: the rules import it from here)
+from accelerate_rewrite.rules._native_scaler import SCALER, Scaler, Site  # noqa: F401 (SCALER: the rules import it from here)
 
 #: the mixed precisions the native path expresses, and the autocast dtype of each
 AUTOCAST_DTYPES = dict(zip(MIXED_PRECISIONS, ("torch.float16", "torch.bfloat16")))
@@ -54,17 +54,6 @@ class Region:
     stmts: list[cst.BaseStatement]
     device_type: str  # an expression: ``device.type``, ``torch.device(device).type``, ``"cuda"``
     training: bool
-
-
-@dataclass
-class Site:
-    """A backward: ``loss.backward()``, or apex's ``with amp.scale_loss(loss, opt) as s:
-    s.backward()`` (then ``stmt`` is the ``with`` and ``apex`` is true)."""
-
-    call: cst.Call  # the ``.backward(...)`` call
-    loss: cst.BaseExpression
-    stmt: cst.BaseStatement  # the statement in the training block
-    apex: bool = False
 
 
 @dataclass

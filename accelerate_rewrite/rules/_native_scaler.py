@@ -8,17 +8,27 @@ reads ``self.f``, ``self.p``, ``self.steps`` and ``self.device_type``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import CLIP_NORM, CLIP_VALUE, code
-from accelerate_rewrite.codemod.syntax import is_main_guard
+from accelerate_rewrite.codemod.analysis.facts import CLIP_NORM, CLIP_VALUE, code
+from accelerate_rewrite.codemod.analysis.syntax import is_main_guard
 from accelerate_rewrite.rules._fabric import common_after, short
 
-if TYPE_CHECKING:
-    from accelerate_rewrite.rules._native import Site
+
+
+@dataclass
+class Site:
+    """A backward: ``loss.backward()``, or apex's ``with amp.scale_loss(loss, opt) as s:
+    s.backward()`` (then ``stmt`` is the ``with`` and ``apex`` is true)."""
+
+    call: cst.Call  # the ``.backward(...)`` call
+    loss: cst.BaseExpression
+    stmt: cst.BaseStatement  # the statement in the training block
+    apex: bool = False
 
 SCALER = "scaler"
 

@@ -20,7 +20,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import DATALOADERS, ScriptFacts, code
+from accelerate_rewrite.codemod.analysis.facts import DATALOADERS, ScriptFacts, code
 
 TENSOR_DATASETS = ("torch.utils.data.TensorDataset", "torch.utils.data.dataset.TensorDataset")
 #: ``padding=`` values that pad every sequence of the call to one length: the dataset's longest

@@ -6,7 +6,7 @@ from typing import Optional, Union
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import (
+from accelerate_rewrite.codemod.analysis.facts import (
     CLIP_NORM,
     CLIP_VALUE,
     LOADER,
@@ -17,12 +17,12 @@ from accelerate_rewrite.codemod.facts import (
     ScriptFacts,
     code,
 )
-from accelerate_rewrite.codemod.facts_kinds import stepped_by
-from accelerate_rewrite.codemod.libraries import LOSS_SCALERS
+from accelerate_rewrite.codemod.analysis.kinds import stepped_by
+from accelerate_rewrite.codemod.analysis.libraries import LOSS_SCALERS
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._apex import apex_use
-from accelerate_rewrite.codemod.loops import data_source
+from accelerate_rewrite.codemod.analysis.loops import data_source
 from accelerate_rewrite.rules._fabric import expr, short, stmt, visible_name
 from accelerate_rewrite.rules._fabric_plan import plan
 

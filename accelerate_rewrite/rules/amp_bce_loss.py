@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.facts import AUTOCAST, ScriptFacts, bce_calls
+from accelerate_rewrite.codemod.analysis.facts import AUTOCAST, ScriptFacts, bce_calls
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.rules._fabric import short
 

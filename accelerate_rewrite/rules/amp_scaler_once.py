@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import SCALER
+from accelerate_rewrite.codemod.analysis.facts import SCALER
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.rules._fabric import short
 

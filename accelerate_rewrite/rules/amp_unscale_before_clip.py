@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 
-from accelerate_rewrite.codemod.facts import CLIP_NORM, CLIP_VALUE, SCALER
+from accelerate_rewrite.codemod.analysis.facts import CLIP_NORM, CLIP_VALUE, SCALER
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.rules._fabric import code, short, stmt
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import DATA_PARALLEL, HAND_DDP, code
+from accelerate_rewrite.codemod.analysis.facts import DATA_PARALLEL, HAND_DDP, code
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._fabric import short, stmt

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from accelerate_rewrite.codemod.facts import CLIP_NORM, CLIP_VALUE, OPTIMIZER, SCALER, code
-from accelerate_rewrite.codemod.facts_kinds import stepped_by
-from accelerate_rewrite.codemod.libraries import LOSS_SCALERS
+from accelerate_rewrite.codemod.analysis.facts import CLIP_NORM, CLIP_VALUE, OPTIMIZER, SCALER, code
+from accelerate_rewrite.codemod.analysis.kinds import stepped_by
+from accelerate_rewrite.codemod.analysis.libraries import LOSS_SCALERS
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._fabric import short, stmt, visible_name

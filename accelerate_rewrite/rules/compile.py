@@ -5,7 +5,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import Binding, Key, ScriptFacts
+from accelerate_rewrite.codemod.analysis.facts import Binding, Key, ScriptFacts
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._fabric import short, stmt

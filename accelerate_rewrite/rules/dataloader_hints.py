@@ -5,7 +5,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import DATALOADERS, ScriptFacts, code
+from accelerate_rewrite.codemod.analysis.facts import DATALOADERS, ScriptFacts, code
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.rules._calls import set_keywords
 from accelerate_rewrite.rules._fabric import short

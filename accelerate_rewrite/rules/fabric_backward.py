@@ -23,7 +23,7 @@ class FabricBackward(FabricRule):
 
     Leaves alone: a backward where `fabric` can't be reached (a helper function with no
     `fabric` passed in), and says where; a library's loss scaler called with the loss
-    (`loss_scaler(loss, optimizer, ...)`, timm's `NativeScaler`: codemod/libraries.py), which
+    (`loss_scaler(loss, optimizer, ...)`, timm's `NativeScaler`: codemod/analysis/libraries.py), which
     runs backward and the step itself with the script's own GradScaler: under DDP that is the
     backward Fabric would run (Fabric's precision is then not set, and FSDP and DeepSpeed,
     which need `fabric.backward`, are refused: rules/_fabric_plan.py).

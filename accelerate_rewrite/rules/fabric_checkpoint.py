@@ -5,7 +5,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import OPTIMIZER, root_of
+from accelerate_rewrite.codemod.analysis.facts import OPTIMIZER, root_of
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, code, expr
 from accelerate_rewrite.rules._fabric_plan import plan

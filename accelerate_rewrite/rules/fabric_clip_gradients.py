@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.facts import CLIP_NORM, CLIP_VALUE, root_of
+from accelerate_rewrite.codemod.analysis.facts import CLIP_NORM, CLIP_VALUE, root_of
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.rules._fabric import FabricRule, core_except, code, expr

@@ -3,9 +3,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.ddp import DESTROY
-from accelerate_rewrite.codemod.ddp_places import PLACE_CALLS, strict_env_read
-from accelerate_rewrite.codemod.facts import code
+from accelerate_rewrite.codemod.ddp.hand import DESTROY
+from accelerate_rewrite.codemod.ddp.places import PLACE_CALLS, strict_env_read
+from accelerate_rewrite.codemod.analysis.facts import code
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.rules._fabric import NAME, FabricRule, core_except, expr, insert_at_top, short, stmt
 from accelerate_rewrite.rules._fabric_plan import plan

@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.codemod.facts import init_of
+from accelerate_rewrite.codemod.analysis.facts import init_of
 from accelerate_rewrite.rules._fabric import FabricRule, core_except, NAME, code, expr, insert_at_top, short, stmt
 from accelerate_rewrite.rules._fabric_plan import plan
 
@@ -169,7 +169,7 @@ def _flags_feeding(f, values):
                 assigned = f.assigned_value(node)
                 if assigned is not None:
                     todo.append(assigned)
-    from accelerate_rewrite.codemod.flags import flags
+    from accelerate_rewrite.codemod.analysis.flags import flags
 
     return [(flag.call, flag.flag) for dest, flag in flags(f).items() if dest in attrs]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.codemod.facts import code
+from accelerate_rewrite.codemod.analysis.facts import code
 from accelerate_rewrite.rules._fabric import FabricRule, core_except, NAME, expr, short, stmt
 from accelerate_rewrite.rules._fabric_plan import plan
 

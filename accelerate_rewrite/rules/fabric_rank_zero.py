@@ -5,8 +5,8 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import LOADER, MODEL, ScriptFacts
-from accelerate_rewrite.codemod.libraries import prepares
+from accelerate_rewrite.codemod.analysis.facts import LOADER, MODEL, ScriptFacts
+from accelerate_rewrite.codemod.analysis.libraries import prepares
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.rules._fabric import FABRIC_CORE, FabricRule, code, expr, names_rank, short, stmt
 from accelerate_rewrite.rules._fabric_plan import plan

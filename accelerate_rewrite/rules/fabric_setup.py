@@ -3,9 +3,9 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.libraries import COPIERS
+from accelerate_rewrite.codemod.analysis.libraries import COPIERS
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.codemod.syntax import passed_at, positional_params
+from accelerate_rewrite.codemod.analysis.syntax import passed_at, positional_params
 from accelerate_rewrite.rules._fabric import FabricRule, code, core_except, expr, short, stmt
 from accelerate_rewrite.rules._fabric_plan import plan
 
@@ -103,7 +103,7 @@ class FabricSetup(FabricRule):
     def _copied(ctx: RuleContext, p) -> None:
         """``copy.deepcopy(model)`` (an EMA's copy) of a set-up model on several processes: the
         copy of ``model.module``, the module itself, as the original copied it; Fabric's wrapper
-        holds DistributedDataParallel there, which can't be copied (codemod/libraries.py)."""
+        holds DistributedDataParallel there, which can't be copied (codemod/analysis/libraries.py)."""
         f = ctx.facts
         for site in f.calls:
             where = COPIERS.get(site.qualname)

@@ -4,7 +4,7 @@ from typing import Optional
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.facts import code
+from accelerate_rewrite.codemod.analysis.facts import code
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._calls import set_keywords

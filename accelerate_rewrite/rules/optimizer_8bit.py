@@ -5,7 +5,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.facts import Optimizer, ScriptFacts, code
+from accelerate_rewrite.codemod.analysis.facts import Optimizer, ScriptFacts, code
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._calls import without_keywords

@@ -212,7 +212,7 @@ def _rewritten_file(script: Path, source: str) -> Iterator[Path]:
 
 @contextmanager
 def _rewritten_project(script: Path, source: str, members: Sequence) -> Iterator[Path]:
-    """A script whose rewrite changed the project's modules it imports too (codemod/project.py):
+    """A script whose rewrite changed the project's modules it imports too (codemod/project/program.py):
     the rewritten script and those modules in a temporary folder (a package a changed module is
     in, copied whole), which Python reads before the script's own folder (on PYTHONPATH for
     the modules that did not change); removed afterwards."""
@@ -258,8 +258,8 @@ def verify(
     reuse: Optional[dict] = None,
 ) -> Verification:
     from accelerate_rewrite.api import RewriteError, rewrite
-    from accelerate_rewrite.codemod.project import Scope
-    from accelerate_rewrite.codemod.source import SourceError, read_source
+    from accelerate_rewrite.codemod.project.program import Scope
+    from accelerate_rewrite.codemod.files.source import SourceError, read_source
     from accelerate_rewrite.rules import BY_CODE
 
     script = Path(script)

@@ -1,0 +1,439 @@
+"""A module that other files of the repository import too, changed so that they keep working.
+
+DINO's utils.py starts the process group in ``init_distributed_mode(args)``, and its
+eval_knn.py, eval_linear.py and the others call it as well; MAE's util/misc.py holds the
+loss-scaler class that main_finetune.py and main_linprobe.py use too. Converted for one
+script, such a module would change what the others call (``init_distributed_mode(fabric,
+args)``): so it changes *compatibly* instead (``compatible``):
+
+- a function or class that receives `fabric` takes it as a last, optional parameter,
+  ``fabric=None`` (a class keeps it in ``self.fabric``), and the converted script passes it
+  by keyword (``fabric=fabric``, ``calls_by_keyword``);
+- each statement the conversion changes to read `fabric` runs only with `fabric`, the
+  statement it was runs without it::
+
+      if fabric is not None:
+          fabric.backward(loss)
+      else:
+          loss.backward()
+
+  (``self.fabric`` in a class's methods); a statement that starts or wraps the processes
+  Fabric starts (``init_process_group``, ``DistributedDataParallel``), which the conversion
+  removes, runs without `fabric` only; a compound statement whose header is unchanged is
+  changed inside (its body, its ``else``, an ``elif``);
+- a change that reads no `fabric` (a move Fabric makes anyway, ``torch.cuda.amp`` ->
+  ``torch.amp``) can't be told from one the other files would notice: the old code stays;
+- a ``device`` parameter threaded into `fabric` stays, `fabric` comes last and optional, and the
+  converted callers pass ``fabric.device`` in its place (``Taken.instead``);
+- imports it no longer reads stay: the old code still reads them.
+
+Called without `fabric`, every function runs its code as it was. What this can't give (a
+parameter that changes otherwise, a process group started where no `fabric` comes, another
+top-level statement changed) is None: the engine then leaves the change out, as before, and
+says which files import it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from typing import Optional, Sequence, Union
+
+import libcst as cst
+
+from accelerate_rewrite.codemod.analysis.syntax import code
+
+NAME = "fabric"
+
+
+@dataclass(frozen=True)
+class Taken:
+    """How a function or class of the module takes `fabric` now: at ``index`` among its
+    positional parameters in the conversion, last and optional in the compatible module;
+    ``instead``: the parameter `fabric` took the place of (a ``device`` threaded into it), which
+    the compatible module keeps, its callers passing it ``fabric.device``."""
+
+    index: int
+    instead: Optional[str] = None
+
+
+@dataclass
+class Compatible:
+    """The compatible text of a module, and the functions and classes (by name, in that
+    module) whose calls now pass `fabric` by keyword (``Taken``)."""
+
+    code: str
+    keyword_calls: dict[str, Taken] = field(default_factory=dict)
+    #: the functions and classes changed so, for the note
+    changed: list[str] = field(default_factory=list)
+
+
+def _stmt_code(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)
+
+
+def _param_names(params: cst.Parameters) -> list[str]:
+    return [p.name.value for p in [*params.posonly_params, *params.params]]
+
+
+def _with_optional_fabric(old: cst.Parameters, new: cst.Parameters) -> Optional[tuple[cst.Parameters, Taken]]:
+    """``(args)`` -> ``(fabric, args)``, or ``(model, device)`` -> ``(model, fabric)``: the old
+    parameters with ``fabric=None`` last, and how the conversion took it (``Taken``); None when
+    they differ otherwise."""
+    before, after = _param_names(old), _param_names(new)
+    if NAME not in after or NAME in before:
+        return None
+    index = after.index(NAME)
+    instead = before[index] if len(before) == len(after) else None
+
+    def each(params: cst.Parameters, skip: Optional[str]) -> list[str]:
+        return [_stmt_code(p.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+                for p in [*params.posonly_params, *params.params, *params.kwonly_params]
+                if p.name.value not in (NAME, skip)] + [
+            _stmt_code(params.star_arg.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+            if isinstance(params.star_arg, cst.Param) else "", _stmt_code(params.star_kwarg) if params.star_kwarg else ""]
+
+    if instead is not None:
+        if after[:index] + after[index + 1:] != before[:index] + before[index + 1:] \
+                or each(old, instead) != each(new, None):
+            return None
+    elif after[:index] + after[index + 1:] != before or each(old, None) != each(new, None):
+        return None
+    taken = Taken(index, instead)
+    fabric = cst.Param(cst.Name(NAME), default=cst.Name("None"),
+                       equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                             whitespace_after=cst.SimpleWhitespace("")))
+    if isinstance(old.star_arg, cst.Param) or old.kwonly_params:
+        # after ``*args`` (or the bare ``*``): a keyword-only parameter
+        kwonly = list(old.kwonly_params)
+        if kwonly and kwonly[-1].comma is cst.MaybeSentinel.DEFAULT:
+            kwonly[-1] = kwonly[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        return old.with_changes(kwonly_params=[*kwonly, fabric]), taken
+    params = list(old.params)
+    if params and params[-1].comma is cst.MaybeSentinel.DEFAULT:
+        params[-1] = params[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    elif params and isinstance(params[-1].comma, cst.Comma):  # ``(a, b,)``: keep its trailing comma
+        fabric = fabric.with_changes(comma=params[-1].comma)
+        params[-1] = params[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return old.with_changes(params=[*params, fabric]), taken
+
+
+def _guard(test: str, new: Sequence[cst.BaseStatement], old: Sequence[cst.BaseStatement],
+           leading: Sequence[cst.EmptyLine]) -> cst.If:
+    """``if <test> is not None: new else: old`` (``if <test> is None: old`` without new)."""
+    def block(stmts: Sequence[cst.BaseStatement]) -> cst.IndentedBlock:
+        return cst.IndentedBlock(body=[s.with_changes(leading_lines=s.leading_lines) for s in stmts])
+
+    if not new:
+        return cst.If(test=cst.parse_expression(f"{test} is None"), body=block(old), leading_lines=leading)
+    return cst.If(test=cst.parse_expression(f"{test} is not None"), body=block(new),
+                  orelse=cst.Else(body=block(old)) if old else None, leading_lines=leading)
+
+
+#: (a function nested in the one that changes, MSN's ``def train_step():`` in ``main``: merged
+#: inside too, its guards reading the enclosing function's `fabric`)
+_COMPOUND = (cst.If, cst.For, cst.While, cst.With, cst.Try, cst.FunctionDef)
+
+
+def _header(node: cst.BaseStatement) -> Optional[str]:
+    """A compound statement's code with its blocks emptied: equal for two statements that differ
+    only inside."""
+    if not isinstance(node, _COMPOUND):
+        return None
+    empty = cst.IndentedBlock(body=[cst.SimpleStatementLine([cst.Pass()])])
+    changes: dict = {"body": empty, "leading_lines": ()}
+    if getattr(node, "orelse", None) is not None:
+        orelse = node.orelse
+        changes["orelse"] = orelse.with_changes(body=empty) if isinstance(orelse, cst.Else) \
+            else cst.Else(body=empty)  # an ``elif``: compared as its own statement below
+    return _stmt_code(node.with_changes(**changes))
+
+
+def _blocks_of(node: cst.BaseStatement) -> list[Optional[cst.BaseSuite]]:
+    out = [node.body]
+    orelse = getattr(node, "orelse", None)
+    if isinstance(orelse, cst.Else):
+        out.append(orelse.body)
+    elif isinstance(orelse, cst.If):
+        out.append(None)  # an ``elif``: not merged inside
+    return out
+
+
+class _Fail(Exception):
+    pass
+
+
+def _merge(old: Sequence[cst.BaseStatement], new: Sequence[cst.BaseStatement],
+           test: Optional[str]) -> list[cst.BaseStatement]:
+    """The statements of a block, ``old`` where the conversion kept them, guarded where it
+    changed them (``_guard``); a compound statement whose header it kept is merged inside."""
+    old_codes = [_stmt_code(s.with_changes(leading_lines=())) for s in old]
+    new_codes = [_stmt_code(s.with_changes(leading_lines=())) for s in new]
+    out: list[cst.BaseStatement] = []
+    matcher = difflib.SequenceMatcher(None, old_codes, new_codes, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            out.extend(old[i1:i2])
+            continue
+        these, those = list(old[i1:i2]), list(new[j1:j2])
+        # ``self.fabric = fabric`` as the conversion adds it: kept with or without `fabric`
+        kept_new = [s for s in those if _stmt_code(s.with_changes(leading_lines=())).strip()
+                    in (f"self.{NAME} = {NAME}",)]
+        those = [s for s in those if s not in kept_new]
+        out.extend(s.with_changes(leading_lines=()) for s in kept_new)
+        # statements of the same header (``if args.is_slurm_job:`` changed inside) are merged
+        # inside; the others, in runs, guarded
+        keys = lambda stmts: [_header(s) or _stmt_code(s.with_changes(leading_lines=())) for s in stmts]  # noqa: E731
+        inner = difflib.SequenceMatcher(None, keys(these), keys(those), autojunk=False)
+        for kind, a1, a2, b1, b2 in inner.get_opcodes():
+            if kind == "equal":
+                for a, b in zip(these[a1:a2], those[b1:b2]):
+                    if _header(a) is None:
+                        out.append(a)
+                        continue
+                    try:
+                        out.append(_merge_inside(a, b, test))
+                    except _Fail:  # changed where it can't be merged inside (an ``elif``'s test): whole
+                        out.extend(_changed([a], [b], test))
+            else:
+                out.extend(_changed(these[a1:a2], those[b1:b2], test))
+    return out
+
+
+#: what only the old code may run: the processes Fabric starts itself, and the wrap it makes
+_PROCESSES = re.compile(r"\b(init_process_group|destroy_process_group|DistributedDataParallel)\b")
+
+
+def _changed(these: list[cst.BaseStatement], those: list[cst.BaseStatement], test: Optional[str]) -> list[cst.BaseStatement]:
+    """A run of statements the conversion changed, guarded by ``test`` (`fabric`, or
+    ``self.fabric``): the new ones with it, the old ones without. A change that reads no
+    `fabric` (a move Fabric makes anyway, an API's new spelling) can't be told from one that
+    other callers would notice, so the old statements stay, unguarded; but where they start or
+    wrap the processes Fabric starts (``init_process_group``, ``DistributedDataParallel``), they
+    run without `fabric` only (and with no `fabric` to tell, the module can't change so)."""
+    if not these and not those:
+        return []
+    leading = these[0].leading_lines if these else those[0].leading_lines
+    if not any(_reads_fabric(t) for t in those):
+        if not any(_PROCESSES.search(_stmt_code(t)) for t in these):
+            return these
+        if test is None:
+            raise _Fail
+        those = [s for s in those if not _PROCESSES.search(_stmt_code(s))] if those else []
+        return [_guard(test, [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(those)],
+                       [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(these)], leading)]
+    if test is None:
+        raise _Fail
+    return [_guard(test, [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(those)],
+                   [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(these)], leading)]
+
+
+def _merge_inside(old: cst.BaseStatement, new: cst.BaseStatement, test: Optional[str]) -> cst.BaseStatement:
+    old_blocks, new_blocks = _blocks_of(old), _blocks_of(new)
+    if len(old_blocks) != len(new_blocks):
+        raise _Fail
+    merged = []
+    for a, b in zip(old_blocks, new_blocks):
+        if a is None or b is None:
+            if (a is None) != (b is None):
+                raise _Fail
+            if _stmt_code(old.orelse) == _stmt_code(new.orelse):
+                merged.append(None)
+            elif _header(old.orelse) == _header(new.orelse):
+                merged.append(_merge_inside(old.orelse, new.orelse, test))  # an ``elif`` changed inside
+            else:
+                raise _Fail  # an ``elif`` whose test changed
+            continue
+        if not isinstance(a, cst.IndentedBlock) or not isinstance(b, cst.IndentedBlock):
+            raise _Fail
+        merged.append(a.with_changes(body=_merge(a.body, b.body, test)))
+    node = old.with_changes(body=merged[0])
+    if len(merged) > 1 and merged[1] is not None:
+        node = node.with_changes(orelse=merged[1] if isinstance(merged[1], cst.If)
+                                 else old.orelse.with_changes(body=merged[1]))
+    return node
+
+
+def _function(old: cst.FunctionDef, new: cst.FunctionDef, test: Optional[str]) -> tuple[cst.FunctionDef, Optional[Taken]]:
+    """The function as it was, with ``fabric=None`` if the conversion gave it `fabric`, and its
+    changed statements guarded by ``test`` (`fabric`, or ``self.fabric`` in a class that keeps
+    it; None where none comes: then only changes that can stay out, ``_changed``). How it takes
+    `fabric`, or None."""
+    index = None
+    params = old.params
+    if _stmt_code(old.params) != _stmt_code(new.params):
+        found = _with_optional_fabric(old.params, new.params)
+        if found is None:
+            raise _Fail
+        params, index = found
+        test = NAME
+    if _stmt_code(old.with_changes(body=cst.IndentedBlock([]), params=params)) != _stmt_code(
+            new.with_changes(body=cst.IndentedBlock([]), params=params)):
+        raise _Fail  # decorators, the name, the return annotation
+    if not isinstance(old.body, cst.IndentedBlock) or not isinstance(new.body, cst.IndentedBlock):
+        raise _Fail
+    body = _merge(old.body.body, new.body.body, test)
+    return old.with_changes(params=params, body=old.body.with_changes(body=body)), index
+
+
+def _class(old: cst.ClassDef, new: cst.ClassDef) -> tuple[cst.ClassDef, Optional[Taken]]:
+    if _stmt_code(old.with_changes(body=cst.IndentedBlock([]))) != _stmt_code(new.with_changes(
+            body=cst.IndentedBlock([]))) or not isinstance(old.body, cst.IndentedBlock) \
+            or not isinstance(new.body, cst.IndentedBlock):
+        raise _Fail
+    olds = {s.name.value: s for s in old.body.body if isinstance(s, cst.FunctionDef)}
+    news = {s.name.value: s for s in new.body.body if isinstance(s, cst.FunctionDef)}
+    others_old = [_stmt_code(s) for s in old.body.body if not isinstance(s, cst.FunctionDef)]
+    others_new = [_stmt_code(s) for s in new.body.body if not isinstance(s, cst.FunctionDef)]
+    if olds.keys() != news.keys() or others_old != others_new:
+        raise _Fail
+    index = None
+    init_old, init_new = olds.get("__init__"), news.get("__init__")
+    if init_old is not None and _stmt_code(init_old.params) != _stmt_code(init_new.params):
+        found = _with_optional_fabric(init_old.params, init_new.params)
+        if found is None:
+            raise _Fail
+        index = Taken(found[1].index - 1, found[1].instead)  # without ``self``
+    test = f"self.{NAME}" if index is not None else None
+    body = []
+    for stmt in old.body.body:
+        if isinstance(stmt, cst.FunctionDef):
+            other = news[stmt.name.value]
+            if _stmt_code(stmt) != _stmt_code(other):
+                merged, at = _function(stmt, other, test if stmt.name.value != "__init__" else None)
+                if at is not None and stmt.name.value != "__init__":
+                    raise _Fail  # a method given `fabric`: its callers are not the class's
+                stmt = merged
+        body.append(stmt)
+    return old.with_changes(body=old.body.with_changes(body=body)), index
+
+
+def compatible(old_code: str, new_code: str) -> Optional[Compatible]:
+    """The text of a module that keeps working for the files that import it, with the
+    conversion's changes in it (see the module's docstring), or None."""
+    try:
+        old, new = cst.parse_module(old_code), cst.parse_module(new_code)
+    except cst.ParserSyntaxError:
+        return None
+    defs = (cst.FunctionDef, cst.ClassDef)
+    old_named = {s.name.value: s for s in old.body if isinstance(s, defs)}
+    new_named = {s.name.value: s for s in new.body if isinstance(s, defs)}
+    if old_named.keys() != new_named.keys():
+        return None
+    imports = (cst.Import, cst.ImportFrom)
+
+    def plain(module: cst.Module) -> list[str]:
+        return [_stmt_code(s.with_changes(leading_lines=())) for s in module.body if not isinstance(s, defs)
+                and not (isinstance(s, cst.SimpleStatementLine) and all(isinstance(b, imports) for b in s.body))]
+
+    if plain(old) != plain(new):
+        return None
+    out = Compatible(code="")
+    body: list[cst.BaseStatement] = []
+    try:
+        for stmt in old.body:
+            if isinstance(stmt, defs) and _stmt_code(stmt) != _stmt_code(new_named[stmt.name.value]):
+                other = new_named[stmt.name.value]
+                if type(other) is not type(stmt):
+                    return None
+                merged, index = _function(stmt, other, None) if isinstance(stmt, cst.FunctionDef) \
+                    else _class(stmt, other)
+                if index is not None:
+                    out.keyword_calls[stmt.name.value] = index
+                out.changed.append(stmt.name.value)
+                stmt = merged
+            body.append(stmt)
+    except _Fail:
+        return None
+    # the imports the conversion added (``from lightning.fabric import Fabric``) come in; those
+    # it dropped stay (the old code reads them)
+    added = [s for s in new.body if isinstance(s, cst.SimpleStatementLine) and all(isinstance(b, imports) for b in s.body)
+             and _stmt_code(s.with_changes(leading_lines=())) not in
+             {_stmt_code(o.with_changes(leading_lines=())) for o in old.body}]
+    if added:
+        last = max((i for i, s in enumerate(body) if isinstance(s, cst.SimpleStatementLine)
+                    and all(isinstance(b, imports) for b in s.body)), default=-1)
+        body[last + 1:last + 1] = added
+    out.code = old.with_changes(body=body).code
+    return out
+
+
+def _reads_fabric(node: cst.CSTNode) -> bool:
+    """Whether ``node`` reads `fabric` (``fabric``, ``self.fabric``)."""
+    found = []
+
+    class _Reads(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            if n.value == NAME:
+                found.append(n)
+
+    node.visit(_Reads())
+    return bool(found)
+
+
+class _ByKeyword(cst.CSTTransformer):
+    """``init_distributed_mode(fabric, args)`` -> ``init_distributed_mode(args, fabric=fabric)``;
+    ``create_d_vae(path, size, fabric)``, where `fabric` took ``device``'s place ->
+    ``create_d_vae(path, size, fabric.device, fabric=fabric)``."""
+
+    def __init__(self, calls: dict[str, Taken]) -> None:
+        super().__init__()
+        self.calls = calls
+        self.changed = False
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        func = updated.func
+        name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) \
+            else None
+        taken = self.calls.get(name) if name is not None else None
+        if taken is None:
+            return updated
+        args = list(updated.args)
+        at = next((i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value == NAME), None)
+        if at is None and taken.index < len(args) and args[taken.index].keyword is None \
+                and not args[taken.index].star and not any(a.star for a in args[:taken.index]):
+            at = taken.index
+        if at is None or code(args[at].value) not in (NAME, f"self.{NAME}"):
+            return updated
+        ref = code(args[at].value)
+        if taken.instead is not None:  # the parameter it took the place of gets the device
+            device = cst.parse_expression(f"{ref}.device")
+            moved = args[at]
+            args[at] = moved.with_changes(value=device, keyword=cst.Name(taken.instead) if moved.keyword else None)
+            keyword = moved.with_changes(keyword=cst.Name(NAME), value=cst.parse_expression(ref), equal=cst.AssignEqual(
+                whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
+        else:
+            keyword = args.pop(at).with_changes(keyword=cst.Name(NAME), equal=cst.AssignEqual(
+                whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
+        if not args:
+            keyword = keyword.with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        elif isinstance(args[-1].comma, cst.Comma):
+            # a trailing comma (``amp=apex.amp,`` and ``)`` on a line of its own): the new
+            # argument goes on a line of its own too, before the ``)``
+            between = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) \
+                else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            keyword = keyword.with_changes(comma=args[-1].comma)
+            args[-1] = args[-1].with_changes(comma=between)
+        else:
+            args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            keyword = keyword.with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        self.changed = True
+        return updated.with_changes(args=[*args, keyword])
+
+
+def calls_by_keyword(text: str, calls: dict[str, Taken]) -> str:
+    """``text`` with every call of the functions and classes of ``calls`` that passes `fabric`
+    at that index passing it by keyword instead (they take it last, optional)."""
+    if not calls or NAME not in text:
+        return text
+    try:
+        module = cst.parse_module(text)
+    except cst.ParserSyntaxError:
+        return text
+    visitor = _ByKeyword(calls)
+    new = module.visit(visitor)
+    return new.code if visitor.changed else text
+
+
+__all__: Union[list[str], tuple] = ("Compatible", "Taken", "compatible", "calls_by_keyword")

@@ -1,0 +1,674 @@
+"""A script and the project's own modules it imports, analysed as one program.
+
+``from engine import train_one_epoch`` in train.py, with engine.py next to it: the training loop
+is in one file, the model, optimizer and loaders in the other, and a conversion is only right
+if both change together (the driver creates Fabric and passes it, the loop takes it). So the
+script's ``from X import ...`` statements of modules in its folder (``engine.py``,
+``data/loaders.py``, ``util/misc.py``) are replaced, for the
+analysis only, by the statements of those modules, as Python runs them at that point; the rules
+see one module, record their edits on it, and the engine applies them to each file apart and
+checks each file apart (codemod/engine.py).
+
+``import engine`` (or ``import engine as E``) is followed the same way, its statement replaced
+by the module's; the script's ``engine.train_one_epoch`` is read by the analysis as
+``train_one_epoch`` (``_Dealias``), and its file gets the spelling back (``Realias``). That is
+sound only when the script reads ``engine`` as ``engine.name`` alone and has no name of its own
+that it reads so (``_reads_through``).
+
+A module is followed only when that is sound: it parses, it is the project's (under the
+script's project root, siblings.project_root; never an installed package, nor a library that
+codemod/analysis/libraries.py knows, even vendored), and the names imported from it are its own
+top-level definitions. Packages (``from util import misc``), relative imports inside the
+project's modules (never in the script, which has no package), ``import a.b as c`` and ``from X
+import A as B`` (read as ``A``, ``_Dealias``; its file keeps ``B``, ``Realias``) are followed. A
+module's ``if __name__ == "__main__":`` block is left out (importing it never runs it), and so
+are the definitions the program can't reach by name (``_needed``). The names a module binds at
+its top level must not be bound otherwise by the script or another followed module (``import
+torch`` in both is the same binding; a name the importer does not read is renamed for the
+analysis only, ``_own_name``). Otherwise it stays an import the analysis can't see into, as any other, and the
+note says why.
+
+Which files may change is the caller's: a file named on the command line never changes a file
+outside the paths given, unless ``--follow-imports`` (``Scope``).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import symtable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional
+
+import libcst as cst
+
+from accelerate_rewrite.codemod.tree.layout import Layout
+# Scope and candidates are read with ast only: the runner reaches them without loading libcst
+from accelerate_rewrite.codemod.analysis.siblings import (  # noqa: F401
+    MAX_MODULES,
+    Scope,
+    _file,
+    candidates,
+    import_folders,
+    imported_modules,
+    package_of,
+    relative_base,
+    sys_path_folders,
+)
+from accelerate_rewrite.codemod.analysis.syntax import is_main_guard
+
+if TYPE_CHECKING:
+    from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
+
+
+@dataclass
+class Part:
+    """One file of the project: the script (first) or a module it imports."""
+
+    path: str
+    source: str
+    head: str  # what LibCST reads of it (codemod/edits/preserve.py split_tail)
+    tail: str
+    module: cst.Module  # parsed alone
+    dotted: Optional[str] = None  # the module's name; None for the script
+    #: the line each top-level statement starts on, its leading lines included, and the line
+    #: after the last one
+    starts: list[int] = field(default_factory=list)
+    #: ``import engine as E`` followed: name -> the alias it is read through (``train`` -> ``E``);
+    #: the analysis reads ``E.train`` as ``train``, the file gets ``E.train`` back (``Realias``)
+    aliases: dict[str, str] = field(default_factory=dict)
+    #: its statements' code (codemod/tree/layout.py), printed once for every use
+    layout: Optional[Layout] = None
+    #: ``from utils import NativeScalerWithGradNormCount as NativeScaler`` followed: the name
+    #: the analysis reads -> the file's own (``NativeScalerWithGradNormCount`` -> ``NativeScaler``)
+    renames: dict[str, str] = field(default_factory=dict)
+    #: the file, for a module (its relative imports start from it), and its package
+    file: Optional[Path] = None
+    package: str = ""
+    #: a module's functions and classes the program can reach from what it imports of it
+    #: (``_needed``); None: all of them
+    needed: Optional[set[str]] = None
+
+
+@dataclass
+class Project:
+    parts: list[Part]
+    combined: cst.Module
+    #: per statement of ``combined``: (index of its part, index in that part's body)
+    origin: list[tuple[int, int]]
+    #: modules the script imports that are not followed: (line in the script, why)
+    unfollowed: list[tuple[int, str]] = field(default_factory=list)
+
+    def known(self) -> dict[int, tuple[str, int]]:
+        """id(statement of ``combined``) -> its code, for those that are a file's own (not read
+        through an alias): ``Layout(combined, known=...)`` prints only the others."""
+        out: dict[int, tuple[str, int]] = {}
+        for stmt, (p, i) in zip(self.combined.body, self.origin):
+            part = self.parts[p]
+            if part.layout is not None and stmt is part.module.body[i]:
+                out[id(stmt)] = part.layout.piece(stmt)
+        return out
+
+    def locator(self, combined_starts: list[int]) -> Callable[[int], tuple[int, int]]:
+        """combined line -> (part index, line in that part)."""
+        import bisect
+
+        def locate(line: int) -> tuple[int, int]:
+            i = bisect.bisect_right(combined_starts, line) - 1
+            if i < 0 or i >= len(self.origin):
+                return 0, line
+            part, index = self.origin[i]
+            return part, self.parts[part].starts[index] + (line - combined_starts[i])
+
+        return locate
+
+
+def _in_folders(folders: list[Path], dotted: str) -> Optional[Path]:
+    return next((p for p in (_file(f, dotted) for f in folders) if p is not None), None)
+
+
+@dataclass
+class _Target:
+    """A module of the project that one import statement of a part brings in."""
+
+    dotted: str  # its absolute dotted name
+    file: Path
+    #: ``from X import a, b`` of names of its own (None: the module is read through a name)
+    imp: Optional[cst.ImportFrom] = None
+    #: the name the module is read through (``import engine as E``, ``from util import misc``)
+    through: Optional[str] = None
+
+
+def _dotted(node: cst.BaseExpression) -> str:
+    return cst.Module(body=[]).code_for_node(node)
+
+
+def _targets(stmt: cst.CSTNode, part: Part, folders: list[Path]) -> Optional[list[_Target]]:
+    """The project's modules an import statement of ``part`` brings in, or None when it
+    imports none (an installed package, or something this reading does not follow):
+
+    - ``from engine import train`` (names of the module's own: read bare, as the script does);
+    - ``from util import misc``, ``from . import dist_util`` (a module of a package: read
+      through its name, ``misc.NativeScaler`` read as ``NativeScaler``);
+    - ``import engine``, ``import engine as E``, ``import util.misc as misc`` (read through
+      the name it binds);
+    - relative imports in a module of the project (``from .logger import create_logger`` in
+      src/utils.py), never in the script (run as a script, it has no package)."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+        return None
+    node = stmt.body[0]
+    if isinstance(node, cst.Import):
+        if len(node.names) != 1:
+            return None
+        alias = node.names[0]
+        dotted = _dotted(alias.name)
+        if alias.asname is not None:
+            if not isinstance(alias.asname.name, cst.Name):
+                return None
+            through = alias.asname.name.value
+        elif "." in dotted:
+            return None  # ``import data.loaders``: read as ``data.loaders.make``, not followed
+        else:
+            through = dotted
+        file = _in_folders(folders, dotted)
+        return [_Target(dotted, file, through=through)] if file is not None else None
+    if not isinstance(node, cst.ImportFrom):
+        return None
+    module = _dotted(node.module) if node.module is not None else ""
+    if node.relative:
+        if part.file is None:
+            return None  # the script: run as a script, it has no package
+        level = len(node.relative)
+        base = relative_base(part.file, level)
+        if base is None:
+            return None
+        bases = [base]
+        prefix = part.package.split(".") if part.package else []
+        prefix = prefix[: max(0, len(prefix) - (level - 1))]
+        absolute = ".".join([*prefix, *([module] if module else [])])
+    else:
+        bases = folders
+        absolute = module
+    out: list[_Target] = []
+    names: list[cst.ImportAlias] = []
+    if isinstance(node.names, cst.ImportStar):
+        file = _in_folders(bases, module) if module else None
+        return [_Target(absolute, file, imp=node)] if file is not None else None
+    for alias in node.names:
+        name = _dotted(alias.name)
+        inner = ".".join(p for p in (module, name) if p)
+        sub = _in_folders(bases, inner) if "." not in name else None
+        if sub is not None and (not module or _in_folders(bases, module) is None
+                                or _in_folders(bases, module).name == "__init__.py"):
+            # a module of a package: read through the name it is bound to
+            through = alias.asname.name.value if alias.asname is not None and isinstance(alias.asname.name, cst.Name) \
+                else name
+            out.append(_Target(".".join(p for p in (absolute, name) if p), sub, through=through))
+        else:
+            names.append(alias)
+    if names:
+        file = _in_folders(bases, module) if module else None
+        if file is None:
+            if out:
+                return None  # a package's own name beside its modules: not followed
+            return None
+        out.insert(0, _Target(absolute, file, imp=node.with_changes(names=names)))
+    return out or None
+
+
+def _reads_through(code: str, through: str, names: set[str]) -> tuple[set[str], Optional[str]]:
+    """The names ``code`` reads as ``through.name`` (each one of ``names``), or why the module
+    read through ``through`` can't be followed: ``through`` read otherwise (``print(E)``,
+    ``E.x = 1``), bound again, or a name it reads so also a name of the script's own (a local
+    ``train`` beside ``E.train``), or spelled other than ``E.name``."""
+    tree = ast.parse(code)
+    used: set[str] = set()
+    bases: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == through:
+            if node.attr not in names:
+                return used, f"`{through}.{node.attr}` is not defined at its top level"
+            if not isinstance(node.ctx, ast.Load):
+                return used, f"the script assigns `{through}.{node.attr}`"
+            if node.end_lineno != node.lineno or (node.end_col_offset or 0) - node.col_offset \
+                    != len(f"{through}.{node.attr}".encode("utf-8")):  # (the columns count bytes)
+                # its code is more than ``through.name``: ``E . x``, ``(E).x``, a line break
+                return used, f"`{through}.{node.attr}` is spelled with spaces or a line break"
+            used.add(node.attr)
+            bases.add(id(node.value))
+    others: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            if node.id == through and id(node) not in bases:
+                return used, f"`{through}` is read other than as `{through}.name`"
+            others.add(node.id)
+        elif isinstance(node, ast.arg):
+            others.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            others.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            others.update(node.names)
+        elif isinstance(node, ast.alias):
+            others.add(node.asname or node.name.split(".")[0])
+    clash = sorted(used & others)
+    if clash:
+        return used, f"`{clash[0]}` is both `{through}.{clash[0]}` and a name of the script"
+    return used, None
+
+
+class _Dealias(cst.CSTTransformer):
+    """``E.train`` -> ``train`` and, for ``from utils import A as B``, ``B`` -> ``A``, for the
+    analysis."""
+
+    def __init__(self, aliases: dict[str, str], renames: Optional[dict[str, str]] = None) -> None:
+        super().__init__()
+        self.aliases = aliases
+        self.back = {file: analysis for analysis, file in (renames or {}).items()}
+        self.kept: set[int] = set()
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.kept.add(id(node.attr))
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:
+            self.kept.add(id(node.keyword))
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        self.kept.add(id(node.name))  # ``from utils import A as B``: the module's name for it
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+        if (isinstance(updated.value, cst.Name) and self.aliases.get(updated.attr.value) == updated.value.value
+                and not updated.value.lpar):
+            return cst.Name(updated.attr.value, lpar=updated.lpar, rpar=updated.rpar)
+        return updated
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        analysis = self.back.get(updated.value)
+        if analysis is None or id(original) in self.kept:
+            return updated
+        return updated.with_changes(value=analysis)
+
+
+class Realias(cst.CSTTransformer):
+    """``train`` -> ``E.train`` again in the file: every ``train`` read there came from ``E.train``
+    (``_reads_through`` made sure the script has no name of its own so); and ``A`` -> ``B`` for
+    ``from utils import A as B`` (``_renamable`` made sure ``A`` is no other name there)."""
+
+    def __init__(self, aliases: dict[str, str], renames: Optional[dict[str, str]] = None) -> None:
+        super().__init__()
+        self.aliases = aliases
+        self.renames = renames or {}
+        self.kept: set[int] = set()
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.kept.add(id(node.attr))
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:
+            self.kept.add(id(node.keyword))
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        self.kept.add(id(node.name))  # ``from utils import A as B``: the module's name for it
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        if id(original) in self.kept:
+            return updated
+        renamed = self.renames.get(updated.value)
+        if renamed is not None:
+            return updated.with_changes(value=renamed)
+        through = self.aliases.get(updated.value)
+        if through is None:
+            return updated
+        return cst.Attribute(value=cst.Name(through), attr=cst.Name(updated.value), lpar=updated.lpar,
+                             rpar=updated.rpar)
+
+
+def _renamable(code: str, analysis: str, own: str) -> Optional[str]:
+    """Why ``from X import analysis as own`` can't be read as ``analysis`` in ``code``: ``own``
+    is bound there otherwise too, or ``analysis`` is a name of it already."""
+    tree = ast.parse(code)
+    binds = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == analysis:
+            return f"`{analysis}` is a name of its own there too"
+        if isinstance(node, ast.arg) and node.arg in (analysis, own):
+            return f"`{node.arg}` is a parameter there too"
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in (analysis, own):
+            return f"`{node.name}` is defined there too"
+        if isinstance(node, ast.alias) and (node.asname or node.name.split(".")[0]) in (analysis, own):
+            binds += 1
+        if isinstance(node, ast.Name) and node.id == own and not isinstance(node.ctx, ast.Load):
+            return f"`{own}` is assigned there too"
+        if isinstance(node, (ast.Global, ast.Nonlocal)) and {analysis, own} & set(node.names):
+            return f"`{own}` is declared global there"
+    return None if binds == 1 else f"`{own}` is imported there more than once"
+
+
+def _imports_of(code: str, package: str = "") -> dict[str, frozenset[str]]:
+    """name -> what the import statements at the top level of ``code`` (and in its top-level
+    ``if`` and ``try`` blocks) bind it to, one spelling for one object: ``import torch.nn as
+    nn`` and ``from torch import nn`` both ``torch.nn``; a relative import from ``package``
+    (``from .logger import create_logger`` in src/ -> ``src.logger.create_logger``)."""
+    out: dict[str, set[str]] = {}
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return {}
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                name = a.asname or a.name.split(".")[0]
+                out.setdefault(name, set()).add(a.name if a.asname else name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".") if package else []
+                keep = len(parts) - (node.level - 1)
+                base = (".".join([*parts[:keep], *([node.module] if node.module else [])]) if keep >= 0
+                        else f"{'.' * node.level}{node.module or ''}")  # above the top: kept apart
+            else:
+                base = node.module or ""
+            for a in node.names:
+                out.setdefault(a.asname or a.name, set()).add(".".join(p for p in (base, a.name) if p))
+        elif isinstance(node, (ast.If, ast.Try)):
+            todo.extend(node.body + node.orelse + getattr(node, "finalbody", [])
+                        + [s for h in getattr(node, "handlers", []) for s in h.body])
+    return {name: frozenset(meanings) for name, meanings in out.items()}
+
+
+def _top_names(code: str) -> tuple[set[str], set[str]]:
+    """(names the module binds at its top level otherwise than by an import, names it imports)."""
+    table = symtable.symtable(code, "<module>", "exec")
+    own, imported = set(), set()
+    for s in table.get_symbols():
+        if s.is_assigned() or s.is_namespace():
+            own.add(s.get_name())
+        elif s.is_imported():
+            imported.add(s.get_name())
+    return own, imported
+
+
+def _needed(code: str, wanted: set[str]) -> Optional[set[str]]:
+    """The top-level functions and classes of a module that the names ``wanted`` of it reach,
+    directly or through one another, and those its other top-level statements read: the rest is
+    code the importing program never runs by name (another script's ``main`` in a module that is
+    also a script), left out of the analysis (its file keeps it). None where a name is read
+    otherwise than by name (``globals()``, ``getattr(module, ...)``)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+    def reads(node: ast.AST) -> set[str]:
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+    todo = set(wanted) | {name for n in tree.body if not isinstance(n, tuple(type(d) for d in defs.values()))
+                          for name in reads(n)}
+    if "globals" in todo or "__all__" in todo:
+        return None
+    needed: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in needed or name not in defs:
+            continue
+        needed.add(name)
+        todo |= reads(defs[name])
+    return needed
+
+
+def _own_name(name: str, dotted: str) -> str:
+    """The name the analysis reads a module's ``name`` by, where another file of the project
+    defines ``name`` too: ``logger`` of src/utils.py -> ``logger__src_utils``."""
+    return f"{name}__{dotted.replace('.', '_')}"
+
+
+def _same_meaning(these: frozenset[str], those: frozenset[str]) -> bool:
+    """Two imports of a library's one object: the same spelling, or the same name through a
+    package that re-exports it (``timm.data.Mixup`` and ``timm.data.mixup.Mixup``)."""
+    if these == those:
+        return True
+    if len(these) != 1 or len(those) != 1:
+        return False
+    a, b = next(iter(these)), next(iter(those))
+    (pa, _, na), (pb, _, nb) = a.rpartition("."), b.rpartition(".")
+    return na == nb and bool(pa) and bool(pb) and (pa.startswith(pb + ".") or pb.startswith(pa + "."))
+
+
+def _without_main(module: cst.Module, head: str) -> str:
+    """A module's text as importing it runs it: without its ``if __name__ == "__main__":``
+    block (what it does when run as a script of its own)."""
+    if not any(is_main_guard(stmt) for stmt in module.body):
+        return head
+    return module.with_changes(body=[stmt for stmt in module.body if not is_main_guard(stmt)]).code
+
+
+def build(path: str, head: str, module: cst.Module, source: str,
+          read: Callable[[Path], Optional[tuple[str, str, str, cst.Module]]],
+          words: tuple[str, ...] = ()) -> Optional[Project]:
+    """The script at ``path`` with the project's modules it imports, or None when it imports
+    none that is followed. ``read(file)`` gives a module's (source, head, tail, module), or None
+    when it can't be read or parsed. ``words``: a module that mentions none of them (as the
+    runner's fast path reads files) is not worth a note when it is not followed."""
+    folder = Path(path).parent
+    try:  # and the folders the script puts on sys.path (``sys.path.append("..")``), its project's root
+        folders = import_folders(folder, ast.parse(source))
+    except (SyntaxError, ValueError):
+        folders = import_folders(folder, None)
+    script = Part(path=path, source=source, head=head, tail=source[len(head):], module=module)
+    parts = [script]
+    unfollowed: list[tuple[int, str]] = []
+    try:
+        own, imported = _top_names(head)
+    except (SyntaxError, ValueError):
+        return None
+    bound: dict[str, int] = {name: 0 for name in own}  # name -> part that binds it (not by import)
+    imports = {name: (0, meaning) for name, meaning in _imports_of(head).items()}
+    included: dict[str, int] = {}  # dotted -> part index
+    real_script = os.path.realpath(path)
+
+    def line_of(part: Part, index: int) -> int:
+        return part.starts[index] + len(getattr(part.module.body[index], "leading_lines", ()))
+
+    script.layout = Layout(module, text=head)
+    script.starts = script.layout.starts()
+
+    def expand(part_index: int) -> list[tuple[int, int]]:
+        part = parts[part_index]
+        out: list[tuple[int, int]] = []
+        for index, stmt in enumerate(part.module.body):
+            if part_index and is_main_guard(stmt):
+                continue  # what the module does when run as a script: not on import
+            if part_index and part.needed is not None and isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) \
+                    and stmt.name.value not in part.needed:
+                continue  # nothing the script runs uses it (pytorchyolo/test.py's own ``run``)
+            targets = _targets(stmt, part, folders)
+            if not targets or any(os.path.realpath(t.file) == real_script for t in targets):
+                out.append((part_index, index))
+                continue
+            kept = False
+            for target in targets:
+                why = _take(part, target)
+                if isinstance(why, str):
+                    if part_index == 0 and why:
+                        unfollowed.append((line_of(part, index), why))
+                    kept = True
+                    if target.imp is not None:
+                        break  # the statement's own names stay imported: its modules are not read
+                    continue
+                if isinstance(why, tuple):  # more of a module in already: its definitions the importer needs
+                    more_of, names = why
+                    out.extend((more_of, i) for i, st in enumerate(parts[more_of].module.body)
+                               if isinstance(st, (cst.FunctionDef, cst.ClassDef)) and st.name.value in names)
+                elif why is not None:
+                    out.extend(expand(why))
+            if kept:
+                out.append((part_index, index))
+        return out
+
+    def _take(part: Part, target: _Target):
+        """Follow ``target`` for ``part``: the index of its new part (whose statements are to
+        be expanded), None when it is in already, or why it is not followed (a str; "" for no note)."""
+        read_through: dict[str, str] = {}
+        renames: dict[str, str] = {}
+        if target.through is not None:  # ``import engine as E``: read as ``E.train``
+            why = _through(part, target.file, target.through)
+            if isinstance(why, str):
+                return why
+            read_through = why
+        else:
+            for alias in target.imp.names if not isinstance(target.imp.names, cst.ImportStar) else ():
+                if alias.asname is None:
+                    continue
+                name, own_name = _dotted(alias.name), _dotted(alias.asname.name)
+                try:
+                    why = _renamable(part.head, name, own_name)
+                except (SyntaxError, ValueError):
+                    why = "it can't be read or parsed"
+                if why is not None:
+                    return f"{_shown(target.file)} is not followed: `{name}` is imported as `{own_name}`, and {why}"
+                renames[name] = own_name
+        if target.dotted in included:
+            part.aliases.update(read_through)
+            part.renames.update(renames)
+            other = parts[included[target.dotted]]
+            if other.needed is None:
+                return None  # its statements are in already: the names are bound
+            wanted = set(read_through) if target.through is not None else {
+                _dotted(a.name) for a in (target.imp.names if not isinstance(target.imp.names, cst.ImportStar) else ())}
+            more = _needed(_without_main(other.module, other.head), wanted | other.needed)
+            added = (more or set()) - other.needed
+            if more is None:
+                added = {st.name.value for st in other.module.body if isinstance(st, (cst.FunctionDef, cst.ClassDef))
+                         and st.name.value not in other.needed}
+            other.needed |= added
+            return (included[target.dotted], added) if added else None
+        wanted = set(read_through) if target.through is not None else {
+            _dotted(a.name) for a in (target.imp.names if not isinstance(target.imp.names, cst.ImportStar) else ())}
+        why = _follow(target.dotted, target.file, target.imp, wanted)
+        if isinstance(why, str):
+            return why
+        part.aliases.update(read_through)  # only once the module is followed
+        part.renames.update(renames)
+        return why
+
+    def _through(part: Part, file: Path, through: str):
+        """The names ``part`` reads through ``through`` (``import engine as E``), each mapped to
+        ``through``, when they are the module's own and may be read bare by the analysis; or
+        why not (a str)."""
+        shown = _shown(file)
+        got = read(file)
+        if got is None:
+            return f"{shown} is not followed: it can't be read or parsed"
+        if words and not any(w in got[0].lower() for w in words):
+            return ""  # nothing there a rule looks at: no note
+        try:
+            m_own, _ = _top_names(_without_main(got[3], got[1]))
+            used, why = _reads_through(part.head, through, m_own)
+        except (SyntaxError, ValueError):
+            return f"{shown} is not followed: it can't be read or parsed"
+        if why is not None:
+            return f"{shown} is not followed: {why}"
+        taken = [name for name in used if part.aliases.get(name, through) != through]
+        if taken:
+            return f"{shown} is not followed: `{taken[0]}` is read through two modules"
+        return {name: through for name in used}
+
+    def _shown(file: Path) -> str:
+        return os.path.relpath(file) if not os.path.isabs(path) else str(file)
+
+    def _follow(dotted: str, file: Path, imp: Optional[cst.ImportFrom], wanted: set[str] = frozenset()):
+        """The index of the new part, or why the module is not followed. ``wanted``: the names
+        the importer reads of it; a name of the module's own that another file defines too
+        (``logger = getLogger()`` in both) is read under a name of its own (``_own_name``) when
+        the importer does not read it."""
+        shown = _shown(file)
+        if len(parts) > MAX_MODULES:
+            return f"{shown} is not followed: more than {MAX_MODULES} modules"
+        got = read(file)
+        if got is None:
+            return f"{shown} is not followed: it can't be read or parsed"
+        text, m_head, m_tail, m_module = got
+        if words and not any(w in text.lower() for w in words):
+            return ""  # nothing there a rule looks at: no note
+        if imp is not None and isinstance(imp.names, cst.ImportStar):
+            return f"{shown} is not followed: `from {dotted} import *`"
+        imported_code = _without_main(m_module, m_head)  # as importing it runs it
+        package = package_of(file, dotted)
+        try:
+            m_own, m_imported = _top_names(imported_code)
+        except (SyntaxError, ValueError):
+            return f"{shown} is not followed: it can't be read or parsed"
+        for alias in imp.names if imp is not None else ():
+            name = _dotted(alias.name)
+            if name not in m_own:  # a name it imports itself (``from apex import amp``) is not its own
+                return f"{shown} is not followed: `{name}` is not defined there (imported, or not at its top level)"
+        m_imports = _imports_of(imported_code, package)
+        index = len(parts)
+        itself = lambda name: frozenset({f"{dotted}.{name}"})  # noqa: E731 (imported from it)
+        own_names: dict[str, str] = {}  # the analysis's name -> the module's
+        for name in sorted(m_own | set(m_imports)):
+            if name in bound and name not in m_own and parts[bound[name]].dotted is not None \
+                    and m_imports.get(name) == frozenset({f"{parts[bound[name]].dotted}.{name}"}):
+                continue  # ``from .resample import LossAwareSampler``: the one a followed module defines
+            clash = name in bound or (name in imports and imports[name][1] != itself(name) and name in m_own)
+            if clash and name in m_own and name not in wanted:
+                own_names[_own_name(name, dotted)] = name
+                continue
+            if name in bound:
+                return f"{shown} is not followed: `{name}` is defined both there and in {parts[bound[name]].path}"
+            if name not in imports or imports[name][1] == itself(name):
+                continue
+            if name in m_own or not _same_meaning(imports[name][1], m_imports.get(name, frozenset())):
+                return (f"{shown} is not followed: `{name}` is defined both there and in "
+                        f"{parts[imports[name][0]].path}" if name in m_own else
+                        f"{shown} is not followed: it imports `{name}` as something else than "
+                        f"{parts[imports[name][0]].path} does")
+        renamed = set(own_names.values())
+        for name in m_own:
+            if name not in renamed:
+                bound[name] = index
+        for name in own_names:
+            bound[name] = index
+        for name, meaning in m_imports.items():
+            imports.setdefault(name, (index, meaning))
+        part = Part(path=str(file) if os.path.isabs(path) else os.path.relpath(file), source=text,
+                    head=m_head, tail=m_tail, module=m_module, dotted=dotted, file=file, package=package)
+        part.renames.update(own_names)
+        part.needed = _needed(imported_code, wanted) if wanted else None
+        part.layout = Layout(m_module, text=m_head)
+        part.starts = part.layout.starts()
+        parts.append(part)
+        included[dotted] = index
+        return index
+
+    origin = expand(0)
+    if len(parts) == 1:
+        unfollowed = [(line, why) for line, why in unfollowed if why]
+        return Project(parts, module, origin, unfollowed) if unfollowed else None
+    # names the script imports from the modules followed are bound by their statements now, and
+    # those it reads through a module (``E.train``) are read bare
+    read_as = [p.module.visit(_Dealias(p.aliases, p.renames)) if p.aliases or p.renames else p.module
+               for p in parts]
+    body = [read_as[p].body[i] for p, i in origin]
+    combined = module.with_changes(body=body)
+    return Project(parts, combined, origin, [(line, why) for line, why in unfollowed if why])
+
+
+_PROJECTS: dict[tuple, tuple["ScriptFacts", Project]] = {}
+
+
+def analyse(key: tuple, project: Project, folder: Optional[Path]) -> tuple[ScriptFacts, Project]:
+    """The facts of a project's analysed module, kept for the next rewrites of the same files
+    (as ``_analyse`` keeps a script's): the tests rewrite each project with many options."""
+    from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
+
+    if key not in _PROJECTS:
+        if len(_PROJECTS) >= 4:
+            _PROJECTS.pop(next(iter(_PROJECTS)))
+        facts = ScriptFacts(project.combined, folder, fresh=True, body_parts=[part for part, _ in project.origin],
+                            known=project.known())
+        _PROJECTS[key] = (facts, project)
+    return _PROJECTS[key]
