@@ -61,6 +61,37 @@ def make_console(*, stderr: bool = False) -> "Console":
     return Console(**kwargs)
 
 
+def fits(console, table) -> bool:
+    """Whether ``table`` shows at ``console``'s width with each row's first cell (a file, a
+    candidate's options, a rule) on one line, which it then keeps unfolded. Piped, rich renders
+    at 80 columns (or $COLUMNS); where it does not fit the callers print ``rows`` instead
+    (issue 49), as pytest and ruff do."""
+    from rich.measure import Measurement
+
+    first = table.columns[0]
+    wrap = first.no_wrap
+    first.no_wrap = True  # kept where it fits: the first cells are then never folded
+    # measured without the console's width, which a measurement is clamped to
+    need = Measurement.get(console, console.options.update_width(1 << 16), table).minimum
+    if need > console.width:
+        first.no_wrap = wrap
+        return False
+    return True
+
+
+def rows(console, header: list[str], lines: list[list[str]], title: Optional[str] = None) -> None:
+    """A table as plain lines for a narrow or piped output: each row's first cell on a line of
+    its own, the others under it, indented, each ``name: value`` (empty cells left out); markup
+    in the cells is kept (a verdict's colour)."""
+    if title:
+        console.print(title, markup=False)
+    for line in lines:
+        console.print(line[0], markup=False)
+        rest = [f"{name}: {value}" for name, value in zip(header[1:], line[1:]) if value not in ("", None)]
+        if rest:
+            console.print("    " + "  ".join(rest))
+
+
 def one_line(message: str) -> str:
     """Notes may quote multi-line code; a summary line must stay one line."""
     return " ".join(message.split())
@@ -273,17 +304,23 @@ def summary_table(tally: Tally, report: Reporter) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    rows = [o for o in tally.outcomes
-            if o.error or o.changed or (o.result is not None and (o.result.skips or o.result.dropped))]
-    if not rows:
+    listed = [o for o in tally.outcomes
+              if o.error or o.changed or (o.result is not None and (o.result.skips or o.result.dropped))]
+    if not listed:
         return
+    header = ["file", "status", "rules applied", "left alone", "dropped"]
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for column in ("file", "status", "rules applied", "left alone", "dropped"):
+    for column in header:
         table.add_column(column, overflow="fold")
-    for o in rows:
+    cells = []
+    for o in listed:
         r = o.result
-        table.add_row(escape(str(o.path)), escape(o.status or "error"),
+        cells.append([str(o.path), o.status or "error",
                       ", ".join(sorted({n.rule for n in r.changes if n.rule.startswith("AR")})) if r else "",
-                      str(len(r.skips)) if r and r.skips else "", str(len(r.dropped)) if r and r.dropped else "")
+                      str(len(r.skips)) if r and r.skips else "", str(len(r.dropped)) if r and r.dropped else ""])
+        table.add_row(*(escape(c) for c in cells[-1]))
     report._flush_out()
-    report.err.print(table)
+    if fits(report.err, table):
+        report.err.print(table)
+    else:
+        rows(report.err, header, [[c[0], *(escape(x) for x in c[1:])] for c in cells])

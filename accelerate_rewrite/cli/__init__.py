@@ -272,13 +272,22 @@ def rules_command() -> None:
     from rich.table import Table
 
     from accelerate_rewrite.rules import ALL_RULES
-    from accelerate_rewrite.report import make_console
+    from accelerate_rewrite.report import fits, make_console
 
     rows = [(rule.code, rule.name, rule.kind.value, rule.summary()) for rule in ALL_RULES]
     hint = ("Run `accelerate-rewrite explain CODE` for a rule's documentation, its example and the "
             "rules it relies on.")
     console = make_console()
-    if not console.is_terminal:  # piped: plain aligned text, one rule per line, for grep
+    colours = {"safe": "green", "approximate": "yellow", "changes-training": "red"}
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table.add_column("Code", style="bold cyan", no_wrap=True)
+    table.add_column("Name", no_wrap=True)
+    table.add_column("Kind", no_wrap=True)
+    table.add_column("What it does", min_width=20)
+    for code, name, kind, what in rows:
+        table.add_row(code, name, f"[{colours.get(kind, 'default')}]{kind}[/]", escape(what))
+    if not console.is_terminal or not fits(console, table):
+        # piped or narrow: plain aligned text, one rule per line (code, name, kind), for grep
         header = ("CODE", "NAME", "KIND", "WHAT IT DOES")
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
         for row in [header, *rows]:
@@ -286,14 +295,6 @@ def rules_command() -> None:
             console.file.write("  " + row[3] + "\n")
         console.file.write("\n" + hint + "\n")
         return
-    colours = {"safe": "green", "approximate": "yellow", "changes-training": "red"}
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    table.add_column("Code", style="bold cyan", no_wrap=True)
-    table.add_column("Name", no_wrap=True)
-    table.add_column("Kind", no_wrap=True)
-    table.add_column("What it does")
-    for code, name, kind, what in rows:
-        table.add_row(code, name, f"[{colours.get(kind, 'default')}]{kind}[/]", escape(what))
     console.print(table, soft_wrap=False)
     console.print(hint, markup=False)
 

@@ -92,7 +92,17 @@ def render(console, v: Verification) -> None:
     table.add_row("speedup (median step)", "", _ratio(c.get("speedup")))
     table.add_row("memory", "", memory_text(c.get("rewritten_memory_x")))
     table.add_row("tolerance", "", c["tolerance"]["kind"])
-    console.print(table)
+    from accelerate_rewrite.report import fits
+
+    if fits(console, table):
+        console.print(table)
+    else:  # piped or narrow: a row a line, its cells two spaces apart (issue 49)
+        console.print(title, markup=False)
+        label = ""
+        for row in zip(*(column.cells for column in table.columns)):
+            label = row[0] or label
+            console.print("  ".join(str(cell) for cell in (label if row[0] else "  ", *row[1:]) if cell != ""),
+                          markup=False)
     for note in v.notes:
         console.print(f"[dim]note: {escape(note)}[/]")
     for warning in warnings(v):

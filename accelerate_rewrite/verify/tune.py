@@ -306,13 +306,16 @@ def render(console, result: TuneResult) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=escape(f"{result.script}: {len(result.outcomes)} candidate(s), "
-                               f"median step after {result.warmup} warm-up step(s)"), title_justify="left")
+    from accelerate_rewrite.report import fits, rows
+
+    title = f"{result.script}: {len(result.outcomes)} candidate(s), median step after {result.warmup} warm-up step(s)"
+    header = ["candidate", "step", "samples/s", "speed-up", "peak mem", "mem x", "verdict", "loss diff"]
+    table = Table(title=escape(title), title_justify="left")
     table.add_column("candidate", ratio=1, overflow="fold")
-    for name in ("step", "samples/s", "speed-up", "peak mem", "mem x", "verdict", "loss diff"):
+    for name in header[1:]:
         table.add_column(name, justify="left" if name == "verdict" else "right", no_wrap=True)
-    table.add_row("original", _ms(result.original_step_s), _rate(result.original_samples_per_s), "1.00x",
-                  _mib(result.original_memory_bytes), "1.00x", "", "")
+    cells = [["original", _ms(result.original_step_s), _rate(result.original_samples_per_s), "1.00x",
+              _mib(result.original_memory_bytes), "1.00x", "", ""]]
     for outcome in result.ranked():
         times = outcome.step_times(result.warmup)
         step = _ms(median(times)) if times else "-"
@@ -320,12 +323,17 @@ def render(console, result: TuneResult) -> None:
             step += f" ({min(times) * 1000:,.1f}-{max(times) * 1000:,.1f})"
         speedup, memory_x = result.speedup(outcome), result.memory_x(outcome)
         diff = outcome.mean_rel_diff
-        table.add_row(escape(outcome.candidate.label), step, _rate(outcome.samples_per_s(result.warmup)),
+        cells.append([outcome.candidate.label, step, _rate(outcome.samples_per_s(result.warmup)),
                       "-" if speedup is None else f"{speedup:.2f}x",
                       _mib(outcome.peak_memory_bytes), "-" if memory_x is None else f"{memory_x:.2f}x",
                       f"[{STYLE[outcome.verdict]}]{escape(outcome.label)}[/]",
-                      "-" if diff is None else f"{diff:.2e}")
-    console.print(table)
+                      "-" if diff is None else f"{diff:.2e}"])
+    for cell in cells:
+        table.add_row(escape(cell[0]), *cell[1:])
+    if fits(console, table):
+        console.print(table)
+    else:  # piped, or narrow: each candidate's options on a line of their own
+        rows(console, header, cells, title=title)
     for outcome in result.ranked():
         if outcome.verdict != PASS:
             console.print(f"[dim]{escape(outcome.candidate.label)}: {escape(outcome.label)}: "
