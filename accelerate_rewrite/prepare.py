@@ -142,7 +142,7 @@ def rewrite_notebook(text: str, path: str, choice: "Choice") -> tuple["Result", 
     cell), and its program line -> (cell, line in the cell)."""
     from dataclasses import replace
 
-    from accelerate_rewrite.codemod.files.paths import notebook
+    from accelerate_rewrite.codemod.files import notebook
     from accelerate_rewrite.api import RewriteError, rewrite
     from accelerate_rewrite.codemod.analysis.siblings import Scope
 

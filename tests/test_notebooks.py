@@ -192,7 +192,7 @@ def test_a_syntax_error_names_the_cell_and_its_line(run, tmp_path, cell, says):
 
 def test_masking_and_putting_back(monkeypatch):
     """The program the engine sees, its line map, and the way back (no rewrite engine)."""
-    from accelerate_rewrite.codemod.files.paths import notebook
+    from accelerate_rewrite.codemod.files import notebook
 
     nb = new_notebook(cells=[
         new_code_cell(""),
@@ -283,7 +283,7 @@ def test_a_notebook_on_stdin(notebook, tmp_path, monkeypatch):
 
 
 def test_a_magic_put_back_where_ipython_reads_it_otherwise_is_refused():
-    from accelerate_rewrite.codemod.files.paths import notebook
+    from accelerate_rewrite.codemod.files import notebook
 
     program = notebook.read(nbformat.writes(new_notebook(cells=[new_code_cell("x = 1\n%time f()")])), "n.ipynb")
     moved = program.text.replace(f"{notebook.MAGIC}(0)", f"y = ({notebook.MAGIC}(0))")

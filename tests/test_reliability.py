@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from accelerate_rewrite.cli import cli
 from accelerate_rewrite.codemod import engine as engine_module
-from accelerate_rewrite.codemod.edits.edit_set import preserve
+from accelerate_rewrite.codemod.edits import preserve
 from accelerate_rewrite.api import RewriteError, rewrite
 from accelerate_rewrite.codemod.rule import Rule, RuleContext
 from accelerate_rewrite.codemod.files.source import write_atomic
@@ -246,7 +246,7 @@ def test_a_write_killed_before_its_rename_leaves_a_temp_file_the_next_write_remo
     stuck = (
         "import os, sys, time\n"
         "from pathlib import Path\n"
-        "from accelerate_rewrite.codemod.files.paths import source\n"
+        "from accelerate_rewrite.codemod.files import source\n"
         "os.replace = lambda *args: time.sleep(120)  # killed between the write and the rename\n"
         f"source.write_atomic(Path({str(path)!r}), b'x = 1\\n')\n"
     )

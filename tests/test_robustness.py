@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from accelerate_rewrite.cli import cli
-from accelerate_rewrite.codemod.files.paths import source as source_module
+from accelerate_rewrite.codemod.files import source as source_module
 from accelerate_rewrite.api import RewriteError, rewrite
 from accelerate_rewrite.options import Options
 from tests.goldens import FIXTURES
