@@ -54,36 +54,27 @@ def run_lines(script: str, options: Options) -> list[str]:
         n = devices if devices else "N"
         return [f"run it: accelerate launch --num_processes {n} {name} (or torchrun --nproc-per-node={n} {name}; "
                 f"`python {name}` runs one process)"]
-    if options.accelerate:
-        d = devices if devices else "D"
-        total = nodes * devices if devices else f"{nodes}xD"
-        others = "1 on the other" if nodes == 2 else f"1..{nodes - 1} on the others"
-        lines = [
-            f"run it on {nodes} nodes, {per_node} each: on every node, with R its rank (0 on the main node, "
-            f"{others}) and MAIN the main node's address (reachable from the others):",
-            f"  torchrun --nnodes={nodes} --nproc-per-node={d} --node-rank=R --master-addr=MAIN "
-            f"--master-port={MAIN_PORT} {name}",
-            f"  on SLURM: --launcher slurm writes {shlex.quote(str(sbatch_path(Path(script)).name))} "
-            "(sbatch it; srun runs accelerate launch once on each node)",
-        ]
-        if (options.accelerator or "auto") != "cpu":
-            lines.insert(1, f"  accelerate launch --multi_gpu --num_machines {nodes} --num_processes {total} "
-                            f"--machine_rank R --main_process_ip MAIN --main_process_port {MAIN_PORT} {name}")
-            lines[2] = "  or " + lines[2].lstrip()
-        return lines
     if nodes == 1:
         return [f"run it: python {name} (fabric.launch() starts the {per_node} on this machine)"]
     d = devices if devices else "D"
     others = "1 on the other" if nodes == 2 else f"1..{nodes - 1} on the others"
+    how = ("srun runs accelerate launch once on each node" if options.accelerate
+           else "srun starts one task per device on each node")
     lines = [
         f"run it on {nodes} nodes, {per_node} each: on every node, with R its rank (0 on the main node, "
         f"{others}) and MAIN the main node's address (reachable from the others):",
         f"  torchrun --nnodes={nodes} --nproc-per-node={d} --node-rank=R --master-addr=MAIN "
         f"--master-port={MAIN_PORT} {name}",
-        f"  on SLURM: --launcher slurm writes {shlex.quote(str(sbatch_path(Path(script)).name))} "
-        f"(sbatch it; srun starts one task per device on each node)",
-        "  not `fabric run`: Fabric refuses fabric.launch() under its own command line",
+        f"  on SLURM: --launcher slurm writes {shlex.quote(str(sbatch_path(Path(script)).name))} (sbatch it; {how})",
     ]
+    if options.accelerate:
+        if (options.accelerator or "auto") != "cpu":
+            total = nodes * devices if devices else f"{nodes}xD"
+            lines.insert(1, f"  accelerate launch --multi_gpu --num_machines {nodes} --num_processes {total} "
+                            f"--machine_rank R --main_process_ip MAIN --main_process_port {MAIN_PORT} {name}")
+            lines[2] = "  or " + lines[2].lstrip()
+        return lines
+    lines.append("  not `fabric run`: Fabric refuses fabric.launch() under its own command line")
     if not devices:
         lines.insert(2, "  (D: the devices of each node; Fabric checks that nodes x D is torchrun's world size)")
     return lines

@@ -191,6 +191,17 @@ def _divided(node: cst.BaseExpression, divisor: str, receiver: bool) -> cst.Base
     return out.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if receiver else out
 
 
+def _runs(body: list[cst.BaseStatement], indices: list[int]) -> list[list[cst.BaseStatement]]:
+    """The statements of ``body`` at ``indices``, in runs of consecutive ones."""
+    runs: list[list[cst.BaseStatement]] = []
+    for index in indices:
+        if runs and body.index(runs[-1][-1]) == index - 1:
+            runs[-1].append(body[index])
+        else:
+            runs.append([body[index]])
+    return runs
+
+
 def _if(test: str, body: list[cst.BaseStatement]) -> cst.If:
     return cst.If(test=expr(test), body=cst.IndentedBlock(body=body))
 
@@ -288,12 +299,7 @@ class _Loop:
         for s in early:
             edits.replace(s, lambda u, t=group_start: _if(t, [u.with_changes(leading_lines=[])]).with_changes(
                 leading_lines=u.leading_lines))
-        runs: list[list[cst.BaseStatement]] = []
-        for index in updates:
-            if runs and body.index(runs[-1][-1]) == index - 1:
-                runs[-1].append(body[index])
-            else:
-                runs.append([body[index]])
+        runs = _runs(body, updates)
         for run in runs:
             edits.wrap(run, lambda inner, t=f"not {flag}": _if(t, inner))
         apex = apex_use(f).blocks
@@ -381,12 +387,7 @@ class _Loop:
             if s not in moved_up:
                 edits.replace(s, lambda u, t=guarded: _if(t, [u.with_changes(leading_lines=[])]).with_changes(
                     leading_lines=u.leading_lines))
-        runs: list[list[cst.BaseStatement]] = []
-        for index in updates:
-            if runs and body.index(runs[-1][-1]) == index - 1:
-                runs[-1].append(body[index])
-            else:
-                runs.append([body[index]])
+        runs = _runs(body, updates)
         for run in runs:
             edits.wrap(run, lambda inner, t=guarded: _if(t, inner))
         edits.wrap(body[start:last + 1], lambda inner, r=ref, md=model: cst.With(
