@@ -3,9 +3,18 @@
     .venv/bin/python benchmarks/rewrite_speed.py              # a short report
     .venv/bin/python benchmarks/rewrite_speed.py --markdown   # a markdown section to paste
     .venv/bin/python benchmarks/rewrite_speed.py --profile    # cProfile of one pass (slow)
+    .venv/bin/python benchmarks/rewrite_speed.py --real-only --torchfix /tmp/torchfix-venv/bin/torchfix
+    .venv/bin/python benchmarks/rewrite_speed.py --real-profile 25   # cProfile over the real corpus
 
 Measures, in this order:
 
+0. **The real corpus first** (issue 49; benchmarks/real_speed.py, whose docstring says exactly
+   what it runs): every script of benchmarks/real_corpus.py's corpus, in its repository's tree
+   from the git mirrors (``--mirrors``; left out when they are not there, or with ``--no-real``),
+   rewritten as the command does it, in CPU seconds: against one LibCST parse of the same file
+   (parses) and against TorchFix on the same file (``--torchfix PATH``, its console script in a
+   venv of its own), one process each, medians of ``--real-runs`` (3). About 15 minutes on a
+   2-core machine with TorchFix. ``--real-only`` stops there.
 1. Rewrite throughput of the engine API, ``rewrite(source, Options.create(**opts), path=...)``,
    over every ``fixtures/*/input.py`` with each option set below: one warm-up pass (every
    fixture once, the option sets taken in turn), then ``--rounds`` measured rounds of all
@@ -25,8 +34,9 @@ Measures, in this order:
    median of ``--cold-runs`` runs), and whether either imports torch or lightning (from
    ``python -X importtime``): they must not.
 
-4. The whole command (``--check``) over ``--corpus`` generated training scripts, with 1 and 2
-   processes (``-j``): lines per second of the whole run.
+4. The whole command (``--check --no-cache``: every file rewritten, none read from the cache)
+   over ``--corpus`` generated training scripts, with 1 and 2 processes (``-j``): lines per
+   second of the whole run.
 
 ``--goals`` runs benchmarks/speed_goals.py instead (issue 15: this tool side by side with
 TorchFix over a corpus of 239 files, the size curve up to 50k lines, the cache, -j1 against -jN,
@@ -371,7 +381,7 @@ def cold_start(runs: int) -> list[dict]:
 
 
 def corpus(files: int, runs: int = 3) -> Optional[dict]:
-    """``accelerate-rewrite FOLDER --check -j J`` over ``files`` generated training scripts (1 to
+    """``accelerate-rewrite FOLDER --check --no-cache -j J`` over ``files`` generated training scripts (1 to
     4 classifiers each, in the style of fixtures/train_function), J = 1 and 2: the whole run
     (start-up, reading, parse, analysis, rules, diff) in lines per second, median of ``runs``."""
     import tempfile
@@ -392,7 +402,7 @@ def corpus(files: int, runs: int = 3) -> Optional[dict]:
             times = []
             for _ in range(runs):
                 start = time.perf_counter()
-                proc = subprocess.run([script, folder, "--check", "-j", str(jobs)], stdout=subprocess.DEVNULL,
+                proc = subprocess.run([script, folder, "--check", "--no-cache", "-j", str(jobs)], stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL)
                 times.append(time.perf_counter() - start)
                 if proc.returncode != 1:  # every generated script would change
@@ -405,7 +415,7 @@ def corpus(files: int, runs: int = 3) -> Optional[dict]:
 def corpus_report(c: dict) -> str:
     return "\n".join([
         f"Whole command over {c['files']} generated training scripts ({c['lines']} lines), "
-        f"`accelerate-rewrite FOLDER --check -j J`, median of {c['runs']} runs:",
+        f"`accelerate-rewrite FOLDER --check --no-cache -j J`, median of {c['runs']} runs:",
         "",
         "| processes | seconds | lines/s |",
         "| --- | --- | --- |",
@@ -622,15 +632,49 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--profile", nargs="?", type=int, const=15, metavar="TOP",
                         help="instead of the benchmark, profile one pass over the fixtures "
                         "with cProfile and print the TOP (15) cumulative functions")
+    real_args = parser.add_argument_group("the real corpus (benchmarks/real_speed.py), measured first")
+    real_args.add_argument("--torchfix", metavar="PATH",
+                           help="TorchFix's console script, in a venv of its own (torchfix==0.7.0)")
+    real_args.add_argument("--mirrors", type=Path, default=Path("/work/.mirror"),
+                           help="git mirrors of the real corpus's repositories (default /work/.mirror)")
+    real_args.add_argument("--real-runs", type=int, default=3, help="runs of each measurement (default 3)")
+    real_args.add_argument("--trees", type=Path, metavar="DIR",
+                           help="extract the repositories' trees here and keep them (default: a scratch folder)")
+    real_args.add_argument("--only", action="append", metavar="PATTERN",
+                           help="the real scripts whose repo or path contains PATTERN (repeatable)")
+    real_args.add_argument("--no-real", action="store_true", help="leave the real corpus out")
+    real_args.add_argument("--real-only", action="store_true", help="measure the real corpus only")
+    real_args.add_argument("--real-profile", nargs="?", type=int, const=25, metavar="TOP",
+                           help="instead of the benchmark, cProfile the command over the real corpus")
     args = parser.parse_args(argv)
     if args.profile is not None:
         profile(args.profile)
+        return 0
+    import real_speed
+
+    if args.real_profile is not None:
+        real_speed.profile(args.real_profile, args.mirrors, args.trees, args.only)
         return 0
     if args.rounds < 1 or args.cold_runs < 1 or args.synthetic_runs < 1:
         parser.error("--rounds, --cold-runs and --synthetic-runs take a count >= 1")
 
     started = time.perf_counter()
     info = machine()
+    real = None if args.no_real else real_speed.measure(args.torchfix, args.real_runs, args.mirrors, args.trees,
+                                                        args.only)
+    if real is not None or args.real_only:
+        version = None
+        if args.torchfix:
+            done = subprocess.run([args.torchfix, "--version"], capture_output=True, text=True)
+            version = "TorchFix " + (done.stdout or done.stderr).strip()
+        print(("## Rewrite speed on real code\n\n" if args.markdown else "")
+              + f"Measured {info['date']} at {info['commit']} (accelerate-rewrite {info['package']}) on "
+              f"{info['cpu']}, {info['cores']} cores, {info['python']}, libcst {info['libcst']}; load average at "
+              f"start {info['load']}.\n")
+        print(real_speed.report(real, version) if real is not None else f"(no mirrors in {args.mirrors})")
+        if args.real_only:
+            return 0
+        print()
     t = throughput(args.rounds)
     s = synthetic(args.synthetic_lines, args.synthetic_runs)
     torch_in_process = [m for m in sys.modules if m.split(".")[0] in FORBIDDEN_IMPORTS]

@@ -348,9 +348,11 @@ def compatible(old_code: str, new_code: str) -> Optional[Compatible]:
         return None
     # the imports the conversion added (``from lightning.fabric import Fabric``) come in; those
     # it dropped stay (the old code reads them)
-    added = [s for s in new.body if isinstance(s, cst.SimpleStatementLine) and all(isinstance(b, imports) for b in s.body)
-             and _stmt_code(s.with_changes(leading_lines=())) not in
-             {_stmt_code(o.with_changes(leading_lines=())) for o in old.body}]
+    new_imports = [s for s in new.body if isinstance(s, cst.SimpleStatementLine)
+                   and all(isinstance(b, imports) for b in s.body)]
+    # the old statements' code made once, not once for each import statement of the new module
+    old_stmts = {_stmt_code(o.with_changes(leading_lines=())) for o in old.body} if new_imports else set()
+    added = [s for s in new_imports if _stmt_code(s.with_changes(leading_lines=())) not in old_stmts]
     if added:
         last = max((i for i, s in enumerate(body) if isinstance(s, cst.SimpleStatementLine)
                     and all(isinstance(b, imports) for b in s.body)), default=-1)
