@@ -24,6 +24,14 @@ each measurement a fresh process, taken in turn; CPU seconds (user + system); th
   SCRIPT``: with one file LibCST's codemod runner works in that process).
 - **whole commands** (the start-up included): ``accelerate-rewrite SCRIPT --precision bf16-mixed
   --devices 4 --no-cache`` and ``torchfix SCRIPT`` as subprocesses (``os.wait4``).
+- **API**: in a fresh process, ``accelerate_rewrite.api.rewrite(text, options, path=SCRIPT)``
+  alone (the project followed, none of it writable, so no scan for the files that import its
+  modules), after a warm-up rewrite of the fixture.
+- **their parses**: the rewrite over one parse of every text the engine parsed as input (the
+  script and the project's modules it follows), taken in the same process as the rewrite.
+
+Every child runs with Python's bytecode written and read (``environment``), as a pip install
+has it; both tools run once untimed first, to write it.
 
 One process each: no ``-j``, no pool. Reported per script, then the median of the scripts'
 parses, the parses of all of them together (total rewrite / total parse), and TorchFix's total
@@ -147,20 +155,30 @@ with open(job["out"], "w") as f:
 '''
 
 
-def cpu_of(cmd: list[str], cwd: Path) -> tuple[float, int]:
+def environment(scratch: Path) -> dict[str, str]:
+    """The children's environment: Python's bytecode written and read (in a cache folder of the
+    run's, ``PYTHONPYCACHEPREFIX``, unless one is set) as on a user's machine, where pip compiles
+    what it installs: a start-up that compiles every module of LibCST and the package from
+    source (``PYTHONDONTWRITEBYTECODE=1`` and a venv without bytecode) costs as much again."""
+    env = dict(os.environ)
+    env.pop("ACCELERATE_REWRITE_NO_CACHE", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.setdefault("PYTHONPYCACHEPREFIX", str(scratch / "pycache"))
+    return env
+
+
+def cpu_of(cmd: list[str], cwd: Path, env: Optional[dict] = None) -> tuple[float, int]:
     """CPU seconds (user + system) of one subprocess, and its exit status."""
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     return usage.ru_utime + usage.ru_stime, proc.returncode
 
 
-def in_process(python: str, program: str, script: Path, scratch: Path) -> Optional[dict]:
+def in_process(python: str, program: str, script: Path, scratch: Path, env: dict) -> Optional[dict]:
     out = scratch / "measured.json"
     out.unlink(missing_ok=True)
     job = {"script": script.name, "cwd": str(script.parent), "out": str(out), "args": ARGS, "warm": str(WARM_UP)}
-    env = dict(os.environ)
-    env.pop("ACCELERATE_REWRITE_NO_CACHE", None)
     done = subprocess.run([python, "-P", "-c", program, json.dumps(job)], cwd=script.parent, env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if not out.exists():
@@ -217,27 +235,32 @@ def measure(torchfix: Optional[str], runs: int = 3, mirrors: Path = DEFAULT_MIRR
     rows = []
     try:
         scripts = trees(mirrors, entries(only=only), folder)
+        env = environment(scratch)
+        # the bytecode of both tools written first (untimed)
+        cpu_of([tool, WARM_UP.name, *ARGS], WARM_UP.parent, env)
+        if torchfix:
+            cpu_of([torchfix, WARM_UP.name], WARM_UP.parent, env)
         log(f"real corpus: {len(scripts)} scripts, {runs} runs each")
         for i, (entry, script) in enumerate(scripts, 1):
             got: dict[str, list] = defaultdict(list)
             exits: set = set()
             for _ in range(runs):  # each measurement once a round, in turn
-                ours = in_process(sys.executable, _OURS, script, scratch)
+                ours = in_process(sys.executable, _OURS, script, scratch, env)
                 if ours:
                     for key in ("parse", "rewrite", "project_parse", "texts", "project_lines"):
                         got[key].append(ours[key])
                     exits.add(ours["exit"])
-                api = in_process(sys.executable, _API, script, scratch)
+                api = in_process(sys.executable, _API, script, scratch, env)
                 if api:
                     got["api"].append(api["api"])
-                seconds, code = cpu_of([tool, script.name, *ARGS], script.parent)
+                seconds, code = cpu_of([tool, script.name, *ARGS], script.parent, env)
                 got["ours_cmd"].append(seconds)
                 exits.add(code)
                 if torchfix:
-                    theirs = in_process(tf_python, _TORCHFIX, script, scratch)
+                    theirs = in_process(tf_python, _TORCHFIX, script, scratch, env)
                     if theirs:
                         got["torchfix"].append(theirs["torchfix"])
-                    got["torchfix_cmd"].append(cpu_of([torchfix, script.name], script.parent)[0])
+                    got["torchfix_cmd"].append(cpu_of([torchfix, script.name], script.parent, env)[0])
             if not got["rewrite"]:
                 continue
             text = script.read_text(encoding="utf-8", errors="replace")
