@@ -155,15 +155,11 @@ class Setups:
         """Where ``node`` (a helper's parameter) is passed from a place that reaches `accelerator`,
         or None."""
         f, p = self.f, self.p
-        func = f.function(node)
-        key = f.key_of(node) if isinstance(node, cst.Name) else None
-        if func is None or key is None or key[0] is not func or depth > 4:
+        helper = self._parameter_of(node) if depth <= 4 else None
+        if helper is None:
             return None
-        params = positional_params(func)
-        index = next((i for i, prm in enumerate(params) if prm.name.value == node.value), None)
-        fn = f.functions.get(func.name.value)
-        if index is None or fn is None or fn.node is not func or not fn.calls or fn.other_uses:
-            return None
+        index, fn = helper
+        key = f.key_of(node)
         if any(isinstance(f.parent(r), cst.Call) and f.parent(r).func is r for r in f.references(key)):
             return None  # it runs the model: unwrapped, its forward would leave DDP's
         passed = []
@@ -179,6 +175,27 @@ class Setups:
                 continue
             passed.append(value)
         return passed
+
+    def _parameter_of(self, node: cst.CSTNode):
+        """(its position, the function's record) where ``node`` names a positional parameter of a
+        function of the script called only by name (``fn.calls``, no other use), else None."""
+        f = self.f
+        func = f.function(node)
+        key = f.key_of(node) if isinstance(node, cst.Name) else None
+        if func is None or key is None or key[0] is not func:
+            return None
+        index = next((i for i, prm in enumerate(positional_params(func)) if prm.name.value == node.value), None)
+        fn = f.functions.get(func.name.value)
+        if index is None or fn is None or fn.node is not func or not fn.calls or fn.other_uses:
+            return None
+        return index, fn
+
+    def _model_classes(self, model_key: Key) -> list[cst.ClassDef]:
+        """The script's classes the model is built from (``model = Net(...)``)."""
+        f = self.f
+        nodes = [f.functions[b.call.func.value].node for b in f.bound_as(model_key, "module")
+                 if b.call is not None and isinstance(b.call.func, cst.Name) and b.call.func.value in f.functions]
+        return [n for n in nodes if isinstance(n, cst.ClassDef)]
 
     def _as_built(self, node: cst.CSTNode, home, name: str) -> bool:
         """``node`` is a name of another function than the set-up's (or of the module) that
@@ -220,9 +237,7 @@ class Setups:
         func = f.function(call)
         if func is home and f.line(call) <= setup_line or self._only_before(func, home, setup_line):
             return True
-        classes = [f.functions[b.call.func.value].node for b in f.bound_as(model_key, "module")
-                   if b.call is not None and isinstance(b.call.func, cst.Name) and b.call.func.value in f.functions]
-        return without_grad(f, call) or _probes_only(f, name, [c for c in classes if isinstance(c, cst.ClassDef)])
+        return without_grad(f, call) or _probes_only(f, name, self._model_classes(model_key))
 
     def _wrapped_in_original(self, node: cst.CSTNode, depth: int = 0) -> bool:
         """``node`` is, in the original on several processes, the script's own
@@ -240,14 +255,10 @@ class Setups:
             if any(isinstance(t.target, cst.Name) and f.key_of(t.target) == key for t in targets) \
                     and f.function(wrap.stmt) is f.function(node) and f.line(wrap.stmt) < f.line(node):
                 return True
-        func = f.function(node)
-        if func is None or key[0] is not func:
+        helper = self._parameter_of(node)
+        if helper is None:
             return False
-        params = positional_params(func)
-        index = next((i for i, prm in enumerate(params) if prm.name.value == node.value), None)
-        fn = f.functions.get(func.name.value)
-        if index is None or fn is None or fn.node is not func or not fn.calls or fn.other_uses:
-            return False
+        index, fn = helper
         passed = [passed_at(call, index, node.value) for call in fn.calls]
         return all(value is not None and self._wrapped_in_original(value, depth + 1) for value in passed)
 
@@ -491,10 +502,7 @@ class Setups:
         before, in the function that sets it up: ``model.configure_optimizers(...)``)."""
         f = self.f
         home, setup_line = f.function(setup), f.line(setup)
-        classes = [f.functions[b.call.func.value].node for b in f.bound_as(model_key, "module")
-                   if b.call is not None
-                   and isinstance(b.call.func, cst.Name) and b.call.func.value in f.functions]
-        defined = {s.name.value for cls in classes if isinstance(cls, cst.ClassDef)
+        defined = {s.name.value for cls in self._model_classes(model_key)
                    for s in cls.body.body if isinstance(s, cst.FunctionDef)}
         found: dict[str, int] = {}  # name -> the first call's place among the attribute calls
         for name in defined:
