@@ -30,13 +30,14 @@ from accelerate_rewrite.rules._fabric_home import Home
 from accelerate_rewrite.rules._fabric_loaders import Loaders
 from accelerate_rewrite.rules._fabric_reach import Reach
 from accelerate_rewrite.rules._fabric_setups import Setups
+from accelerate_rewrite.rules._fabric_wrapped import WrappedReads
 
 
 def make_plan(facts: ScriptFacts, options: Options) -> FabricPlan:
     return _Planner(facts, options).run()
 
 
-class _Planner(Home, Loaders, Reach, Devices, Setups):
+class _Planner(Home, Loaders, Reach, Devices, Setups, WrappedReads):
     def __init__(self, facts: ScriptFacts, options: Options) -> None:
         self.f = facts
         self.o = options

@@ -1,7 +1,7 @@
 """What the Fabric plan sets up (part of the plan, rules/_fabric.py): each trained model with its
 optimizers, in which group and where (after the last statement they need), the models set up
 alone, the optimizers left out and why, and the methods of a model the script calls on the
-set-up one. A mixin of the planner (rules/_fabric_plan.py), as rules/_fabric_home.py,
+set-up one (their reads under Accelerate: rules/_fabric_wrapped.py). A mixin of the planner (rules/_fabric_plan.py), as rules/_fabric_home.py,
 _fabric_loaders.py, _fabric_reach.py and _fabric_devices.py are."""
 
 from __future__ import annotations
@@ -19,14 +19,10 @@ from accelerate_rewrite.codemod.analysis.facts import (
     Key,
     Optimizer,
     ScriptFacts,
-    code,
 )
 from accelerate_rewrite.codemod.analysis.kinds import hand_updated
 from accelerate_rewrite.codemod.analysis.hints import model_hint
-from accelerate_rewrite.codemod.analysis.libraries import MODEL_READERS, WRAPPER_TAKERS
-from accelerate_rewrite.codemod.analysis.loops import without_grad
 from accelerate_rewrite.codemod.analysis.returns import _returns
-from accelerate_rewrite.codemod.analysis.syntax import passed_at, positional_params
 from accelerate_rewrite.rules._fabric import SetupGroup, common_after, short
 from accelerate_rewrite.rules._fabric_home import trains
 
@@ -124,222 +120,12 @@ class Setups:
                 if p.refusal is not None:
                     return
 
-    def _only_before(self, func, home, setup_line: int, seen: frozenset = frozenset()) -> bool:
-        """``func`` (a helper: Swin's ``build_optimizer(config, model)``, and the
-        ``set_weight_decay(model, ...)`` it calls) is called only in the set-up's function before
-        the set-up, directly or through such helpers: it reads the model as built."""
-        f = self.f
-        fn = f.functions.get(func.name.value) if isinstance(func, cst.FunctionDef) and func is not home else None
-        if fn is None or fn.node is not func or not fn.calls or fn.other_uses or id(func) in seen:
-            return False
-        return all(f.function(c) is home and f.line(c) <= setup_line
-                   or self._only_before(f.function(c), home, setup_line, seen | {id(func)}) for c in fn.calls)
-
-    def _unwrapped_where_passed(self, node: cst.CSTNode, home, setup_line: int) -> bool:
-        """``load_checkpoint(config, model_without_ddp, ...)`` (Swin's utils.py), a helper of the
-        project that reads the model's ``load_state_dict`` where `accelerator` can't be reached:
-        where the helper never runs the model (no forward inside), each call passes
-        ``accelerator.unwrap_model(model)``, and the helper gets the module itself; through
-        helpers that pass it on, the outermost call that reaches `accelerator` (YOLO's
-        ``compute_loss(outputs, targets, model)``, whose ``build_targets`` reads
-        ``model.yolo_layers``)."""
-        passed = self._passed(node, home, setup_line)
-        if passed is None:
-            return False
-        for value in passed:
-            if value not in self.p.unwraps:
-                self.p.unwraps.append(value)
-        return True
-
-    def _passed(self, node: cst.CSTNode, home, setup_line: int, depth: int = 0) -> Optional[list]:
-        """Where ``node`` (a helper's parameter) is passed from a place that reaches `accelerator`,
-        or None."""
-        f, p = self.f, self.p
-        helper = self._parameter_of(node) if depth <= 4 else None
-        if helper is None:
-            return None
-        index, fn = helper
-        key = f.key_of(node)
-        if any(isinstance(f.parent(r), cst.Call) and f.parent(r).func is r for r in f.references(key)):
-            return None  # it runs the model: unwrapped, its forward would leave DDP's
-        passed = []
-        for call in fn.calls:
-            value = passed_at(call, index, node.value)
-            if value is None or (f.function(call) is home and f.line(call) <= setup_line):
-                return None
-            if p.ref_at(f, call) is None:
-                further = self._passed(value, home, setup_line, depth + 1)
-                if further is None:
-                    return None
-                passed.extend(further)
-                continue
-            passed.append(value)
-        return passed
-
-    def _parameter_of(self, node: cst.CSTNode):
-        """(its position, the function's record) where ``node`` names a positional parameter of a
-        function of the script called only by name (``fn.calls``, no other use), else None."""
-        f = self.f
-        func = f.function(node)
-        key = f.key_of(node) if isinstance(node, cst.Name) else None
-        if func is None or key is None or key[0] is not func:
-            return None
-        index = next((i for i, prm in enumerate(positional_params(func)) if prm.name.value == node.value), None)
-        fn = f.functions.get(func.name.value)
-        if index is None or fn is None or fn.node is not func or not fn.calls or fn.other_uses:
-            return None
-        return index, fn
-
     def _model_classes(self, model_key: Key) -> list[cst.ClassDef]:
         """The script's classes the model is built from (``model = Net(...)``)."""
         f = self.f
         nodes = [f.functions[b.call.func.value].node for b in f.bound_as(model_key, "module")
                  if b.call is not None and isinstance(b.call.func, cst.Name) and b.call.func.value in f.functions]
         return [n for n in nodes if isinstance(n, cst.ClassDef)]
-
-    def _as_built(self, node: cst.CSTNode, home, name: str) -> bool:
-        """``node`` is a name of another function than the set-up's (or of the module) that
-        only ever holds the model as built (UNet's ``model = UNet(...)`` in the main block, read
-        as ``model.n_channels``, while ``train_model(model, ...)`` sets up its own ``model``):
-        not a parameter, every binding a construction, and the set-up's function declares no
-        ``global`` of it."""
-        f = self.f
-        if not isinstance(node, cst.Name) or home is None:
-            return False
-        func = f.function(node)
-        if func is home or func is not None and any(
-                prm.name.value == node.value for prm in (*func.params.posonly_params, *func.params.params,
-                                                         *func.params.kwonly_params)):
-            return False
-        if any(node.value in [n.name.value for n in g.names] or name in [n.name.value for n in g.names]
-               for g in f.find_in(home, m.Global() | m.Nonlocal())):
-            return False
-
-        def built(value: Optional[cst.BaseExpression]) -> bool:
-            # made by a class or a library (``UNet(...)``, ``model.to(memory_format=...)``); the
-            # project's own functions might hand the set-up one back
-            if not isinstance(value, cst.Call):
-                return False
-            callee = f.functions.get(value.func.value) if isinstance(value.func, cst.Name) else None
-            return callee is None or isinstance(callee.node, cst.ClassDef)
-
-        bindings = f.assignments(node)
-        return bool(bindings) and all(built(value) for _, value in bindings)
-
-    def _runs_apart(self, call: cst.Call, name: str, home, setup_line: int, model_key: Key) -> bool:
-        """``model.NAME(...)`` may run on the module itself (``accelerator.unwrap_model(model)``,
-        outside DistributedDataParallel): on the model as built (in the set-up's function before
-        it, or in a helper called only there: YOLO's ``load_darknet_weights``), where no gradient
-        is recorded (``with torch.no_grad():``: VAE's ``model.decode(sample)``), or a method that
-        only probes its parameters (word_lm's ``init_hidden``: ``next(self.parameters())
-        .new_zeros(...)``)."""
-        f = self.f
-        func = f.function(call)
-        if func is home and f.line(call) <= setup_line or self._only_before(func, home, setup_line):
-            return True
-        return without_grad(f, call) or _probes_only(f, name, self._model_classes(model_key))
-
-    def _wrapped_in_original(self, node: cst.CSTNode, depth: int = 0) -> bool:
-        """``node`` is, in the original on several processes, the script's own
-        DistributedDataParallel: read after ``model = DDP(model, ...)`` in that function, or a
-        parameter every call passes such a model (DeiT's ``train_one_epoch(model, ...)``, whose
-        ``model_ema.update(model)`` got the wrapper before). Code the rewrite can't see that takes
-        it there takes Accelerate's DistributedDataParallel the same."""
-        f, p = self.f, self.p
-        key = f.key_of(node) if isinstance(node, cst.Name) else None
-        if key is None or p.ddp is None or depth > 4:
-            return False
-        for wrap in p.ddp.wraps:
-            targets = wrap.stmt.body[0].targets if isinstance(wrap.stmt, cst.SimpleStatementLine) and isinstance(
-                wrap.stmt.body[0], cst.Assign) else ()
-            if any(isinstance(t.target, cst.Name) and f.key_of(t.target) == key for t in targets) \
-                    and f.function(wrap.stmt) is f.function(node) and f.line(wrap.stmt) < f.line(node):
-                return True
-        helper = self._parameter_of(node)
-        if helper is None:
-            return False
-        index, fn = helper
-        passed = [passed_at(call, index, node.value) for call in fn.calls]
-        return all(value is not None and self._wrapped_in_original(value, depth + 1) for value in passed)
-
-    def _wrapped_reads(self, group: SetupGroup) -> None:
-        """``--backend accelerate`` on several processes: Accelerate's ``prepare`` returns the model
-        wrapped in DistributedDataParallel, whose ``state_dict()`` keys, named parameters and
-        attributes are not the module's (Fabric's wrapper keeps them). Every read of the set-up
-        model other than a call, ``train()``, ``eval()``, ``parameters()`` or ``zero_grad()``
-        goes through ``accelerator.unwrap_model(model)`` (``p.unwraps``); a method of its own
-        that runs the model (``model.decode(z)``) would run outside DDP's forward, and passing it
-        to code the analysis can't see could hand that code the wrapper: both are refused."""
-        f, p = self.f, self.p
-        home, setup_line = f.function(group.after), f.end_line(group.after)  # what it builds is read as built
-        for name in group.forward_methods:
-            where = next((call for _, call in f.attribute_calls_of(name)
-                          if f.same_object(f.key_of(call.func.value), group.model_key)
-                          and not self._runs_apart(call, name, home, setup_line, group.model_key)), None)
-            if where is not None:
-                self.refuse(where, f"`{group.model}.{name}(...)` runs the model outside DistributedDataParallel's "
-                                   "forward, which Accelerate's prepared model has no way to mark (Fabric's "
-                                   "mark_forward_method); --backend fabric converts it")
-                return
-        gone = {id(s) for s in (p.ddp.removed if p.ddp is not None else ())} | {
-            id(w.stmt) for w in (p.ddp.wraps if p.ddp is not None else ())} | {
-            id(f.statement(site.call)) for site in f.data_parallel()} | {  # wraps the conversion removes
-            id(f.statement(site.call)) for site in f.calls if site.qualname == "apex.amp.initialize"}  # migrated
-        target = f.object_of(group.model_key)
-        keys = _keys_by_object(f).get(target) or [group.model_key]
-        for key in keys:
-            for node in f.references(key):
-                if f.function(node) is home and f.line(node) <= setup_line or id(f.statement(node)) in gone \
-                        or self._only_before(f.function(node), home, setup_line):
-                    continue  # the model as built, before the set-up; the script's own DDP wrap, which goes
-                parent = f.parent(node)
-                if isinstance(parent, cst.Call) and parent.func is node:
-                    continue  # the forward
-                if isinstance(parent, cst.Attribute) and parent.value is node:
-                    if parent.attr.value in _WRAPPER_SAFE:
-                        continue
-                    if parent.attr.value == "module":  # the script's own unwrap (``ddp_model.module``)
-                        if _guarded(f, parent):
-                            continue  # ``model.module if hasattr(model, "module") else model``: either way
-                        node = parent
-                    if self._as_built(node, home, group.model):
-                        continue  # a caller's own name: the set-up rebinds the one of its function only
-                    if p.ref_at(f, node) is None:
-                        if self._unwrapped_where_passed(node, home, setup_line):
-                            continue  # the helper receives the module itself
-                        self.refuse(node, f"`{short(parent)}` reads the set-up model where `accelerator` can't be "
-                                          "reached, to unwrap it from Accelerate's DistributedDataParallel")
-                        return
-                    if node not in p.unwraps:
-                        p.unwraps.append(node)
-                    continue
-                if isinstance(parent, cst.Arg):
-                    call = f.parent(parent)
-                    if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in f.functions:
-                        continue  # the project's own code: its reads are the model's keys too
-                    reader = MODEL_READERS.get(f.qualname(call) or _starred(f, call, MODEL_READERS)) \
-                        if isinstance(call, cst.Call) else None
-                    if reader is not None and passed_at(call, reader[0].index, reader[0].keyword) is node \
-                            and p.ref_at(f, node) is not None:
-                        if node not in p.unwraps:  # ``torch.save(model, f)``: the module, as the original saved
-                            p.unwraps.append(node)
-                        continue
-                    if isinstance(call, cst.Call) and (
-                            f.qualname(call) in _LOOKS_ONLY or _logged(call)
-                            or f.qualname(call) == "builtins.hasattr" and len(call.args) == 2
-                            and m.matches(call.args[1].value, m.SimpleString('"module"') | m.SimpleString("'module'"))):
-                        continue  # ``model.module if hasattr(model, "module") else model``: the module either way
-                    taker = WRAPPER_TAKERS.get(f.qualname(call)) if isinstance(call, cst.Call) else None
-                    if taker is not None and passed_at(call, taker[0].index, taker[0].keyword) is node:
-                        continue  # ``nn.SyncBatchNorm.convert_sync_batchnorm(model)``: the wrapper is as good
-                    if _instance_takes_harmlessly(f, call, node):
-                        continue  # SAM's ``log(model, loss, ...)``: its class's method never reads it but as the module
-                    if self._wrapped_in_original(node):
-                        continue  # the original hands that code its DistributedDataParallel too (timm's ModelEma)
-                    self.refuse(node, f"`{short(call)}` is given the set-up `{short(node)}`: under Accelerate's "
-                                      "processes that is DistributedDataParallel, not the module, and the rewrite "
-                                      "can't see what that code reads of it; --backend fabric converts it")
-                    return
 
     def _received(self, opt: Optimizer) -> Optimizer:
         """An optimizer a helper builds and returns by name (``optimizer = None; if ...: optimizer =
@@ -515,109 +301,6 @@ class Setups:
                     found[name] = i
                     break
         return sorted(found, key=found.get)
-
-
-#: calls that only look at an object (its printed form is the wrapper's, which is no matter)
-_LOOKS_ONLY = frozenset({"builtins.isinstance", "builtins.print", "builtins.str", "builtins.repr", "builtins.type",
-                         "builtins.id"})
-def _starred(f: ScriptFacts, call: cst.CSTNode, table: dict) -> Optional[str]:
-    """``ModelEmaV2(model)`` after ``from timm.utils import *`` (poolformer): the one name of
-    ``table`` that a library's star import could have bound, where the program binds no such
-    name itself."""
-    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name)) or f.assignments(call.func):
-        return None
-    stars = [code(i.module) for i in f.find(m.ImportFrom(names=m.ImportStar())) if i.module is not None]
-    found = [f"{module}.{call.func.value}" for module in stars if f"{module}.{call.func.value}" in table]
-    return found[0] if len(found) == 1 else None
-
-
-def _instance_takes_harmlessly(f: ScriptFacts, call: cst.Call, node: cst.CSTNode) -> bool:
-    """``log(model, ...)`` or ``log.step(model, ...)``, with ``log = Log(...)`` an instance of a
-    class of the project: the method (``__call__``, ``step``) reads the model it receives only
-    as DistributedDataParallel reads as the module (``model.training``), or hands it to another
-    method of its class that does, or not at all (SAM's ``Log.__call__``)."""
-    func = call.func
-    holder, method = (func, "__call__") if isinstance(func, cst.Name) else (
-        (func.value, func.attr.value) if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
-        else (None, None))
-    if holder is None:
-        return False
-    values = [v for _, v in f.assignments(holder)]
-    made = {v.func.value for v in values if isinstance(v, cst.Call) and isinstance(v.func, cst.Name)}
-    if len(values) != 1 or len(made) != 1:
-        return False
-    cls = f.functions.get(next(iter(made)))
-    if cls is None or not isinstance(cls.node, cst.ClassDef):
-        return False
-    index = next((i for i, a in enumerate(call.args) if a.value is node and a.keyword is None), None)
-    return index is not None and _harmless(f, cls.node, method, index + 1, 0)
-
-
-def _harmless(f: ScriptFacts, cls: cst.ClassDef, method: str, index: int, depth: int) -> bool:
-    """The parameter at ``index`` (``self`` at 0) of ``cls.method`` is read only as
-    ``_WRAPPER_SAFE`` allows, or handed to another method of the class that reads it so."""
-    defs = [s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == method]
-    if len(defs) != 1 or depth > 4:
-        return False
-    params = [*defs[0].params.posonly_params, *defs[0].params.params]
-    if index >= len(params):
-        return False
-    name = params[index].name.value
-    for ref in m.findall(defs[0].body, m.Name(name)):
-        parent = f.parent(ref)
-        if isinstance(parent, cst.Attribute) and parent.value is ref and parent.attr.value in _WRAPPER_SAFE:
-            continue
-        if isinstance(parent, cst.Arg) and parent.keyword is None:
-            inner = f.parent(parent)
-            if isinstance(inner, cst.Call) and m.matches(inner.func, m.Attribute(value=m.Name("self"))) \
-                    and _harmless(f, cls, inner.func.attr.value,
-                                  [a.value for a in inner.args].index(ref) + 1, depth + 1):
-                continue
-        return False
-    return True
-
-
-def _guarded(f: ScriptFacts, read: cst.Attribute) -> bool:
-    """``model.module if hasattr(model, "module") else model``: the module, wrapped or not."""
-    choice = f.parent(read)
-    return isinstance(choice, cst.IfExp) and choice.body is read and m.matches(choice.test, m.Call(
-        func=m.Name("hasattr"), args=[m.Arg(m.Name(read.value.value) if isinstance(read.value, cst.Name)
-                                            else m.DoNotCare()), m.Arg(m.SimpleString())])) \
-        and choice.test.args[1].value.evaluated_value == "module" and isinstance(read.value, cst.Name)
-
-
-def _logged(call: cst.Call) -> bool:
-    """``logger.info(model)``, ``logging.info(model)``: the model's printed form, logged."""
-    func = call.func
-    return isinstance(func, cst.Attribute) and func.attr.value in (
-        "info", "debug", "warning", "warn", "error", "critical", "log") and "log" in code(func.value).lower()
-
-
-#: what a script may read of a model wrapped in DistributedDataParallel as of the module itself
-_WRAPPER_SAFE = frozenset({"train", "eval", "parameters", "zero_grad", "training", "requires_grad_", "to",
-                           "cuda", "cpu"})
-
-
-#: calls a method may make and still only probe the model (its device, its dtype): a tensor
-#: made like a parameter records no gradient
-_PROBES = frozenset({"next", "parameters", "new_zeros", "new_ones", "new_empty", "new_full", "zeros", "ones",
-                     "empty", "size", "to", "range", "len", "int", "float", "tuple", "list"})
-
-
-def _probes_only(f: ScriptFacts, name: str, classes: list[cst.ClassDef]) -> bool:
-    """Every method ``name`` of the model's classes (of the project's, where the model's is not
-    known) records no gradient: it makes only calls of ``_PROBES``, or runs under
-    ``torch.no_grad()`` (ViT's ``load_from(weights)``: ``with torch.no_grad():
-    self.head.weight.copy_(...)``, and the blocks' own ``load_from`` it calls there)."""
-    methods = [s for cls in (classes or f.find(m.ClassDef())) for s in cls.body.body
-               if isinstance(s, cst.FunctionDef) and s.name.value == name]
-
-    def quiet(method: cst.FunctionDef) -> bool:
-        return all((call.func.value if isinstance(call.func, cst.Name) else call.func.attr.value
-                    if isinstance(call.func, cst.Attribute) else "") in _PROBES or without_grad(f, call)
-                   for call in f.find_in(method.body, m.Call()))
-
-    return bool(methods) and all(quiet(method) for method in methods)
 
 
 def _keys_by_object(f: ScriptFacts) -> dict[Key, list[Key]]:
