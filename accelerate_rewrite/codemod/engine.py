@@ -289,7 +289,7 @@ def _rewrite(
 ) -> Result:
     # on several processes, helpers whose side effects would run on each (a progress bar's
     # sys.stdout.write, a download; rules/fabric_rank_zero.py) are read too, and with
-    # Accelerate every helper the set-up model is handed to (rules/_fabric_setups.py:
+    # Accelerate every helper the set-up model is handed to (rules/_fabric_wrapped.py:
     # DistributedDataParallel is not the module there)
     words = TRAINING_WORDS + (SIDE_EFFECT_WORDS if options.many_devices else ()) + (
         ("model",) if options.accelerate and options.many_devices else ())

@@ -30,7 +30,7 @@ On several processes (one node: ``accelerate launch --num_processes N`` or torch
 them) the plan adds what Accelerate's wrapper needs: ``prepare`` returns the model wrapped in
 DistributedDataParallel, whose ``state_dict()`` keys, named parameters and attributes are not
 the module's (Fabric's wrapper keeps them), so every other read of the set-up model goes
-through ``accelerator.unwrap_model(model)`` (rules/_fabric_setups.py; a method of the model's
+through ``accelerator.unwrap_model(model)`` (rules/_fabric_wrapped.py; a method of the model's
 own that runs it, or the model handed to code the analysis can't see, is refused); loaders
 that stay whole (evaluation, or sharded by their own DistributedSampler, which ``prepare``
 would shard again) are ``prepare_data_loader(loader, accelerator.device, num_processes=1,

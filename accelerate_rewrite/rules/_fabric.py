@@ -160,7 +160,7 @@ class FabricPlan:
     #: class whose ``__init__`` gets it after ``self`` and keeps it in ``self.fabric`` (callers pass it)
     added_params: dict[int, Union[cst.FunctionDef, cst.ClassDef]] = field(default_factory=dict)
     #: --backend accelerate on several processes: reads of a set-up model (``model`` in
-    #: ``model.state_dict()``) that go through ``unwrap_model`` (rules/_fabric_setups.py)
+    #: ``model.state_dict()``) that go through ``unwrap_model`` (rules/_fabric_wrapped.py)
     unwraps: list[cst.CSTNode] = field(default_factory=list)
 
     def ref_at(self, facts: ScriptFacts, node: cst.CSTNode) -> Optional[str]:
