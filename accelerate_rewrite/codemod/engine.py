@@ -234,16 +234,20 @@ def _project(source: str, path: str, scope: Scope, sources: Optional[dict[str, s
         return None
     overrides = {os.path.realpath(k): v for k, v in (sources or {}).items()}
 
+    texts: dict[str, Optional[str]] = {}  # each file read once
+
     def text_of(file: Path) -> Optional[str]:
         real = os.path.realpath(file)
         if real in overrides:
             return overrides[real]
-        from accelerate_rewrite.codemod.files.source import SourceError, read_source
+        if real not in texts:
+            from accelerate_rewrite.codemod.files.source import SourceError, read_source
 
-        try:
-            return read_source(file).text
-        except (SourceError, OSError):
-            return None
+            try:
+                texts[real] = read_source(file).text
+            except (SourceError, OSError):
+                texts[real] = None
+        return texts[real]
 
     if not candidates(Path(path), source, text_of):
         return None
@@ -266,7 +270,7 @@ def _project(source: str, path: str, scope: Scope, sources: Optional[dict[str, s
         return text, head, tail, module
 
     module, head, _ = _parse(source, path, make=_parsed)
-    return build(path, head, module, source, read, words=words)
+    return build(path, head, module, source, read, words=words, peek=text_of)
 
 
 def removed_in(unit: Unit, output: str, splice: Optional[Splice]) -> list[tuple[int, str]]:

@@ -447,11 +447,15 @@ def _without_main(module: cst.Module, head: str) -> str:
 
 def build(path: str, head: str, module: cst.Module, source: str,
           read: Callable[[Path], Optional[tuple[str, str, str, cst.Module]]],
-          words: tuple[str, ...] = ()) -> Optional[Project]:
+          words: tuple[str, ...] = (), peek: Optional[Callable[[Path], Optional[str]]] = None) -> Optional[Project]:
     """The script at ``path`` with the project's modules it imports, or None when it imports
     none that is followed. ``read(file)`` gives a module's (source, head, tail, module), or None
-    when it can't be read or parsed. ``words``: a module that mentions none of them (as the
-    runner's fast path reads files) is not worth a note when it is not followed."""
+    when it can't be read or parsed; ``peek(file)`` its text alone (None where it can't be read),
+    what is asked first: a module the text says is not followed is not parsed. ``words``: a
+    module that mentions none of them (as the runner's fast path reads files) is not worth a
+    note when it is not followed."""
+    if peek is None:
+        peek = lambda file: (lambda got: None if got is None else got[0])(read(file))  # noqa: E731
     folder = Path(path).parent
     try:  # and the folders the script puts on sys.path (``sys.path.append("..")``), its project's root
         folders = import_folders(folder, ast.parse(source))
@@ -559,11 +563,12 @@ def build(path: str, head: str, module: cst.Module, source: str,
         ``through``, when they are the module's own and may be read bare by the analysis; or
         why not (a str)."""
         shown = _shown(file)
+        text = peek(file)
+        if words and text is not None and not any(w in text.lower() for w in words):
+            return ""  # nothing there a rule looks at: no note (and the module is not parsed)
         got = read(file)
         if got is None:
             return f"{shown} is not followed: it can't be read or parsed"
-        if words and not any(w in got[0].lower() for w in words):
-            return ""  # nothing there a rule looks at: no note
         try:
             m_own, _ = _top_names(_without_main(got[3], got[1]))
             used, why = _reads_through(part.head, through, m_own)
@@ -587,14 +592,15 @@ def build(path: str, head: str, module: cst.Module, source: str,
         shown = _shown(file)
         if len(parts) > MAX_MODULES:
             return f"{shown} is not followed: more than {MAX_MODULES} modules"
+        text = peek(file)  # what the text alone says first: a module not followed is not parsed
+        if words and text is not None and not any(w in text.lower() for w in words):
+            return ""  # nothing there a rule looks at: no note
+        if text is not None and imp is not None and isinstance(imp.names, cst.ImportStar):
+            return f"{shown} is not followed: `from {dotted} import *`"
         got = read(file)
         if got is None:
             return f"{shown} is not followed: it can't be read or parsed"
         text, m_head, m_tail, m_module = got
-        if words and not any(w in text.lower() for w in words):
-            return ""  # nothing there a rule looks at: no note
-        if imp is not None and isinstance(imp.names, cst.ImportStar):
-            return f"{shown} is not followed: `from {dotted} import *`"
         imported_code = _without_main(m_module, m_head)  # as importing it runs it
         package = package_of(file, dotted)
         try:
