@@ -25,7 +25,7 @@ from accelerate_rewrite.codemod.analysis.facts import (
     root_of,
     unwrap_moves,
 )
-from accelerate_rewrite.codemod.analysis.hints import hints_of, loader_hint
+from accelerate_rewrite.codemod.analysis.hints import loader_hint
 from accelerate_rewrite.codemod.analysis.libraries import SHARDED_LOADER_FACTORIES
 from accelerate_rewrite.codemod.analysis.loops import data_source, drawing_loops, for_loops, is_counter
 from accelerate_rewrite.rules._fabric_loaders import distributed_batch_sampler
@@ -139,7 +139,7 @@ class Devices:
             if any(distributed_batch_sampler(f, b) is not None for b in f.bound_as(f.key_of(source), LOADER)):
                 continue  # by its own BatchSampler over a DistributedSampler (DETR's)
             bound = _binding_statements(f, source)
-            if bound and all("per-process" in hints_of(b) for b in bound):
+            if bound and all("per-process" in f.hints(b) for b in bound):
                 p.loader_skips.append((loop, f"batches come from `{short(source)}`, each process's own, as the hint "
                                              f"on line {f.line(bound[0])} says: not sharded, their moves kept"))
                 continue

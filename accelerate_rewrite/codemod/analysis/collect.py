@@ -35,7 +35,6 @@ from accelerate_rewrite.codemod.analysis.kinds import (
 )
 
 from accelerate_rewrite.codemod.analysis.optimizers import OptimizerSearch
-from accelerate_rewrite.codemod.analysis.hints import hints_of
 from accelerate_rewrite.codemod.analysis.libraries import LOSS_SCALERS, OPTIMIZER_FACTORIES, SCHEDULER_FACTORIES
 from accelerate_rewrite.codemod.tree.walk import LeanVisitor
 from accelerate_rewrite.codemod.analysis.syntax import (
@@ -130,7 +129,7 @@ class _Collector(OptimizerSearch, LeanVisitor):
                 f.hinted.add(key)
 
     def _hinted_model(self, stmt: cst.BaseStatement) -> Optional[Key]:
-        name = hints_of(stmt).get("model")
+        name = self.f.hints(stmt).get("model")
         if not name:
             return None
         node = next(iter(m.findall(stmt, m.Name())), stmt)

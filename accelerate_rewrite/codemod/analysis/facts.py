@@ -64,6 +64,7 @@ from accelerate_rewrite.codemod.analysis.kinds import (  # noqa: F401
     Owner,
     hand_updated,
 )
+from accelerate_rewrite.codemod.analysis.hints import MARK_WORD, hints_of
 from accelerate_rewrite.codemod.analysis.identity import Flow
 from accelerate_rewrite.codemod.analysis.index import Index
 from accelerate_rewrite.codemod.analysis.places import Places
@@ -88,19 +89,23 @@ T = TypeVar("T")
 class ScriptFacts(Places, Index, Flow):
     def __init__(self, module: cst.Module, folder: Optional[Path] = None, *, fresh: bool = False,
                  body_parts: Optional[list[int]] = None, known: Optional[dict[int, tuple[str, int]]] = None,
-                 text: Optional[str] = None) -> None:
+                 text: Optional[str] = None, marked: Optional[bool] = None) -> None:
         """``fresh``: no node stands twice in ``module`` (it was parsed, or made of the statements
         of parsed trees), so it is analysed as it is (LibCST's ``unsafe_skip_copy``; the
         parents' walk makes sure, and a tree where a node does stand twice is copied after all);
         otherwise the analysis works on a copy, in which no node is shared (copying a tree costs
         more than parsing it). ``body_parts``: for a project, the file each top-level statement
         comes from (below); ``known``: the code of some of its statements (``layout``);
-        ``text``: the text ``module`` was parsed from, which the statements' code is cut from."""
+        ``text``: the text ``module`` was parsed from, which the statements' code is cut from;
+        ``marked``: whether the texts of a project's analysed module hold ``accelerate-rewrite``
+        anywhere (for a script, ``text`` says): where they don't, no statement has a hint."""
         #: the script's folder, where its own modules are (codemod/analysis/siblings.py); None for a
         #: source with no file
         self.folder = folder
         self._known = known
         self._text = text
+        #: whether any comment may hold a hint (``hints``): the texts say, where they are known
+        self.marked = marked if marked is not None else (text is None or MARK_WORD in text)
         self.wrapper = MetadataWrapper(module, unsafe_skip_copy=fresh)
         self.module = self.wrapper.module
         #: parents and scopes now (the walk below reads them), positions when first asked for
@@ -163,6 +168,11 @@ class ScriptFacts(Places, Index, Flow):
         self._flow()
         self.frameworks = [(label, node) for label, node in self.frameworks if not self._unused_elsewhere(node)]
         self._ready = True  # the facts are complete: conclusions drawn from them may be kept
+
+    def hints(self, stmt: cst.CSTNode) -> dict[str, Optional[str]]:
+        """The hints on ``stmt``'s lines (codemod/analysis/hints.py), none where no text of the
+        analysed code holds the word a hint starts with."""
+        return hints_of(stmt) if self.marked else {}
 
     def memo(self, key: object, compute):
         """A conclusion drawn from these facts once and shared by several rules (e.g. the

@@ -33,6 +33,8 @@ import libcst as cst
 import libcst.matchers as m
 
 MARK = re.compile(r"#\s*accelerate-rewrite:\s*(.*)$")
+#: a text without it has no hint (nor suppression) anywhere
+MARK_WORD = "accelerate-rewrite"
 #: the hints, and whether each takes a value
 KNOWN = {"loader": False, "per-process": False, "model": True}
 #: what suppress.py reads from the same kind of comment
@@ -54,7 +56,7 @@ _EMPTY = cst.Module(body=[])
 def hints_of(stmt: cst.CSTNode) -> dict[str, Optional[str]]:
     """The hints on ``stmt``'s lines: name -> its value (None for a hint without one)."""
     out: dict[str, Optional[str]] = {}
-    if isinstance(stmt, cst.SimpleStatementLine) and "accelerate-rewrite" not in _EMPTY.code_for_node(stmt):
+    if isinstance(stmt, cst.SimpleStatementLine) and MARK_WORD not in _EMPTY.code_for_node(stmt):
         # no comment of the line can hold a hint: its code, every comment in it, is a third of
         # the time of looking for the comments (matchers' findall)
         return out

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.analysis.hints import hints_of
 from accelerate_rewrite.codemod.analysis.libraries import SHARDED_LOADER_FACTORIES
 from accelerate_rewrite.codemod.analysis import kinds as F
 from accelerate_rewrite.codemod.analysis.siblings import loader_attributes, loader_results, sibling_defines
@@ -234,7 +233,7 @@ def assume_received_loaders(f: Facts) -> None:
     for root, received in by_root.items():  # ``# accelerate-rewrite: loader`` (codemod/analysis/hints.py)
         for key, assign in received:
             stmt = f.statement(assign)
-            if root not in roots and "loader" in hints_of(stmt):
+            if root not in roots and "loader" in f.hints(stmt):
                 f.bindings.append(F.Binding(key, F.LOADER, stmt, assign.value, None, f"{code(assign.value.func)}()"))
                 f.assumed_loaders.add(key)
                 f.hinted.add(key)

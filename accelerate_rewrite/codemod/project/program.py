@@ -56,6 +56,7 @@ from accelerate_rewrite.codemod.analysis.siblings import (  # noqa: F401
     relative_base,
     sys_path_folders,
 )
+from accelerate_rewrite.codemod.analysis.hints import MARK_WORD
 from accelerate_rewrite.codemod.analysis.syntax import is_main_guard
 
 if TYPE_CHECKING:
@@ -656,9 +657,18 @@ def build(path: str, head: str, module: cst.Module, source: str,
         return Project(parts, module, origin, unfollowed) if unfollowed else None
     # names the script imports from the modules followed are bound by their statements now, and
     # those it reads through a module (``E.train``) are read bare
-    read_as = [p.module.visit(_Dealias(p.aliases, p.renames)) if p.aliases or p.renames else p.module
-               for p in parts]
-    body = [read_as[p].body[i] for p, i in origin]
+    # (the statements analysed only, and of those only the ones whose code spells such a name:
+    # the others stay the file's own, their code known)
+    dealias = [_Dealias(p.aliases, p.renames) if p.aliases or p.renames else None for p in parts]
+    spelled = [set(p.aliases.values()) | set(p.renames.values()) for p in parts]
+    read_as: dict[tuple[int, int], cst.BaseStatement] = {}
+    for p, i in origin:
+        if (p, i) not in read_as:
+            stmt = parts[p].module.body[i]
+            if dealias[p] is not None and any(name in parts[p].layout.piece(stmt)[0] for name in spelled[p]):
+                stmt = stmt.visit(dealias[p])
+            read_as[p, i] = stmt
+    body = [read_as[key] for key in origin]
     combined = module.with_changes(body=body)
     return Project(parts, combined, origin, [(line, why) for line, why in unfollowed if why])
 
@@ -675,6 +685,6 @@ def analyse(key: tuple, project: Project, folder: Optional[Path]) -> tuple[Scrip
         if len(_PROJECTS) >= 4:
             _PROJECTS.pop(next(iter(_PROJECTS)))
         facts = ScriptFacts(project.combined, folder, fresh=True, body_parts=[part for part, _ in project.origin],
-                            known=project.known())
+                            known=project.known(), marked=any(MARK_WORD in p.source for p in project.parts))
         _PROJECTS[key] = (facts, project)
     return _PROJECTS[key]
