@@ -69,6 +69,7 @@ def check(
     original_unbound: Optional[tuple[str, Callable[[], dict[tuple[str, str], list[int]]]]] = None,
     splice=None,
     trees: Optional[dict] = None,
+    original: Optional[str] = None,
 ) -> list[str]:
     """Problems of ``new_code`` that the original did not have; empty when all is well.
 
@@ -80,6 +81,8 @@ def check(
     ``new_code`` is the input's top-level statements, some kept and some new: the flow check
     goes into the scopes of the new ones only, and compares the lines between the kept ones
     (``trees``: the statements it parsed for the module's scope, kept for the next attempt).
+    ``original``: the input's text, whose names read unbound (Python's symbol tables) a result
+    may read so too without LibCST's analysis of the result.
     """
     pieces = _pieces(new_code, splice) or [new_code]
     try:
@@ -87,7 +90,7 @@ def check(
     except SyntaxError as exc:
         return [f"the result does not compile ({exc.msg})"]
     problems = []
-    if _all_names_resolve(pieces, future):
+    if _no_new_unresolved(pieces, future, original):
         undefined = {}
     else:  # LibCST's scope analysis, on the result parsed again
         try:
@@ -400,10 +403,40 @@ def _all_names_resolve(pieces: list[str], future: int = 0) -> bool:
     bound in its scope, an enclosing one, the module or the builtins, by Python's own symbol
     tables (the compiler's, in C: much cheaper than LibCST's scope analysis, which then runs
     only when this can't show it). False when unsure (``from x import *``, a name that may be
-    unbound). A function's symbols are its piece's alone; the module's are those of every
-    piece, and a name a piece reads of the module is looked for among them all. ``future``: the
-    future features the first piece turns on (``_compile``), of which postponed annotations
-    change what the others read."""
+    unbound)."""
+    found = _unresolved(pieces, future)
+    return found is not None and not found[0] and not found[1]
+
+
+@functools.lru_cache(maxsize=8)
+def _unresolved_in(text: str) -> Optional[tuple[frozenset[str], bool]]:
+    """``_unresolved`` of a whole module's text (an input, asked again at each attempt)."""
+    return _unresolved([text])
+
+
+def _no_new_unresolved(pieces: list[str], future: int, original: Optional[str]) -> bool:
+    """Whether the result (its pieces) reads, unbound by Python's symbol tables, only names the
+    ``original`` text read so too, neither importing ``*`` where the original did not: then the
+    result uses no name that is no longer defined, and LibCST's scope analysis of it is not
+    needed (the names a star import may bind, the original's own undefined reads)."""
+    found = _unresolved(pieces, future)
+    if found is None:
+        return False
+    if not found[0] and not found[1]:
+        return True
+    if original is None or original.count("\n") >= 2 * PIECE_LINES:
+        return False
+    before = _unresolved_in(original)
+    return before is not None and found[0] <= before[0] and (before[1] or not found[1])
+
+
+def _unresolved(pieces: list[str], future: int = 0) -> Optional[tuple[frozenset[str], bool]]:
+    """The names the module (given as the pieces of its text, ``_pieces``) reads that are not
+    bound in their scope, an enclosing one, the module or the builtins, by Python's own symbol
+    tables, and whether it imports ``*``; None where a piece has no symbol table. A function's
+    symbols are its piece's alone; the module's are those of every piece, and a name a piece
+    reads of the module is looked for among them all. ``future``: the future features the first
+    piece turns on (``_compile``), of which postponed annotations change what the others read."""
     module_names: set[str] = set()
     global_reads: set[str] = set()
     postponed = "from __future__ import annotations\n" if future & __future__.annotations.compiler_flag else ""
@@ -413,7 +446,7 @@ def _all_names_resolve(pieces: list[str], future: int = 0) -> bool:
         try:
             top = symtable.symtable(piece, "<rewritten>", "exec")
         except (SyntaxError, ValueError):
-            return False
+            return None
         module_names.update(s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()
                             or s.is_namespace())
         todo = [top]
@@ -429,7 +462,5 @@ def _all_names_resolve(pieces: list[str], future: int = 0) -> bool:
                     global_read = symbol.is_global() or not (symbol.is_local() or symbol.is_free())
                 if global_read:
                     global_reads.add(symbol.get_name())
-    if "*" in module_names:
-        return False
-    return global_reads <= module_names | _IMPLICIT
+    return frozenset(global_reads - module_names - _IMPLICIT), "*" in module_names
 

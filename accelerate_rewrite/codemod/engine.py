@@ -461,7 +461,7 @@ def _rewrite(
             if unit.index in refused:
                 problems.append(refused[unit.index])
                 continue
-            found = check(unit.undefined, head_code, unit.first_read, unit.unbound, splice, unit.trees)
+            found = check(unit.undefined, head_code, unit.first_read, unit.unbound, splice, unit.trees, unit.head)
             if not found and unit.tail:
                 try:
                     compile(code, "<rewritten>", "exec", dont_inherit=True)
