@@ -363,6 +363,10 @@ def _rewrite(
             result.dropped.append(f"{code}: not applied: {why}")
     active = [r for r in active if r.code not in gone]
 
+    #: of the last apply_to: unit -> the tree its text was printed from (None where the text is not
+    #: that tree's code): what the compatible change reads instead of parsing the text again
+    made_trees: dict[int, Optional[cst.Module]] = {}
+
     def apply_to(unit: Unit, edit_sets, touched=None) -> tuple[str, Optional[Splice]]:
         """The unit's text with the edits applied, and its Splice (codemod/tree/layout.py) where
         that text is the statements' code joined."""
@@ -374,6 +378,8 @@ def _rewrite(
                                          for s in new.body])
         splice = unit.layout.splice(new) if unit.layout is not None else None
         code = restore(unit.head, unit.roundtrip, splice.code if splice is not None else new.code)
+        # the tree whose code the text is, where it is (no alias read back, no line put back)
+        made_trees[unit.index] = new if unit.roundtrip == unit.head and not (unit.aliases or unit.renames) else None
         return code, (splice if unit.roundtrip == unit.head else None)
 
     for unit in units:
@@ -429,13 +435,15 @@ def _rewrite(
             why = unit.refusal(unit.source, code) if unit.refusal is not None else None
             if why is None:
                 continue
-            made = compatible(unit.head, head_code) if unit.compatible else None
+            same = unit.roundtrip == unit.head and not (unit.aliases or unit.renames)  # the view is the file's tree
+            made = compatible(unit.head, head_code, unit.view if same else None, made_trees.get(unit.index),
+                              unit.layout if same else None) if unit.compatible else None
             if made is None:
                 refused[unit.index] = why
                 continue
             # a module other files import changes so that they keep working (codemod/project/compat.py)
             compats[unit.index] = (made, unit.users(unit.source, code))
-            heads[unit.index], splices[unit.index] = made.code, None
+            heads[unit.index], splices[unit.index], made_trees[unit.index] = made.code, None, made.tree
         keyword_calls = {name: i for made, _ in compats.values() for name, i in made.keyword_calls.items()}
         program = tuple(heads)
         for unit in units:
@@ -444,7 +452,7 @@ def _rewrite(
                 # as the file spells them (``from utils import A as B``: ``B(fabric)``)
                 spelled = {**keyword_calls, **{unit.renames[n]: i for n, i in keyword_calls.items()
                                                if n in unit.renames}}
-                moved = calls_by_keyword(head_code, spelled)
+                moved = calls_by_keyword(head_code, spelled, made_trees.get(unit.index))
                 if moved != head_code:
                     heads[unit.index], splices[unit.index] = moved, None
             if spelling is not None and heads[unit.index] != unit.head:

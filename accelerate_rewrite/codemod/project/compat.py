@@ -65,6 +65,8 @@ class Compatible:
 
     code: str
     keyword_calls: dict[str, Taken] = field(default_factory=dict)
+    #: the tree ``code`` is printed from
+    tree: Optional[cst.Module] = None
     #: the functions and classes changed so, for the note
     changed: list[str] = field(default_factory=list)
 
@@ -309,11 +311,16 @@ def _class(old: cst.ClassDef, new: cst.ClassDef) -> tuple[cst.ClassDef, Optional
     return old.with_changes(body=old.body.with_changes(body=body)), index
 
 
-def compatible(old_code: str, new_code: str) -> Optional[Compatible]:
+def compatible(old_code: str, new_code: str, old: Optional[cst.Module] = None, new: Optional[cst.Module] = None,
+               layout=None) -> Optional[Compatible]:
     """The text of a module that keeps working for the files that import it, with the
-    conversion's changes in it (see the module's docstring), or None."""
+    conversion's changes in it (see the module's docstring), or None. ``old`` and ``new``: the
+    trees the texts are the code of, where the caller has them (else the texts are parsed; a
+    statement both share is the same: its code is not compared); ``layout``: ``old``'s
+    (codemod/tree/layout.py), whose statements' code the result's kept statements reuse."""
     try:
-        old, new = cst.parse_module(old_code), cst.parse_module(new_code)
+        old = old if old is not None else cst.parse_module(old_code)
+        new = new if new is not None else cst.parse_module(new_code)
     except cst.ParserSyntaxError:
         return None
     defs = (cst.FunctionDef, cst.ClassDef)
@@ -323,17 +330,22 @@ def compatible(old_code: str, new_code: str) -> Optional[Compatible]:
         return None
     imports = (cst.Import, cst.ImportFrom)
 
-    def plain(module: cst.Module) -> list[str]:
-        return [_stmt_code(s.with_changes(leading_lines=())) for s in module.body if not isinstance(s, defs)
+    def plain(module: cst.Module) -> list[cst.BaseStatement]:
+        return [s for s in module.body if not isinstance(s, defs)
                 and not (isinstance(s, cst.SimpleStatementLine) and all(isinstance(b, imports) for b in s.body))]
 
-    if plain(old) != plain(new):
+    def bare(stmt: cst.BaseStatement) -> str:
+        return _stmt_code(stmt.with_changes(leading_lines=()))
+
+    plain_old, plain_new = plain(old), plain(new)
+    if len(plain_old) != len(plain_new) or any(a is not b and bare(a) != bare(b) for a, b in zip(plain_old, plain_new)):
         return None
     out = Compatible(code="")
     body: list[cst.BaseStatement] = []
     try:
         for stmt in old.body:
-            if isinstance(stmt, defs) and _stmt_code(stmt) != _stmt_code(new_named[stmt.name.value]):
+            if isinstance(stmt, defs) and stmt is not new_named[stmt.name.value] \
+                    and _stmt_code(stmt) != _stmt_code(new_named[stmt.name.value]):
                 other = new_named[stmt.name.value]
                 if type(other) is not type(stmt):
                     return None
@@ -351,13 +363,17 @@ def compatible(old_code: str, new_code: str) -> Optional[Compatible]:
     new_imports = [s for s in new.body if isinstance(s, cst.SimpleStatementLine)
                    and all(isinstance(b, imports) for b in s.body)]
     # the old statements' code made once, not once for each import statement of the new module
-    old_stmts = {_stmt_code(o.with_changes(leading_lines=())) for o in old.body} if new_imports else set()
-    added = [s for s in new_imports if _stmt_code(s.with_changes(leading_lines=())) not in old_stmts]
+    # (and not at all where each is one of them)
+    old_ids = {id(o) for o in old.body}
+    new_imports = [s for s in new_imports if id(s) not in old_ids]
+    old_stmts = {bare(o) for o in old.body} if new_imports else set()
+    added = [s for s in new_imports if bare(s) not in old_stmts]
     if added:
         last = max((i for i, s in enumerate(body) if isinstance(s, cst.SimpleStatementLine)
                     and all(isinstance(b, imports) for b in s.body)), default=-1)
         body[last + 1:last + 1] = added
-    out.code = old.with_changes(body=body).code
+    out.tree = old.with_changes(body=body)
+    out.code = layout.code_of(out.tree) if layout is not None and layout.module is old else out.tree.code
     return out
 
 
@@ -424,13 +440,14 @@ class _ByKeyword(cst.CSTTransformer):
         return updated.with_changes(args=[*args, keyword])
 
 
-def calls_by_keyword(text: str, calls: dict[str, Taken]) -> str:
+def calls_by_keyword(text: str, calls: dict[str, Taken], tree: Optional[cst.Module] = None) -> str:
     """``text`` with every call of the functions and classes of ``calls`` that passes `fabric`
-    at that index passing it by keyword instead (they take it last, optional)."""
-    if not calls or NAME not in text:
-        return text
+    at that index passing it by keyword instead (they take it last, optional). ``tree``: the
+    tree ``text`` is the code of, where the caller has it (else the text is parsed)."""
+    if not calls or NAME not in text or not re.search(r"\b(?:%s)\b" % "|".join(map(re.escape, calls)), text):
+        return text  # (no such call can be there: the text is not parsed)
     try:
-        module = cst.parse_module(text)
+        module = tree if tree is not None else cst.parse_module(text)
     except cst.ParserSyntaxError:
         return text
     visitor = _ByKeyword(calls)
