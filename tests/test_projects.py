@@ -627,3 +627,34 @@ def test_each_file_of_a_project_is_parsed_once(tmp_path, monkeypatch):
     parsed.clear()
     assert rewrite(alone, Options.create(), path=str(solo / "train.py"), scope=Scope(follow=True)).changed
     assert alone in parsed and len(parsed) == len(set(parsed))
+
+
+def test_the_files_importing_a_module_are_found_whatever_the_spelling(tmp_path):
+    """siblings.importers: a file counts where it imports the module (``import utils``, ``from
+    .utils import x``, ``from . import utils``, through a package, or through another file that
+    does); a file that only names it in a string or a comment does not (it is not parsed: the
+    bytes of a file that does not spell the module's name are looked at only)."""
+    from accelerate_rewrite.codemod.analysis.siblings import importers
+
+    (tmp_path / "pkg").mkdir()
+    files = {
+        "utils.py": "def helper():\n    return 1\n",
+        "plain.py": "import utils\n",
+        "reads.py": "from . import utils as u\n\nu.helper()\n",
+        "late.py": "def f():\n    from utils import helper\n    return helper()\n",
+        "pkg/__init__.py": "",
+        "pkg/rel.py": "from .. import utils\n",
+        "through.py": "import plain\n",
+        "named.py": "# utils is a good name\nx = 'utils'\n",
+        "other.py": "import os\n",
+        "uses_pkg.py": "import pkg.rel\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    real = lambda name: os.path.realpath(tmp_path / name)  # noqa: E731
+    found = importers(tmp_path, real("utils.py"), frozenset())
+    assert sorted(p.name for p in found) == ["late.py", "plain.py", "reads.py", "rel.py", "through.py",
+                                              "uses_pkg.py"]
+    direct = importers(tmp_path, real("utils.py"), frozenset(), changed=frozenset({"helper"}))
+    assert sorted(p.name for p in direct) == ["late.py", "reads.py"]  # the others read no `helper` of it
+    assert [p.name for p in importers(tmp_path, real("pkg/__init__.py"), frozenset())] == ["uses_pkg.py"]

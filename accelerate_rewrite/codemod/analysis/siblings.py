@@ -396,26 +396,35 @@ def importers(root: Path, path: str, known: frozenset[str], script: str = "",
     the script changes by design (``import main as detection`` in a launcher). With ``changed``
     (the top-level names whose definitions the rewrite changes), only the files that read one of
     them (``_names_used``) count: the others run as before."""
-    graph: dict[str, frozenset[str]] = {}
-    for folder, dirs, files in os.walk(root):
+    files: dict[str, tuple[str, int, int]] = {}  # resolved -> (path, mtime, size)
+    for folder, dirs, names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _NOT_SCANNED)
-        for name in files:
+        for name in names:
             if not name.endswith(".py"):
                 continue
-            if len(graph) >= MAX_SCANNED:
+            if len(files) >= MAX_SCANNED:
                 return None
             file = os.path.join(folder, name)
             try:
                 stat = os.stat(file)
             except OSError:
                 continue
-            graph[os.path.realpath(file)] = _imports_of(file, stat.st_mtime_ns, stat.st_size, str(root))
+            files[os.path.realpath(file)] = (file, stat.st_mtime_ns, stat.st_size)
+
+    def imports(real: str, wanted: str) -> bool:
+        """Whether the file imports ``wanted`` (``_imports_of``); a file whose bytes don't hold
+        the name an import of it spells is not parsed (``_spelled``)."""
+        file, mtime, size = files[real]
+        word = _spelled(wanted)
+        if word is not None and not _mentions(file, mtime, size, word):
+            return False
+        return wanted in _imports_of(file, mtime, size, str(root))
+
     if changed is not None:
         out = []
-        for file, imported in graph.items():
-            if path in imported and file not in known and file not in (path, script):
-                stat = os.stat(file)
-                used = _names_used(file, stat.st_mtime_ns, stat.st_size, str(root), path)
+        for file, (_, mtime, size) in files.items():
+            if file not in known and file not in (path, script) and imports(file, path):
+                used = _names_used(file, mtime, size, str(root), path)
                 if used is None or used & changed:
                     out.append(Path(file))
         return sorted(out)
@@ -423,11 +432,29 @@ def importers(root: Path, path: str, known: frozenset[str], script: str = "",
     todo = [path]
     while todo:
         wanted = todo.pop()
-        for file, imported in graph.items():
-            if wanted in imported and file not in users and file != path:
+        for file in files:
+            if file not in users and file != path and imports(file, wanted):
                 users.add(file)
                 todo.append(file)
     return sorted(Path(f) for f in users - known - {script})
+
+
+def _spelled(path: str) -> Optional[bytes]:
+    """The name every import of the module at ``path`` spells (``utils`` of utils.py, ``pkg`` of
+    pkg/__init__.py: ``import pkg.utils``, ``from .utils import x``, ``from . import utils``), as
+    bytes; None where it is not ASCII (a file's own encoding may spell it otherwise)."""
+    p = Path(path)
+    name = p.parent.name if p.name == "__init__.py" else p.stem
+    return name.encode("ascii") if name.isascii() and name.isidentifier() else None
+
+
+@lru_cache(maxsize=8192)
+def _mentions(path: str, mtime_ns: int, size: int, word: bytes) -> bool:
+    """Whether the file's bytes hold ``word`` (what an import of that module spells)."""
+    try:
+        return word in Path(path).read_bytes()
+    except OSError:
+        return False
 
 
 def changed_names(before: str, after: str) -> Optional[frozenset[str]]:
