@@ -62,3 +62,15 @@ def pytest_collection_modifyitems(config, items):
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(str(group) if file == "test_verify.py"
                                                     else f"{file}:{group}"))
+
+
+@pytest.fixture(autouse=True)
+def _collector_thresholds():
+    """The command line raises the garbage collector's thresholds for the rest of its process
+    (engine.collect_less, a process of its own); a test that calls it in this one gets them put
+    back afterwards."""
+    import gc
+
+    before = gc.get_threshold()
+    yield
+    gc.set_threshold(*before)

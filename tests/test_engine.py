@@ -475,6 +475,20 @@ def test_a_rewrite_runs_the_garbage_collector_less_often_and_puts_its_thresholds
     assert seen[1] == (1_000_000, 50, 100)
 
 
+def test_the_command_line_keeps_the_rewrite_thresholds_to_its_end():
+    """cli.main, a process of its own: the collector's thresholds are the rewrite's from its
+    start on (never lowered), so that a rewrite's end goes through no tree again."""
+    import gc
+
+    from accelerate_rewrite.cli import main
+    from accelerate_rewrite.codemod import engine
+
+    gc.set_threshold(700, 10, 200)
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert gc.get_threshold() == (engine.GC_THRESHOLDS[0], engine.GC_THRESHOLDS[1], 200)
+
+
 #: a model and its criterion's own parameters trained by one optimizer, built again while the
 #: training runs (awd-lstm-lm's shape), both made by a helper: the refusal names one of them
 _JOINT_REBUILT = '''import torch

@@ -113,6 +113,13 @@ LONG_SCRIPT_LINES = 10_000
 GC_THRESHOLDS = (100_000, 50, 100)
 
 
+def collect_less() -> None:
+    """The collector's thresholds raised to the rewrite's for the rest of the process (never
+    lowered): what the command line does, a process of its own (``fewer_collections`` puts
+    them back after each rewrite, for a program that calls the API)."""
+    gc.set_threshold(*(max(a, b) for a, b in zip(gc.get_threshold(), GC_THRESHOLDS)))
+
+
 @contextmanager
 def fewer_collections():
     """CPython's cyclic garbage collector run less often while inside. A rewrite makes hundreds
@@ -452,7 +459,7 @@ def _rewrite(
                 # as the file spells them (``from utils import A as B``: ``B(fabric)``)
                 spelled = {**keyword_calls, **{unit.renames[n]: i for n, i in keyword_calls.items()
                                                if n in unit.renames}}
-                moved = calls_by_keyword(head_code, spelled, made_trees.get(unit.index))
+                moved = calls_by_keyword(head_code, spelled, made_trees.get(unit.index), unit.layout)
                 if moved != head_code:
                     heads[unit.index], splices[unit.index] = moved, None
             if spelling is not None and heads[unit.index] != unit.head:

@@ -440,19 +440,29 @@ class _ByKeyword(cst.CSTTransformer):
         return updated.with_changes(args=[*args, keyword])
 
 
-def calls_by_keyword(text: str, calls: dict[str, Taken], tree: Optional[cst.Module] = None) -> str:
+def calls_by_keyword(text: str, calls: dict[str, Taken], tree: Optional[cst.Module] = None, layout=None) -> str:
     """``text`` with every call of the functions and classes of ``calls`` that passes `fabric`
     at that index passing it by keyword instead (they take it last, optional). ``tree``: the
-    tree ``text`` is the code of, where the caller has it (else the text is parsed)."""
-    if not calls or NAME not in text or not re.search(r"\b(?:%s)\b" % "|".join(map(re.escape, calls)), text):
+    tree ``text`` is the code of, where the caller has it (else the text is parsed); ``layout``
+    (codemod/tree/layout.py), where it knows the code of some of the tree's statements: those
+    that name no such function are kept as they are, not gone through."""
+    named = re.compile(r"\b(?:%s)\b" % "|".join(map(re.escape, calls))) if calls else None
+    if named is None or NAME not in text or not named.search(text):
         return text  # (no such call can be there: the text is not parsed)
     try:
         module = tree if tree is not None else cst.parse_module(text)
     except cst.ParserSyntaxError:
         return text
     visitor = _ByKeyword(calls)
-    new = module.visit(visitor)
-    return new.code if visitor.changed else text
+    known = layout.statements if layout is not None and tree is not None else {}
+    body = []
+    for stmt in module.body:
+        code_of = known.get(id(stmt))
+        body.append(stmt if code_of is not None and not named.search(code_of[0]) else stmt.visit(visitor))
+    if not visitor.changed:
+        return text
+    new = module.with_changes(body=body)
+    return layout.code_of(new) if known else new.code
 
 
 __all__: Union[list[str], tuple] = ("Compatible", "Taken", "compatible", "calls_by_keyword")
