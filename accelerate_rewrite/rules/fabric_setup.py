@@ -92,7 +92,9 @@ class FabricSetup(FabricRule):
             self._joint(ctx, groups)
         if ctx.options.many_devices and not ctx.options.accelerate:
             self._copied(ctx, p)
-        for node in p.unwraps:  # --backend accelerate on several processes (rules/_fabric_wrapped.py)
+        # --backend accelerate on several processes (rules/_fabric_wrapped.py); in the file's order (the
+        # places are found through sets: two on one line came in either order)
+        for node in sorted(p.unwraps, key=lambda n: (ctx.facts.line(n), ctx.facts.column(n))):
             ref = p.ref_at(ctx.facts, node)
             # ``ddp_model.module``, the script's own unwrap: the module, as Accelerate unwraps it
             ctx.edits.replace(node, lambda u, r=ref: expr(f"{r}.unwrap_model({code(u.value if m.matches(u, m.Attribute(attr=m.Name('module'))) else u)})"))
