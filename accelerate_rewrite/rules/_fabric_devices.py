@@ -231,7 +231,7 @@ class Devices:
             # a device the script gets from elsewhere: ``args.device``, ``cfg.device``
             foreign = (not is_device_name and not literal and "device" in code(device_node).lower()
                        and not _follows_a_tensor(device_node)
-                       and not _named_tensor_device(f.function(move.call), device_node))
+                       and not _named_tensor_device(f, f.function(move.call), device_node))
             if not is_device_name and not literal and not foreign:
                 continue  # ``.to(torch.float16)``, ``.to(other_tensor)``: not a move to a device
             ref = p.ref_at(f, move.call)
@@ -412,12 +412,12 @@ def _arg_param(facts: ScriptFacts, target, call: cst.Call, arg: cst.Arg) -> Opti
     return param_for(positional_params(target), target, arg, list(call.args).index(arg))
 
 
-def _named_tensor_device(func: Optional[cst.FunctionDef], node: Optional[cst.BaseExpression]) -> bool:
+def _named_tensor_device(f, func: Optional[cst.FunctionDef], node: Optional[cst.BaseExpression]) -> bool:
     """``shared_device``, bound in its function only to a tensor's device
     (``shared_device = self.param_groups[0]["params"][0].device``, SAM's)."""
     if func is None or not isinstance(node, cst.Name):
         return False
-    values = [a.value for a in m.findall(func, m.Assign(targets=[m.AssignTarget(m.Name(node.value))]))]
+    values = [a.value for a in f.find_in(func, m.Assign(targets=[m.AssignTarget(m.Name(node.value))]))]
     return bool(values) and all(_follows_a_tensor(v) for v in values)
 
 

@@ -238,7 +238,7 @@ class FabricHandDDP(FabricRule):
         new: list[cst.BaseStatement] = []
         rank = sp.rank.name.value
         if any(f.scope(n) is not None and n.value == rank and n is not sp.rank.name
-               for n in m.findall(worker.body, m.Name(rank))):
+               for n in f.find_in(worker.body, m.Name(rank))):
             new.append(stmt(f"{rank} = {NAME}.local_rank\n"))
         if o.devices is not None and sp.world_param is not None:
             # --devices replaces the script's world size: what the worker was told must follow

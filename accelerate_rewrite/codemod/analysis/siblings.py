@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from accelerate_rewrite.codemod.analysis.libraries import is_library
-from accelerate_rewrite.codemod.tree.toplevel import line_list, top_level_imports
+from accelerate_rewrite.codemod.tree.toplevel import line_list, python_tree, top_level_imports
 
 
 def _file(folder: Path, dotted: str) -> Optional[Path]:
@@ -463,7 +463,7 @@ def changed_names(before: str, after: str) -> Optional[frozenset[str]]:
     when another top-level statement changes, or a text does not parse."""
     def defined(text: str) -> Optional[tuple[dict[str, list[ast.stmt]], list[ast.stmt], list[str]]]:
         try:
-            tree = ast.parse(text)
+            tree = python_tree(text)
         except (SyntaxError, ValueError):
             return None
         lines = line_list(text)  # (as Python numbers them)

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 import libcst as cst
 
 from accelerate_rewrite.codemod.tree.layout import Layout
+from accelerate_rewrite.codemod.tree.toplevel import python_tree
 # Scope and candidates are read with ast only: the runner reaches them without loading libcst
 from accelerate_rewrite.codemod.analysis.siblings import (  # noqa: F401
     MAX_MODULES,
@@ -223,7 +224,7 @@ def _reads_through(code: str, through: str, names: set[str]) -> tuple[set[str], 
     read through ``through`` can't be followed: ``through`` read otherwise (``print(E)``,
     ``E.x = 1``), bound again, or a name it reads so also a name of the script's own (a local
     ``train`` beside ``E.train``), or spelled other than ``E.name``."""
-    tree = ast.parse(code)
+    tree = python_tree(code)
     used: set[str] = set()
     bases: set[int] = set()
     for node in ast.walk(tree):
@@ -328,7 +329,7 @@ class Realias(cst.CSTTransformer):
 def _renamable(code: str, analysis: str, own: str) -> Optional[str]:
     """Why ``from X import analysis as own`` can't be read as ``analysis`` in ``code``: ``own``
     is bound there otherwise too, or ``analysis`` is a name of it already."""
-    tree = ast.parse(code)
+    tree = python_tree(code)
     binds = 0
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id == analysis:
@@ -353,7 +354,7 @@ def _imports_of(code: str, package: str = "") -> dict[str, frozenset[str]]:
     (``from .logger import create_logger`` in src/ -> ``src.logger.create_logger``)."""
     out: dict[str, set[str]] = {}
     try:
-        tree = ast.parse(code)
+        tree = python_tree(code)
     except (SyntaxError, ValueError):
         return {}
     todo = list(tree.body)
@@ -398,7 +399,7 @@ def _needed(code: str, wanted: set[str]) -> Optional[set[str]]:
     also a script), left out of the analysis (its file keeps it). None where a name is read
     otherwise than by name (``globals()``, ``getattr(module, ...)``)."""
     try:
-        tree = ast.parse(code)
+        tree = python_tree(code)
     except (SyntaxError, ValueError):
         return None
     defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
@@ -459,7 +460,7 @@ def build(path: str, head: str, module: cst.Module, source: str,
         peek = lambda file: (lambda got: None if got is None else got[0])(read(file))  # noqa: E731
     folder = Path(path).parent
     try:  # and the folders the script puts on sys.path (``sys.path.append("..")``), its project's root
-        folders = import_folders(folder, ast.parse(source))
+        folders = import_folders(folder, python_tree(source))
     except (SyntaxError, ValueError):
         folders = import_folders(folder, None)
     script = Part(path=path, source=source, head=head, tail=source[len(head):], module=module)

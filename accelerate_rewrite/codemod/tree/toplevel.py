@@ -87,6 +87,25 @@ def _tops(numbers: array, at: int, count: int) -> tuple[tuple[Top, ...], int]:
     return tuple(out), at
 
 
+#: a text this long is parsed again where asked again (``python_tree``): its tree is not kept
+KEPT_TREE_LINES = 5_000
+
+
+def python_tree(text: str) -> ast.Module:
+    """``ast.parse(text)`` (its errors too), the tree shared by every caller asking for the same
+    text (the project's look at a module: its imports, its names, what it reads; the changed
+    names of a result, asked at every attempt): a tree to read, never to change. A long text's
+    tree is not kept."""
+    if text.count("\n") >= KEPT_TREE_LINES:
+        return ast.parse(text)
+    return _python_tree(text)
+
+
+@lru_cache(maxsize=16)
+def _python_tree(text: str) -> ast.Module:
+    return ast.parse(text)
+
+
 def statements(text: str) -> Optional[tuple[Top, ...]]:
     """The top-level statements of ``text`` as Python reads them (None where it can't)."""
     read = _read(text)

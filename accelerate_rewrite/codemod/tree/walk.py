@@ -133,6 +133,18 @@ def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
     return out
 
 
+def reads_any(node: cst.CSTNode, names: frozenset[str] | set[str]) -> bool:
+    """Whether a Name in ``node``'s subtree is one of ``names`` (walked as ``_walk`` walks, no
+    copy of a node made): what a transformer that renames them would change, if anything."""
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        if type(current) is cst.Name and current.value in names:
+            return True
+        todo.extend(_children(current))
+    return False
+
+
 class Spans:
     """node -> (its index in the walk's order, the index of the first node after its subtree),
     for every node but the module: the indices in a dict, the ends in an array by index (a
