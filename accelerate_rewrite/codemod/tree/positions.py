@@ -188,6 +188,8 @@ class Positions:
         quick = self._quick.get(id(node))
         if quick is not None:
             return quick
+        if node is self.layout.module:
+            return 1  # (a scope's line, asked to order names: not the whole module's positions)
         found = self.found.get(node)
         if found is not None:
             return found.start.line  # type: ignore[attr-defined]
