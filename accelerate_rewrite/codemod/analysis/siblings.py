@@ -358,7 +358,19 @@ def _names_used(path: str, mtime_ns: int, size: int, root: str, target: str) -> 
 
     names: set[str] = set()
     aliases: set[str] = set()
+    # one walk: the imports, and the names and attributes read (for the aliases below)
+    imports: list[ast.AST] = []
+    read_names: list[ast.Name] = []
+    attributes: list[ast.Attribute] = []
     for node in ast.walk(tree):
+        kind = type(node)
+        if kind is ast.Name:
+            read_names.append(node)
+        elif kind is ast.Attribute:
+            attributes.append(node)
+        elif kind is ast.Import or kind is ast.ImportFrom:
+            imports.append(node)
+    for node in imports:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if resolves(folders, alias.name):
@@ -376,14 +388,11 @@ def _names_used(path: str, mtime_ns: int, size: int, root: str, target: str) -> 
                 elif resolves(bases, ".".join(p for p in (node.module, alias.name) if p)):
                     aliases.add(alias.asname or alias.name)
     if aliases:
-        read = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
-                and isinstance(n.value, ast.Name) and n.value.id in aliases}
-        for n in ast.walk(tree):
-            if isinstance(n, ast.Name) and n.id in aliases and id(n) not in read \
-                    and not isinstance(n.ctx, ast.Store):
+        read = {id(n.value) for n in attributes if isinstance(n.value, ast.Name) and n.value.id in aliases}
+        for n in read_names:
+            if n.id in aliases and id(n) not in read and not isinstance(n.ctx, ast.Store):
                 return None
-            if isinstance(n, ast.Attribute) and id(n.value) in read:
-                names.add(n.attr)
+        names.update(n.attr for n in attributes if id(n.value) in read)
     return frozenset(names)
 
 
