@@ -67,7 +67,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _collector_thresholds():
     """The command line raises the garbage collector's thresholds for the rest of its process
-    (engine.collect_less, a process of its own); a test that calls it in this one gets them put
+    (codemod/collector.py: a process of its own); a test that calls it in this one gets them put
     back afterwards."""
     import gc
 

@@ -330,10 +330,10 @@ cli.add_command(tune_command)
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """The command line: exits (SystemExit) with the command's status. A command is a process
     of its own: the cyclic garbage collector keeps the rewrite's thresholds to its end
-    (``engine.collect_less``), so that the trees a rewrite made are not gone through once more
+    (codemod/collector.py), so that the trees a rewrite made are not gone through once more
     when it is done (a pass over every object still alive, a twentieth of a project's rewrite:
     docs/benchmarks.md)."""
-    from accelerate_rewrite.codemod.engine import collect_less
+    from accelerate_rewrite.codemod.collector import collect_less
 
     collect_less()
     # click's standalone mode exits with the command's code, and handles a closed pipe

@@ -4,14 +4,12 @@ registry): nothing in codemod/ imports rules/."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Mapping, Optional, Protocol, Sequence
 
 import difflib
-import gc
 import os
 import re
 
@@ -25,6 +23,7 @@ from accelerate_rewrite.codemod.tree.layout import Splice
 from accelerate_rewrite.codemod.tree.parse import parse_module
 from accelerate_rewrite.codemod.tree.walk import reads_any
 from accelerate_rewrite.codemod.result import Kind, Result  # noqa: F401 (plain data: codemod/result.py)
+from accelerate_rewrite.codemod.collector import GC_THRESHOLDS, fewer_collections  # noqa: F401 (benchmarks, tests read them here)
 from accelerate_rewrite.codemod.project.compat import Compatible, calls_by_keyword, compatible
 from accelerate_rewrite.codemod.project.program import Project, Realias, Scope, analyse, build, candidates
 from accelerate_rewrite.codemod.project.units import Unit, relocate, units_of
@@ -108,33 +107,6 @@ def _parsed(text: str) -> cst.Module:
 #: a script this long is not kept for another rewrite (``_analyse``), and its scope analysis
 #: goes once the rules have run: the checks of its results use that memory (docs/benchmarks.md)
 LONG_SCRIPT_LINES = 10_000
-
-
-#: the cyclic garbage collector's thresholds during a rewrite (CPython's are 700, 10, 10)
-GC_THRESHOLDS = (100_000, 50, 100)
-
-
-def collect_less() -> None:
-    """The collector's thresholds raised to the rewrite's for the rest of the process (never
-    lowered): what the command line does, a process of its own (``fewer_collections`` puts
-    them back after each rewrite, for a program that calls the API)."""
-    gc.set_threshold(*(max(a, b) for a, b in zip(gc.get_threshold(), GC_THRESHOLDS)))
-
-
-@contextmanager
-def fewer_collections():
-    """CPython's cyclic garbage collector run less often while inside. A rewrite makes hundreds
-    of thousands of objects that live as long as it does (the trees, the maps over their
-    nodes); at the default thresholds the collector goes through the young ones every 700
-    allocations and through every object, the whole tree, every hundred of those: a tenth to
-    a fifth of a rewrite's time, and a fifth of LibCST's parse itself (docs/benchmarks.md). Cycles are still collected, less often; the
-    thresholds are put back afterwards (and never lowered)."""
-    before = gc.get_threshold()
-    gc.set_threshold(*(max(a, b) for a, b in zip(before, GC_THRESHOLDS)))
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
 
 
 def _folder(path: str) -> Optional[Path]:

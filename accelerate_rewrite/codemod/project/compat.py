@@ -43,6 +43,7 @@ from typing import Optional, Sequence, Union
 import libcst as cst
 
 from accelerate_rewrite.codemod.analysis.syntax import code
+from accelerate_rewrite.codemod.tree.walk import reads_any
 
 NAME = "fabric"
 
@@ -456,9 +457,12 @@ def calls_by_keyword(text: str, calls: dict[str, Taken], tree: Optional[cst.Modu
     visitor = _ByKeyword(calls)
     known = layout.statements if layout is not None and tree is not None else {}
     body = []
+    names = frozenset(calls)
     for stmt in module.body:
         code_of = known.get(id(stmt))
-        body.append(stmt if code_of is not None and not named.search(code_of[0]) else stmt.visit(visitor))
+        # a statement whose code (or, for one the edits made, whose tree) names none is kept
+        unnamed = not named.search(code_of[0]) if code_of is not None else not reads_any(stmt, names)
+        body.append(stmt if unnamed else stmt.visit(visitor))
     if not visitor.changed:
         return text
     new = module.with_changes(body=body)
