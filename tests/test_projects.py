@@ -632,8 +632,8 @@ def test_each_file_of_a_project_is_parsed_once(tmp_path, monkeypatch):
 def test_the_files_importing_a_module_are_found_whatever_the_spelling(tmp_path):
     """siblings.importers: a file counts where it imports the module (``import utils``, ``from
     .utils import x``, ``from . import utils``, through a package, or through another file that
-    does); a file that only names it in a string or a comment does not (it is not parsed: the
-    bytes of a file that does not spell the module's name are looked at only)."""
+    does), over one line or several; a file that only names it in a string or a comment does not
+    (where no line holds both `import` and its name, the file is not parsed: its bytes only)."""
     from accelerate_rewrite.codemod.analysis.siblings import importers
 
     (tmp_path / "pkg").mkdir()
@@ -646,6 +646,9 @@ def test_the_files_importing_a_module_are_found_whatever_the_spelling(tmp_path):
         "pkg/rel.py": "from .. import utils\n",
         "through.py": "import plain\n",
         "named.py": "# utils is a good name\nx = 'utils'\n",
+        "mentioned.py": "import os  # not utils\n",  # a line with both words: parsed, and found not to
+        "wrapped.py": "from . import (\n    utils,\n)\n\nutils.helper()\n",
+        "continued.py": "from utils \\\n    import helper\n",
         "other.py": "import os\n",
         "uses_pkg.py": "import pkg.rel\n",
     }
@@ -653,8 +656,9 @@ def test_the_files_importing_a_module_are_found_whatever_the_spelling(tmp_path):
         (tmp_path / name).write_text(text)
     real = lambda name: os.path.realpath(tmp_path / name)  # noqa: E731
     found = importers(tmp_path, real("utils.py"), frozenset())
-    assert sorted(p.name for p in found) == ["late.py", "plain.py", "reads.py", "rel.py", "through.py",
-                                              "uses_pkg.py"]
+    assert sorted(p.name for p in found) == ["continued.py", "late.py", "plain.py", "reads.py", "rel.py",
+                                              "through.py", "uses_pkg.py", "wrapped.py"]
     direct = importers(tmp_path, real("utils.py"), frozenset(), changed=frozenset({"helper"}))
-    assert sorted(p.name for p in direct) == ["late.py", "reads.py"]  # the others read no `helper` of it
+    # the others read no `helper` of it
+    assert sorted(p.name for p in direct) == ["continued.py", "late.py", "reads.py", "wrapped.py"]
     assert [p.name for p in importers(tmp_path, real("pkg/__init__.py"), frozenset())] == ["uses_pkg.py"]

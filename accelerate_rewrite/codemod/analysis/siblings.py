@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -421,11 +422,11 @@ def importers(root: Path, path: str, known: frozenset[str], script: str = "",
             files[os.path.realpath(file)] = (file, stat.st_mtime_ns, stat.st_size)
 
     def imports(real: str, wanted: str) -> bool:
-        """Whether the file imports ``wanted`` (``_imports_of``); a file whose bytes don't hold
-        the name an import of it spells is not parsed (``_spelled``)."""
+        """Whether the file imports ``wanted`` (``_imports_of``); a file whose text can't hold
+        an import statement spelling its name (``_spelled``, ``_may_import``) is not parsed."""
         file, mtime, size = files[real]
         word = _spelled(wanted)
-        if word is not None and not _mentions(file, mtime, size, word):
+        if word is not None and not _may_import(file, mtime, size, word):
             return False
         return wanted in _imports_of(file, mtime, size, str(root))
 
@@ -457,13 +458,28 @@ def _spelled(path: str) -> Optional[bytes]:
     return name.encode("ascii") if name.isascii() and name.isidentifier() else None
 
 
+#: an import statement over several lines (``import (``, a line continued by a backslash): where
+#: a file has one, a line alone can't tell what it imports
+_LONG_IMPORT = re.compile(rb"\bimport\s*\(|\\\r?\n")
+
+
 @lru_cache(maxsize=8192)
-def _mentions(path: str, mtime_ns: int, size: int, word: bytes) -> bool:
-    """Whether the file's bytes hold ``word`` (what an import of that module spells)."""
+def _may_import(path: str, mtime_ns: int, size: int, word: bytes) -> bool:
+    """Whether the file's text may import the module that ``word`` names: a line that holds
+    both ``import`` and the word (``import utils``, ``from .utils import x``, ``from . import
+    utils``), or, in a file with an import statement over several lines, the word anywhere.
+    Python's source encodings are ASCII's supersets: the bytes spell the names as ASCII does."""
     try:
-        return word in Path(path).read_bytes()
+        data = Path(path).read_bytes()
     except OSError:
         return False
+    if word not in data:
+        return False
+    if _LONG_IMPORT.search(data):
+        return True
+    w = re.escape(word)
+    return re.search(rb"^[^\n]*(?:\bimport\b[^\n]*\b" + w + rb"\b|\b" + w + rb"\b[^\n]*\bimport\b)", data,
+                     re.MULTILINE) is not None
 
 
 def changed_names(before: str, after: str) -> Optional[frozenset[str]]:
