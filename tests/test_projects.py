@@ -662,3 +662,64 @@ def test_the_files_importing_a_module_are_found_whatever_the_spelling(tmp_path):
     # the others read no `helper` of it
     assert sorted(p.name for p in direct) == ["continued.py", "late.py", "reads.py", "wrapped.py"]
     assert [p.name for p in importers(tmp_path, real("pkg/__init__.py"), frozenset())] == ["uses_pkg.py"]
+
+
+def _fixture_inputs():
+    """Every fixture's input and its default result (where `fabric` is passed to the helpers)."""
+    return sorted([*FIXTURES.glob("*/input.py"), *FIXTURES.glob("*/expected/default.py")])
+
+
+def test_a_transformer_along_the_paths_gives_the_tree_it_gives_through_every_node():
+    """tree/walk.py's Along: the name transformers of a project (program.py's _Dealias and
+    Realias, compat.py's calls by keyword) go only along the paths to the nodes they may change,
+    and give the code they give going through every node, on every fixture."""
+    import builtins
+    import collections
+
+    import libcst as cst
+
+    from accelerate_rewrite.codemod.project.compat import Taken, _ByKeyword
+    from accelerate_rewrite.codemod.project.program import Realias, _Dealias
+
+    checked = changed = 0
+    for path in _fixture_inputs():
+        module = cst.parse_module(path.read_text(encoding="utf-8"))
+        names = [n.value for n in _names(module)]
+        common = [n for n, _ in collections.Counter(names).most_common(3)]
+        attrs = [n for n in _attributes(module) if isinstance(n.value, cst.Name)]
+        called = [n.func.value for n in _calls(module) if isinstance(n.func, cst.Name)]
+        # (a builtin called by name is read only: where a module is read through, its names are)
+        read = [n for n in called if n in dir(builtins)]
+        makers = [lambda: Realias({read[0]: "E"} if read else {}, {common[-1]: "B"}) if common else None,
+                  lambda: _Dealias({attrs[0].attr.value: attrs[0].value.value}, {"A": common[0]})
+                  if attrs and common else None,
+                  lambda: _ByKeyword({called[0]: Taken(0)}) if called else None]
+        for make in makers:
+            if make() is None:
+                continue
+            whole = module.visit(make()).code
+            along = make()
+            wanted = along.changes if hasattr(along, "changes") else (
+                lambda n: isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value in along.calls)
+            assert along.along(module, wanted).code == whole, path
+            checked += 1
+            changed += whole != module.code
+    assert checked > 60 and changed > 60, (checked, changed)
+
+
+def _names(module):
+    import libcst.matchers as m
+
+    return m.findall(module, m.Name())
+
+
+def _attributes(module):
+    import libcst.matchers as m
+
+    return m.findall(module, m.Attribute())
+
+
+def _calls(module):
+    import libcst.matchers as m
+
+    return m.findall(module, m.Call())

@@ -21,7 +21,6 @@ from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
 from accelerate_rewrite.codemod.tree.flow import maybe_unbound
 from accelerate_rewrite.codemod.tree.layout import Splice
 from accelerate_rewrite.codemod.tree.parse import parse_module
-from accelerate_rewrite.codemod.tree.walk import reads_any
 from accelerate_rewrite.codemod.result import Kind, Result  # noqa: F401 (plain data: codemod/result.py)
 from accelerate_rewrite.codemod.collector import GC_THRESHOLDS, fewer_collections  # noqa: F401 (benchmarks, tests read them here)
 from accelerate_rewrite.codemod.project.compat import Compatible, calls_by_keyword, compatible
@@ -354,9 +353,8 @@ def _rewrite(
                           layout=unit.layout)
         if unit.aliases or unit.renames:  # ``train`` read as ``E.train`` again, in the statements the
             kept = unit.layout.statements  # edits changed (and ``A`` as the ``B`` it was imported as)
-            spelled = set(unit.aliases) | set(unit.renames)
-            new = new.with_changes(body=[s if id(s) in kept or not reads_any(s, spelled)
-                                         else s.visit(Realias(unit.aliases, unit.renames)) for s in new.body])
+            back = Realias(unit.aliases, unit.renames)  # (along the paths to those names only)
+            new = new.with_changes(body=[s if id(s) in kept else back.along(s, back.changes) for s in new.body])
         splice = unit.layout.splice(new) if unit.layout is not None else None
         code = restore(unit.head, unit.roundtrip, splice.code if splice is not None else new.code)
         # the tree whose code the text is, where it is (no alias read back, no line put back)

@@ -43,7 +43,7 @@ from typing import Optional, Sequence, Union
 import libcst as cst
 
 from accelerate_rewrite.codemod.analysis.syntax import code
-from accelerate_rewrite.codemod.tree.walk import reads_any
+from accelerate_rewrite.codemod.tree.walk import Along
 
 NAME = "fabric"
 
@@ -391,7 +391,7 @@ def _reads_fabric(node: cst.CSTNode) -> bool:
     return bool(found)
 
 
-class _ByKeyword(cst.CSTTransformer):
+class _ByKeyword(Along, cst.CSTTransformer):
     """``init_distributed_mode(fabric, args)`` -> ``init_distributed_mode(args, fabric=fabric)``;
     ``create_d_vae(path, size, fabric)``, where `fabric` took ``device``'s place ->
     ``create_d_vae(path, size, fabric.device, fabric=fabric)``."""
@@ -457,12 +457,18 @@ def calls_by_keyword(text: str, calls: dict[str, Taken], tree: Optional[cst.Modu
     visitor = _ByKeyword(calls)
     known = layout.statements if layout is not None and tree is not None else {}
     body = []
-    names = frozenset(calls)
+    def called(node: cst.CSTNode) -> bool:  # a call of one of them: what the visitor may change
+        if type(node) is not cst.Call:
+            return False
+        func = node.func
+        return (func.attr.value if type(func) is cst.Attribute else func.value if type(func) is cst.Name
+                else None) in calls
+
     for stmt in module.body:
         code_of = known.get(id(stmt))
-        # a statement whose code (or, for one the edits made, whose tree) names none is kept
-        unnamed = not named.search(code_of[0]) if code_of is not None else not reads_any(stmt, names)
-        body.append(stmt if unnamed else stmt.visit(visitor))
+        # a statement whose code names none is kept; the others are gone through along the
+        # paths to such calls only
+        body.append(stmt if code_of is not None and not named.search(code_of[0]) else visitor.along(stmt, called))
     if not visitor.changed:
         return text
     new = module.with_changes(body=body)

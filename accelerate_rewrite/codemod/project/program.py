@@ -45,6 +45,7 @@ import libcst as cst
 
 from accelerate_rewrite.codemod.tree.layout import Layout
 from accelerate_rewrite.codemod.tree.toplevel import python_tree
+from accelerate_rewrite.codemod.tree.walk import Along
 # Scope and candidates are read with ast only: the runner reaches them without loading libcst
 from accelerate_rewrite.codemod.analysis.siblings import (  # noqa: F401
     MAX_MODULES,
@@ -259,7 +260,7 @@ def _reads_through(code: str, through: str, names: set[str]) -> tuple[set[str], 
     return used, None
 
 
-class _Dealias(cst.CSTTransformer):
+class _Dealias(Along, cst.CSTTransformer):
     """``E.train`` -> ``train`` and, for ``from utils import A as B``, ``B`` -> ``A``, for the
     analysis."""
 
@@ -268,6 +269,10 @@ class _Dealias(cst.CSTTransformer):
         self.aliases = aliases
         self.back = {file: analysis for analysis, file in (renames or {}).items()}
         self.kept: set[int] = set()
+        through = set(aliases.values())
+        #: the nodes it may change (``Along``): ``E.train``, a ``B`` of ``from utils import A as B``
+        self.changes = lambda n: (type(n) is cst.Attribute and type(n.value) is cst.Name  # noqa: E731
+                                  and n.value.value in through) or (type(n) is cst.Name and n.value in self.back)
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self.kept.add(id(node.attr))
@@ -292,7 +297,7 @@ class _Dealias(cst.CSTTransformer):
         return updated.with_changes(value=analysis)
 
 
-class Realias(cst.CSTTransformer):
+class Realias(Along, cst.CSTTransformer):
     """``train`` -> ``E.train`` again in the file: every ``train`` read there came from ``E.train``
     (``_reads_through`` made sure the script has no name of its own so); and ``A`` -> ``B`` for
     ``from utils import A as B`` (``_renamable`` made sure ``A`` is no other name there)."""
@@ -302,6 +307,8 @@ class Realias(cst.CSTTransformer):
         self.aliases = aliases
         self.renames = renames or {}
         self.kept: set[int] = set()
+        #: the nodes it may change (``Along``): the names it reads back through a module, or renames
+        self.changes = lambda n: type(n) is cst.Name and (n.value in self.renames or n.value in aliases)  # noqa: E731
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self.kept.add(id(node.attr))
@@ -667,7 +674,7 @@ def build(path: str, head: str, module: cst.Module, source: str,
         if (p, i) not in read_as:
             stmt = parts[p].module.body[i]
             if dealias[p] is not None and any(name in parts[p].layout.piece(stmt)[0] for name in spelled[p]):
-                stmt = stmt.visit(dealias[p])
+                stmt = dealias[p].along(stmt, dealias[p].changes)
             read_as[p, i] = stmt
     body = [read_as[key] for key in origin]
     combined = module.with_changes(body=body)

@@ -133,16 +133,55 @@ def _children(node: cst.CSTNode) -> list[cst.CSTNode]:
     return out
 
 
-def reads_any(node: cst.CSTNode, names: frozenset[str] | set[str]) -> bool:
-    """Whether a Name in ``node``'s subtree is one of ``names`` (walked as ``_walk`` walks, no
-    copy of a node made): what a transformer that renames them would change, if anything."""
+def paths_to(node: cst.CSTNode, wanted: Callable[[cst.CSTNode], bool]) -> set[int]:
+    """The ids of the nodes ``wanted`` says yes to in ``node``'s subtree and of every node
+    above them up to ``node`` (walked as ``_walk`` walks, tokens left out): what a transformer
+    that changes only such nodes rebuilds (``Along``). Empty where there is none."""
+    out: set[int] = set()
+    above: dict[int, cst.CSTNode] = {}
     todo = [node]
     while todo:
         current = todo.pop()
-        if type(current) is cst.Name and current.value in names:
-            return True
-        todo.extend(_children(current))
-    return False
+        if wanted(current):
+            key = id(current)
+            while key not in out:
+                out.add(key)
+                up = above.get(key)
+                if up is None:
+                    break
+                key = id(up)
+        for child in _children(current):
+            above[id(child)] = current
+            todo.append(child)
+    return out
+
+
+class Along:
+    """A CSTTransformer mixin: with ``path`` (``paths_to``) set, only the nodes on it are gone
+    into and left (the transformer's own ``visit_``/``leave_`` methods); every other node is
+    kept as it is, not rebuilt. For a transformer that changes only the nodes ``paths_to`` was
+    asked for: the same tree as going through every node."""
+
+    path: Optional[set[int]] = None
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.path is not None and id(node) not in self.path:
+            return False
+        return super().on_visit(node)  # type: ignore[misc]
+
+    def on_leave(self, original_node, updated_node):
+        if self.path is not None and id(original_node) not in self.path:
+            return updated_node
+        return super().on_leave(original_node, updated_node)  # type: ignore[misc]
+
+    def along(self, node: cst.CSTNode, wanted: Callable[[cst.CSTNode], bool]):
+        """``node`` gone through along the paths to the nodes ``wanted`` says yes to (``node``
+        itself where there is none)."""
+        self.path = paths_to(node, wanted)
+        try:
+            return node.visit(self) if self.path else node  # type: ignore[arg-type]
+        finally:
+            self.path = None
 
 
 class Spans:
