@@ -125,36 +125,35 @@ def _start(work: Path, command: str, *extra: str) -> subprocess.Popen:
     )
 
 
+def _signalled(work: Path, process: subprocess.Popen, sig: int) -> bytes:
+    """``sig`` sent to the command once its run is on; what it printed, once it and every process
+    of its run are gone (killed afterwards if not, the test failing)."""
+    try:
+        pids = _pids(work / "pids.txt")  # the original's run: the script and its helper
+        process.send_signal(sig)
+        out, _ = process.communicate(timeout=30)
+        _none_left(pids, process.pid)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return out
+
+
 SIGNALS = [signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGKILL]
 
 
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
 def test_a_signal_to_verify_ends_its_run(tmp_path, sig):
     verifier = _start(tmp_path, "verify")
-    try:
-        pids = _pids(tmp_path / "pids.txt")  # the original's run: the script and its helper
-        verifier.send_signal(sig)
-        out, _ = verifier.communicate(timeout=30)
-        _none_left(pids, verifier.pid)
-    finally:
-        if verifier.poll() is None:
-            verifier.kill()
-            verifier.wait()
+    out = _signalled(tmp_path, verifier, sig)
     # the conventional exit status: 128 + the signal's number (SIGKILL: killed by it)
     assert verifier.returncode == (-sig if sig == signal.SIGKILL else 128 + sig), out.decode(errors="replace")
 
 
 def test_a_signal_to_tune_ends_its_run(tmp_path):
     tuner = _start(tmp_path, "tune", "--try", "--precision 32-true")
-    try:
-        pids = _pids(tmp_path / "pids.txt")
-        tuner.send_signal(signal.SIGTERM)
-        out, _ = tuner.communicate(timeout=30)
-        _none_left(pids, tuner.pid)
-    finally:
-        if tuner.poll() is None:
-            tuner.kill()
-            tuner.wait()
+    out = _signalled(tmp_path, tuner, signal.SIGTERM)
     assert tuner.returncode == 128 + signal.SIGTERM, out.decode(errors="replace")
 
 

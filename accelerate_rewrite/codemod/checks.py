@@ -404,36 +404,35 @@ def _all_names_resolve(pieces: list[str], future: int = 0) -> bool:
     tables (the compiler's, in C: much cheaper than LibCST's scope analysis, which then runs
     only when this can't show it). False when unsure (``from x import *``, a name that may be
     unbound)."""
-    found = _unresolved(pieces, future)
-    return found is not None and not found[0] and not found[1]
+    return _unresolved(pieces, future) == frozenset()
 
 
 @functools.lru_cache(maxsize=8)
-def _unresolved_in(text: str) -> Optional[tuple[frozenset[str], bool]]:
+def _unresolved_in(text: str) -> Optional[frozenset[str]]:
     """``_unresolved`` of a whole module's text (an input, asked again at each attempt)."""
     return _unresolved([text])
 
 
 def _no_new_unresolved(pieces: list[str], future: int, original: Optional[str]) -> bool:
     """Whether the result (its pieces) reads, unbound by Python's symbol tables, only names the
-    ``original`` text read so too, neither importing ``*`` where the original did not: then the
-    result uses no name that is no longer defined, and LibCST's scope analysis of it is not
-    needed (the names a star import may bind, the original's own undefined reads)."""
+    ``original`` text read so too: then the result uses no name that is no longer defined, and
+    LibCST's scope analysis of it is not needed (the names a star import binds, which the
+    symbol tables don't know, are unbound in both)."""
     found = _unresolved(pieces, future)
     if found is None:
         return False
-    if not found[0] and not found[1]:
+    if not found:
         return True
     if original is None or original.count("\n") >= 2 * PIECE_LINES:
         return False
     before = _unresolved_in(original)
-    return before is not None and found[0] <= before[0] and (before[1] or not found[1])
+    return before is not None and found <= before
 
 
-def _unresolved(pieces: list[str], future: int = 0) -> Optional[tuple[frozenset[str], bool]]:
+def _unresolved(pieces: list[str], future: int = 0) -> Optional[frozenset[str]]:
     """The names the module (given as the pieces of its text, ``_pieces``) reads that are not
     bound in their scope, an enclosing one, the module or the builtins, by Python's own symbol
-    tables, and whether it imports ``*``; None where a piece has no symbol table. A function's
+    tables (a star import binds none there); None where a piece has no symbol table. A function's
     symbols are its piece's alone; the module's are those of every piece, and a name a piece
     reads of the module is looked for among them all. ``future``: the future features the first
     piece turns on (``_compile``), of which postponed annotations change what the others read."""
@@ -462,5 +461,5 @@ def _unresolved(pieces: list[str], future: int = 0) -> Optional[tuple[frozenset[
                     global_read = symbol.is_global() or not (symbol.is_local() or symbol.is_free())
                 if global_read:
                     global_reads.add(symbol.get_name())
-    return frozenset(global_reads - module_names - _IMPLICIT), "*" in module_names
+    return frozenset(global_reads - module_names - _IMPLICIT)
 

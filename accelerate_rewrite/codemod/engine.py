@@ -354,11 +354,11 @@ def _rewrite(
         if unit.aliases or unit.renames:  # ``train`` read as ``E.train`` again, in the statements the
             kept = unit.layout.statements  # edits changed (and ``A`` as the ``B`` it was imported as)
             back = Realias(unit.aliases, unit.renames)  # (along the paths to those names only)
-            new = new.with_changes(body=[s if id(s) in kept else back.along(s, back.changes) for s in new.body])
+            new = new.with_changes(body=[s if id(s) in kept else back.along(s) for s in new.body])
         splice = unit.layout.splice(new) if unit.layout is not None else None
         code = restore(unit.head, unit.roundtrip, splice.code if splice is not None else new.code)
         # the tree whose code the text is, where it is (no alias read back, no line put back)
-        made_trees[unit.index] = new if unit.roundtrip == unit.head and not (unit.aliases or unit.renames) else None
+        made_trees[unit.index] = new if unit.printed_as_read else None
         return code, (splice if unit.roundtrip == unit.head else None)
 
     for unit in units:
@@ -414,7 +414,7 @@ def _rewrite(
             why = unit.refusal(unit.source, code) if unit.refusal is not None else None
             if why is None:
                 continue
-            same = unit.roundtrip == unit.head and not (unit.aliases or unit.renames)  # the view is the file's tree
+            same = unit.printed_as_read  # the view is the file's tree
             made = compatible(unit.head, head_code, unit.view if same else None, made_trees.get(unit.index),
                               unit.layout if same else None) if unit.compatible else None
             if made is None:

@@ -88,18 +88,23 @@ def _alias_results(f: Facts, fn: "F.Function") -> None:
     if names is None or not any(names):
         return
     for call in fn.calls:
-        assign = f.parent(call)
-        if not isinstance(assign, cst.Assign) or assign.value is not call or len(assign.targets) != 1:
-            continue
-        target = assign.targets[0].target
-        elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) \
-            else [target]
-        if len(elements) != len(names):
+        elements = _unpacked_into(f, call)
+        if elements is None or len(elements) != len(names):
             continue
         for element, name in zip(elements, names):
             key = f.key_of(element) if isinstance(element, (cst.Name, cst.Attribute)) else None
             if key is not None and name is not None:
                 f._aliases.append((key, name))
+
+
+def _unpacked_into(f: Facts, call: cst.Call) -> Optional[list[cst.BaseExpression]]:
+    """What ``call``'s result is assigned to, element by element (``a, b = call()``: a, b;
+    ``x = call()``: x), or None where it is not the value of a one-target assignment."""
+    assign = f.parent(call)
+    if not isinstance(assign, cst.Assign) or assign.value is not call or len(assign.targets) != 1:
+        return None
+    target = assign.targets[0].target
+    return [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
 
 
 def find_returned_loaders(f: Facts) -> None:
@@ -170,13 +175,8 @@ def _bind_results(f: Facts, call: cst.Call, positions, label: str) -> None:
     """The names ``call``'s result is unpacked into, at the positions that are loaders, become
     loaders bound there (``positions``: per element, the key of the loader built inside the
     helper, ``()`` for one built elsewhere, None for a non-loader)."""
-    assign = f.parent(call)
-    if not isinstance(assign, cst.Assign) or assign.value is not call or len(assign.targets) != 1:
-        return
-    target = assign.targets[0].target
-    elements = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) \
-        else [target]
-    if len(elements) != len(positions):
+    elements = _unpacked_into(f, call)
+    if elements is None or len(elements) != len(positions):
         return
     stmt = f.statement(call)
     for element, inner in zip(elements, positions):

@@ -95,14 +95,11 @@ def remove_stale_temps(target: Path) -> list[Path]:
     return removed
 
 
-def write_atomic(path: Path, data: bytes, *, expected: bytes | None = None) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
-
-    The file's mode is kept; a symlink is followed to its target (the link stays a link).
-    With ``expected``, a file whose bytes changed since they were read is not overwritten.
-    The temporary file is named ``.NAME.accelerate-rewrite-PID-XXXXXXXX.tmp``, so that one left
-    by a killed run is recognised, and removed by the next write of the same file.
-    """
+def _stage(path: Path, data: bytes, expected: bytes | None) -> tuple[Path, str]:
+    """``path``'s target (a symlink followed) and a temporary file beside it holding ``data``,
+    written through, with the file's mode: what a write renames over the file. A SourceError
+    where the file changed since it was read (``expected``), is read-only, or its folder takes no
+    file; an OSError where the temporary file can't be written (it is removed)."""
     target = Path(os.path.realpath(path))
     remove_stale_temps(target)
     if expected is not None:
@@ -124,21 +121,40 @@ def write_atomic(path: Path, data: bytes, *, expected: bytes | None = None) -> N
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}{TEMP_MARK}{os.getpid()}-", suffix=".tmp",
                                    dir=target.parent)
     except OSError as exc:
-        raise SourceError(
-            f"{path}: cannot write in {target.parent} ({exc.strerror}); not written"
-        ) from None
+        raise SourceError(f"{path}: cannot write in {target.parent} ({exc.strerror}); not written") from None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except OSError as exc:
+    except OSError:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        raise
+    return target, tmp
+
+
+def write_atomic(path: Path, data: bytes, *, expected: bytes | None = None) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
+
+    The file's mode is kept; a symlink is followed to its target (the link stays a link).
+    With ``expected``, a file whose bytes changed since they were read is not overwritten.
+    The temporary file is named ``.NAME.accelerate-rewrite-PID-XXXXXXXX.tmp``, so that one left
+    by a killed run is recognised, and removed by the next write of the same file.
+    """
+    tmp = None
+    try:
+        target, tmp = _stage(path, data, expected)
+        os.replace(tmp, target)
+    except OSError as exc:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         raise SourceError(f"{path}: write failed ({exc.strerror}); the original is unchanged") from None
 
 
@@ -160,28 +176,8 @@ def write_atomic_set(items: list[tuple[Path, bytes, bytes]]) -> None:
 
     try:
         for path, data, expected in items:
-            target = Path(os.path.realpath(path))
-            remove_stale_temps(target)
-            try:
-                current = target.read_bytes()
-            except OSError as exc:
-                raise SourceError(f"{path}: cannot be re-read before writing ({exc.strerror})") from None
-            if current != expected:
-                raise SourceError(f"{path}: changed on disk since it was read; not overwritten")
-            mode = stat.S_IMODE(target.stat().st_mode)
-            if not mode & 0o222 or not os.access(target, os.W_OK):
-                raise SourceError(f"{path}: is read-only; not written")
-            try:
-                fd, tmp = tempfile.mkstemp(prefix=f".{target.name}{TEMP_MARK}{os.getpid()}-", suffix=".tmp",
-                                           dir=target.parent)
-            except OSError as exc:
-                raise SourceError(f"{path}: cannot write in {target.parent} ({exc.strerror}); not written") from None
+            target, tmp = _stage(path, data, expected)
             staged.append((path, target, tmp, expected))
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(tmp, mode)
     except SourceError as exc:
         discard()
         raise SourceError(f"{exc}; none of the {len(items)} files of the project written") from None

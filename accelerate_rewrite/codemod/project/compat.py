@@ -401,6 +401,14 @@ class _ByKeyword(Along, cst.CSTTransformer):
         self.calls = calls
         self.changed = False
 
+    def changes(self, node: cst.CSTNode) -> bool:
+        """A call of one of the functions (``Along``: only the paths to them are gone through)."""
+        if type(node) is not cst.Call:
+            return False
+        func = node.func
+        return (func.attr.value if type(func) is cst.Attribute else func.value if type(func) is cst.Name
+                else None) in self.calls
+
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         func = updated.func
         name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) \
@@ -457,18 +465,11 @@ def calls_by_keyword(text: str, calls: dict[str, Taken], tree: Optional[cst.Modu
     visitor = _ByKeyword(calls)
     known = layout.statements if layout is not None and tree is not None else {}
     body = []
-    def called(node: cst.CSTNode) -> bool:  # a call of one of them: what the visitor may change
-        if type(node) is not cst.Call:
-            return False
-        func = node.func
-        return (func.attr.value if type(func) is cst.Attribute else func.value if type(func) is cst.Name
-                else None) in calls
-
     for stmt in module.body:
         code_of = known.get(id(stmt))
         # a statement whose code names none is kept; the others are gone through along the
         # paths to such calls only
-        body.append(stmt if code_of is not None and not named.search(code_of[0]) else visitor.along(stmt, called))
+        body.append(stmt if code_of is not None and not named.search(code_of[0]) else visitor.along(stmt))
     if not visitor.changed:
         return text
     new = module.with_changes(body=body)

@@ -260,19 +260,14 @@ def _reads_through(code: str, through: str, names: set[str]) -> tuple[set[str], 
     return used, None
 
 
-class _Dealias(Along, cst.CSTTransformer):
-    """``E.train`` -> ``train`` and, for ``from utils import A as B``, ``B`` -> ``A``, for the
-    analysis."""
+class _Renaming(Along, cst.CSTTransformer):
+    """What the project's two name transformers share: the names that are not read as names
+    (an attribute's, a keyword's, an imported name's own) are kept; each says which nodes it may
+    change (``changes``: ``Along`` goes only along the paths to them)."""
 
-    def __init__(self, aliases: dict[str, str], renames: Optional[dict[str, str]] = None) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.aliases = aliases
-        self.back = {file: analysis for analysis, file in (renames or {}).items()}
         self.kept: set[int] = set()
-        through = set(aliases.values())
-        #: the nodes it may change (``Along``): ``E.train``, a ``B`` of ``from utils import A as B``
-        self.changes = lambda n: (type(n) is cst.Attribute and type(n.value) is cst.Name  # noqa: E731
-                                  and n.value.value in through) or (type(n) is cst.Name and n.value in self.back)
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self.kept.add(id(node.attr))
@@ -283,6 +278,22 @@ class _Dealias(Along, cst.CSTTransformer):
 
     def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
         self.kept.add(id(node.name))  # ``from utils import A as B``: the module's name for it
+
+
+class _Dealias(_Renaming):
+    """``E.train`` -> ``train`` and, for ``from utils import A as B``, ``B`` -> ``A``, for the
+    analysis."""
+
+    def __init__(self, aliases: dict[str, str], renames: Optional[dict[str, str]] = None) -> None:
+        super().__init__()
+        self.aliases = aliases
+        self.back = {file: analysis for analysis, file in (renames or {}).items()}
+        self.through = set(aliases.values())
+
+    def changes(self, node: cst.CSTNode) -> bool:
+        """``E.train``, a ``B`` of ``from utils import A as B``."""
+        return (type(node) is cst.Attribute and type(node.value) is cst.Name and node.value.value in self.through) \
+            or (type(node) is cst.Name and node.value in self.back)
 
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
         if (isinstance(updated.value, cst.Name) and self.aliases.get(updated.attr.value) == updated.value.value
@@ -297,7 +308,7 @@ class _Dealias(Along, cst.CSTTransformer):
         return updated.with_changes(value=analysis)
 
 
-class Realias(Along, cst.CSTTransformer):
+class Realias(_Renaming):
     """``train`` -> ``E.train`` again in the file: every ``train`` read there came from ``E.train``
     (``_reads_through`` made sure the script has no name of its own so); and ``A`` -> ``B`` for
     ``from utils import A as B`` (``_renamable`` made sure ``A`` is no other name there)."""
@@ -306,19 +317,10 @@ class Realias(Along, cst.CSTTransformer):
         super().__init__()
         self.aliases = aliases
         self.renames = renames or {}
-        self.kept: set[int] = set()
-        #: the nodes it may change (``Along``): the names it reads back through a module, or renames
-        self.changes = lambda n: type(n) is cst.Name and (n.value in self.renames or n.value in aliases)  # noqa: E731
 
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        self.kept.add(id(node.attr))
-
-    def visit_Arg(self, node: cst.Arg) -> None:
-        if node.keyword is not None:
-            self.kept.add(id(node.keyword))
-
-    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
-        self.kept.add(id(node.name))  # ``from utils import A as B``: the module's name for it
+    def changes(self, node: cst.CSTNode) -> bool:
+        """The names it reads back through a module, or renames."""
+        return type(node) is cst.Name and (node.value in self.renames or node.value in self.aliases)
 
     def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
         if id(original) in self.kept:
@@ -674,7 +676,7 @@ def build(path: str, head: str, module: cst.Module, source: str,
         if (p, i) not in read_as:
             stmt = parts[p].module.body[i]
             if dealias[p] is not None and any(name in parts[p].layout.piece(stmt)[0] for name in spelled[p]):
-                stmt = dealias[p].along(stmt, dealias[p].changes)
+                stmt = dealias[p].along(stmt)
             read_as[p, i] = stmt
     body = [read_as[key] for key in origin]
     combined = module.with_changes(body=body)

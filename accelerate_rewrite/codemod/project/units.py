@@ -57,6 +57,12 @@ class Unit:
     #: (codemod/edits/preserve.py)
     trivia: dict = field(default_factory=dict)
 
+    @property
+    def printed_as_read(self) -> bool:
+        """Whether the view's tree prints as the file's text (and a tree made from it as the text
+        made): no alias read back, no line LibCST prints otherwise put back."""
+        return self.roundtrip == self.head and not (self.aliases or self.renames)
+
     def local(self, line: int) -> Optional[int]:
         unit, local = self.where(line)
         return local if unit == self.index else None

@@ -159,10 +159,14 @@ def paths_to(node: cst.CSTNode, wanted: Callable[[cst.CSTNode], bool]) -> set[in
 class Along:
     """A CSTTransformer mixin: with ``path`` (``paths_to``) set, only the nodes on it are gone
     into and left (the transformer's own ``visit_``/``leave_`` methods); every other node is
-    kept as it is, not rebuilt. For a transformer that changes only the nodes ``paths_to`` was
-    asked for: the same tree as going through every node."""
+    kept as it is, not rebuilt. For a transformer that changes only the nodes its ``changes``
+    says yes to: the same tree as going through every node."""
 
     path: Optional[set[int]] = None
+
+    def changes(self, node: cst.CSTNode) -> bool:
+        """Whether the transformer may change ``node`` (every node it may change, at least)."""
+        raise NotImplementedError
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self.path is not None and id(node) not in self.path:
@@ -174,10 +178,10 @@ class Along:
             return updated_node
         return super().on_leave(original_node, updated_node)  # type: ignore[misc]
 
-    def along(self, node: cst.CSTNode, wanted: Callable[[cst.CSTNode], bool]):
-        """``node`` gone through along the paths to the nodes ``wanted`` says yes to (``node``
+    def along(self, node: cst.CSTNode):
+        """``node`` gone through along the paths to the nodes ``changes`` says yes to (``node``
         itself where there is none)."""
-        self.path = paths_to(node, wanted)
+        self.path = paths_to(node, self.changes)
         try:
             return node.visit(self) if self.path else node  # type: ignore[arg-type]
         finally:
