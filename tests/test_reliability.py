@@ -191,6 +191,40 @@ def test_comments_inside_the_edited_statements_may_go_but_not_around_them():
         "it would lose the comment `# print it` (line 8)"
 
 
+#: texts whose strings and comments preserve.trivia's scan must tell apart as tokenize does
+TRIVIA_TEXTS = [
+    "x = 1  # one\n\n# two\ny = '# no'\n",
+    'doc = """\n# in a string\n\n  \n"""  # after\n\nz = 2\n',
+    "s = '''a\n\nb''' ; t = \"\"\"\"\"\"\n\n",
+    "u = 'it\\'s # no' + \"q\\\" # no\"  # yes\n",
+    "v = 'one \\\n# still in it'\nw = 1\n",
+    "f(a,\n\n  # inside brackets\n  b)\n",
+    "g = rb'\\d#' + f\"{x['#']}\"\n  \n",
+    "e = '\"\"\"'  # a quote in quotes\n'''a \"\"\" b'''\n",
+    "h = 1",
+    "h = 1  # no line break",
+    "# only a comment",
+    "h = 1\n   ",
+    "h = 1\n\n",
+    "",
+]
+#: texts the scan leaves to tokenize: a line continued by a backslash, a form feed
+TRIVIA_UNSURE = ["x = 1 + \\\n    2  # continued\n", "a = 1\n\x0c\nb = 2\n"]
+
+
+@pytest.mark.parametrize("text", TRIVIA_TEXTS + TRIVIA_UNSURE)
+def test_trivia_scan_finds_what_tokenize_finds(text):
+    compile(text, "<text>", "exec", dont_inherit=True)  # only what Python reads comes here
+    normal = preserve._normalised(text)
+    scanned = preserve._scanned(normal)
+    if text in TRIVIA_UNSURE:
+        assert scanned is None
+    else:
+        comments, blank = scanned
+        assert tuple(sorted(comments + [(line, "") for line in blank])) == preserve._tokenized(normal)
+    assert preserve.trivia(text) == preserve._tokenized(normal)
+
+
 def test_restore_is_a_three_way_merge_by_lines():
     source = "a = 1\nb = 2 ;\nc = 3\n"
     roundtrip = "a = 1\nb = 2;\nc = 3\n"

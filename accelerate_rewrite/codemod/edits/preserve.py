@@ -24,6 +24,7 @@ import bisect
 from functools import lru_cache
 import difflib
 import io
+import re
 import tokenize
 from difflib import SequenceMatcher
 from typing import Callable, Iterable, Optional
@@ -92,13 +93,77 @@ def _normalised(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
+#: what tells comments from strings: a string (triple-quoted first, as tokenize reads them; a
+#: backslash escapes the next character, a newline too), a comment, and what the scan leaves
+#: to tokenize: a line continued by a backslash, a quote that starts no string
+_STRING_OR_COMMENT = re.compile(
+    r'''(?:"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""'''
+    r"""|'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''"""
+    r'''|"[^"\\\n]*(?:\\.[^"\\\n]*)*"|'[^'\\\n]*(?:\\.[^'\\\n]*)*')'''
+    r"|(?P<comment>#[^\n]*)|(?P<unsure>\\\n|['\"])", re.S)
+#: a line of whitespace alone (any, but a line break)
+_BLANK_LINE = re.compile(r"^[^\S\n]*$", re.M)
+
+
+def _scanned(normal: str) -> Optional[tuple[list[tuple[int, str]], set[int]]]:
+    """The comments (line, text) and the blank lines of a text with one line ending, as
+    tokenize finds them, read by regular expressions over its strings and comments (tokenize
+    reads every token, in Python); None where the scan can't be sure: a line continued by a
+    backslash, a quote that opens no string, a blank line of other whitespace than spaces and
+    tabs (a form feed)."""
+    comments: list[tuple[int, str]] = []
+    inside: list[tuple[int, int]] = []  # lines a string spans: (its first, its last)
+    line, at = 1, 0
+    for found in _STRING_OR_COMMENT.finditer(normal):
+        if found.lastgroup == "unsure":
+            return None
+        start = found.start()
+        line += normal.count("\n", at, start)
+        at = start
+        if found.lastgroup == "comment":
+            comments.append((line, found.group().rstrip()))
+            continue
+        spanned = found.group().count("\n")
+        if spanned:
+            inside.append((line, line + spanned))
+            line += spanned
+            at = found.end()
+    blank: set[int] = set()
+    line, at, k = 1, 0, 0
+    for found in _BLANK_LINE.finditer(normal):
+        start = found.start()
+        if start == len(normal):
+            break  # the empty "line" after the last line break
+        if found.group().strip(" \t"):
+            return None
+        line += normal.count("\n", at, start)
+        at = start
+        while k < len(inside) and inside[k][1] < line:
+            k += 1
+        if k == len(inside) or not inside[k][0] < line:
+            blank.add(line)
+    last = normal.rpartition("\n")[2]
+    if last and not last.strip().startswith("#"):  # tokenize's NEWLINE at the end of a last line
+        blank.add(normal.count("\n") + 1)        # without a line break, with no text of its own
+    return comments, blank
+
+
 @lru_cache(maxsize=16)
 def trivia(text: str) -> Optional[tuple[tuple[int, str], ...]]:
     """``(line, comment text or "")`` for every comment and blank line; None if it does not
     tokenize. Kept for the last texts asked about: a rewrite asks of its input at every attempt
     at the edits, and of its result twice."""
-    out: list[tuple[int, str]] = []
     normal = _normalised(text)
+    scanned = _scanned(normal)
+    if scanned is not None:
+        comments, blank = scanned
+        return tuple(sorted(comments + [(line, "") for line in blank]))
+    return _tokenized(normal)
+
+
+def _tokenized(normal: str) -> Optional[tuple[tuple[int, str], ...]]:
+    """``trivia`` by tokenize."""
+    out: list[tuple[int, str]] = []
     blank_done: set[int] = set()
     try:
         for tok in tokenize.generate_tokens(io.StringIO(normal).readline):

@@ -44,14 +44,15 @@ class _Read(NamedTuple):
 def _read(text: str) -> Optional[_Read]:
     """What is kept of Python's parse of ``text`` (None where it can't parse it): one parse for
     the pieces of codemod/tree/parse.py, codemod/tree/layout.py's cut of the text and codemod/analysis/siblings.py's
-    look for the project's modules. The parse itself is let go before the statements are made:
-    its nodes fill memory that small objects made while it is alive would keep from going back
-    (a long script's parse takes about twice the memory of its LibCST tree)."""
+    look for the project's modules; a short text's parse is ``python_tree``'s, shared with the
+    project's other looks. A long one's is let go before the statements are made: its nodes fill
+    memory that small objects made while it is alive would keep from going back (a long
+    script's parse takes about twice the memory of its LibCST tree)."""
     enabled = gc.isenabled()
     gc.disable()  # a parse makes a node every few characters, in no cycle: the collector's
     try:          # passes over them while they live (half a second at 50k lines) find nothing
         try:
-            tree = ast.parse(text)
+            tree = python_tree(text)  # a short text's tree is the one the project's looks read
         except (SyntaxError, ValueError, MemoryError, RecursionError):
             return None
         count, numbers = len(tree.body), array("q")  # the statements as numbers: no object each
