@@ -234,7 +234,8 @@ class Reporter:
 
         self._flush_out()
         shown = escape(str(path))
-        p = self.err.print
+        lines: list[str] = []  # printed at once: a print each costs rich's rendering each
+        p = lines.append
         p(f"[bold]{shown}[/]: {escape(status)}")
         for note in result.changes:
             p(f"  [cyan]{note.rule}[/] {at(note.line)}: {escape(one_line(note.message))}")
@@ -256,6 +257,7 @@ class Reporter:
             p("  [red]dropped[/]:")
             for line in result.dropped:
                 p(f"    {escape(one_line(line))}")
+        self.err.print("\n".join(lines))
 
     def final(self, tally: Tally) -> None:
         if self.silent:
