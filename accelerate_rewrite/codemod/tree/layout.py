@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Mapping, Optional
 import libcst as cst
 from libcst._nodes.internal import CodegenState
 
-from accelerate_rewrite.codemod.tree.toplevel import line_list
+from accelerate_rewrite.codemod.tree.toplevel import KEPT_TREE_LINES, line_list, python_tree
 from accelerate_rewrite.codemod.tree.toplevel import statements as python_statements
 
 _NEWLINE = re.compile(r"\r\n?|\n")
@@ -55,7 +55,7 @@ class Layout:
         self._names: dict[int, frozenset[str]] = {}
 
     def __getattr__(self, name: str):  # only for what is not there yet: the pieces, made once
-        if name in ("header", "statements", "heights", "footer", "joins", "code"):
+        if name in ("header", "statements", "heights", "footer", "joins", "code", "python_at"):
             self._build()
             return self.__dict__[name]
         raise AttributeError(name)
@@ -69,6 +69,9 @@ class Layout:
         line_no = 1 + _lines_in(state.tokens)
         if self.text is not None and not self.known and self._cut(state, line_no):
             return
+        #: id(top-level statement) -> the index of its first statement in Python's parse of the
+        #: text, where its code is cut from the text (``_cut``; ``python_body``)
+        self.python_at: dict[int, int] = {}
         #: id(top-level statement) -> (its code, the line its code starts on)
         self.statements: dict[int, tuple[str, int]] = {}
         #: id(top-level statement) -> the line breaks in its code
@@ -112,8 +115,9 @@ class Layout:
         header = len(module.header)
         if "".join(lines[:header]) != self.header:
             return False
-        k, starts = 0, []
+        k, starts, python_at = 0, [], {}
         for node in module.body:
+            python_at[id(node)] = k
             first = stmts[k] if k < len(stmts) else None
             k += len(node.body) if isinstance(node, cst.SimpleStatementLine) else 1
             if first is None or k > len(stmts):
@@ -141,13 +145,26 @@ class Layout:
                 printed = module.code_for_node(node)
                 if printed != code and _lines_in([printed]) != b - a:
                     return False
+                if printed != code:
+                    del python_at[id(node)]  # its code is not the text's
                 code = printed
             statements[id(node)] = (code, a)
             heights[id(node)] = b - a
         self.statements, self.heights, self.footer = statements, heights, footer_code
+        self.python_at = python_at
         self.joins = True
         self.code = "".join([self.header, *(code for code, _ in statements.values()), footer_code])
         return True
+
+    def python_body(self) -> Optional[list]:
+        """Python's parse of the text, its top-level statements (``python_at`` indexes them), where
+        the text is short enough for its tree to be kept (codemod/tree/toplevel.py's ``python_tree``,
+        which the cut of the text parsed already); None otherwise."""
+        if "_python_body" not in self.__dict__:
+            text = self.text
+            self._python_body = python_tree(text).body if text is not None and self.python_at \
+                and text.count("\n") < KEPT_TREE_LINES else None
+        return self._python_body
 
     def piece(self, stmt: cst.CSTNode) -> tuple[str, int]:
         """A top-level statement's code and the line breaks in it (what ``known`` takes)."""

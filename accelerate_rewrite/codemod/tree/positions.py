@@ -239,14 +239,20 @@ class Positions:
 
     def _lines_of(self, top: cst.CSTNode) -> Optional[dict[int, Told]]:
         """id(statement) -> (its first line, whether it or its header is on that line alone, its
-        last line), for the statements of a top-level one, by Python's parse of its code; None
-        where the two parsers' statements do not pair up."""
+        last line), for the statements of a top-level one, by Python's parse of the file's text
+        (where the statement's code is cut from it: codemod/tree/layout.py) or else of its code;
+        None where the two parsers' statements do not pair up."""
+        out: dict[int, Told] = {}
+        at = self.layout.python_at.get(id(top))
+        whole = self.layout.python_body() if at is not None else None
+        if whole is not None:  # the text's parse, whose statement this is: its lines are the file's
+            n = len(top.body) if type(top) is cst.SimpleStatementLine else 1
+            return out if _pair([top], whole[at:at + n], 0, out) else None
         code, start = self.layout.statements[id(top)]
         try:
             body = ast.parse(code).body
         except (SyntaxError, ValueError, MemoryError, RecursionError):
             return None
-        out: dict[int, Told] = {}
         return out if _pair([top], body, start - 1, out) else None
 
     def get(self, node: cst.CSTNode, default=None):
