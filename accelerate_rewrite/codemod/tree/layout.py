@@ -56,7 +56,10 @@ class Layout:
 
     def __getattr__(self, name: str):  # only for what is not there yet: the pieces, made once
         if name in ("header", "statements", "heights", "footer", "joins", "code", "python_at"):
-            self._build()
+            if "statements" not in self.__dict__:
+                self._build()
+            if name == "code" and "code" not in self.__dict__:
+                self.code = self.module.code  # not its pieces joined: printed whole, when asked
             return self.__dict__[name]
         raise AttributeError(name)
 
@@ -96,7 +99,8 @@ class Layout:
         #: whether a module's code is its pieces joined (a module with no trailing newline, or
         #: with nothing in it, is printed otherwise at its end)
         self.joins = module.has_trailing_newline and bool(module.body)
-        self.code = "".join(state.tokens) if self.joins else module.code
+        if self.joins:
+            self.code = "".join(state.tokens)
 
     def _cut(self, state: CodegenState, line_no: int) -> bool:
         """The pieces cut from ``text`` where LibCST would print them as they are there: each
