@@ -26,6 +26,7 @@ ODD = {
     "block_footer": "def f():\n    x = 1\n    # indented, after the block\n\n# at the top level\ny = 2\n",
     "semicolons_and_continuations": "a = 1; b = 2\nc = (a +\n     b)\nd = a \\\n    + b\nif a: b = 3\n",
     "tabs": "def f():\n\tif True:\n\t\treturn 1\n\treturn 2\n",
+    "except_space": "try:\n    x = 1\nexcept ValueError :\n    pass\ntry:\n    y = {1 : 2}\nexcept(KeyError):\n    pass\n",
     "form_feed": "x = 1\n\x0c\ndef f():\n    return x\n",
     "only_comments": "# nothing\n\n# else\n",
     "empty": "",

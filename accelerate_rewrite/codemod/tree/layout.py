@@ -26,6 +26,9 @@ from accelerate_rewrite.codemod.tree.toplevel import KEPT_TREE_LINES, line_list,
 from accelerate_rewrite.codemod.tree.toplevel import statements as python_statements
 
 _NEWLINE = re.compile(r"\r\n?|\n")
+#: what LibCST prints otherwise than the text of an ``except`` clause always has: white space
+#: before a colon (``except ValueError :``, printed ``except ValueError:``)
+_SPACE_COLON = re.compile(r"\s:")
 
 
 def _lines_in(tokens: Iterable[str]) -> int:
@@ -107,8 +110,9 @@ class Layout:
         statement starts ``len(leading_lines)`` lines above the first line of its code, which
         Python's parser gives (its first decorator's); the lines before that are the statement
         before's. LibCST does not print every text as it is (``except ValueError :`` loses its
-        space: codemod/edits/preserve.py): a statement with ``except`` in it is printed. False (and
-        nothing kept) where the text and the tree do not agree so."""
+        space: codemod/edits/preserve.py): a statement with ``except`` and white space before a
+        colon in it is printed. False (and nothing kept) where the text and the tree do not agree
+        so."""
         module, text = self.module, self.text
         if not (module.has_trailing_newline and module.body):
             return False
@@ -145,7 +149,8 @@ class Layout:
         heights: dict[int, int] = {}
         for node, a, b in zip(module.body, starts, starts[1:]):
             code = "".join(lines[a - 1:b - 1])
-            if "except" in code:  # as LibCST prints it, if it prints it otherwise in as many lines
+            if "except" in code and _SPACE_COLON.search(code):  # as LibCST prints it, if it prints it
+                # otherwise in as many lines
                 printed = module.code_for_node(node)
                 if printed != code and _lines_in([printed]) != b - a:
                     return False
