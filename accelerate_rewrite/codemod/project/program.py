@@ -38,6 +38,7 @@ import ast
 import os
 import symtable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -389,7 +390,8 @@ def _imports_of(code: str, package: str = "") -> dict[str, frozenset[str]]:
     return {name: frozenset(meanings) for name, meanings in out.items()}
 
 
-def _top_names(code: str) -> tuple[set[str], set[str]]:
+@lru_cache(maxsize=16)  # (a module's text is asked of where it is read through a name, and followed)
+def _top_names(code: str) -> tuple[frozenset[str], frozenset[str]]:
     """(names the module binds at its top level otherwise than by an import, names it imports)."""
     table = symtable.symtable(code, "<module>", "exec")
     own, imported = set(), set()
@@ -398,7 +400,7 @@ def _top_names(code: str) -> tuple[set[str], set[str]]:
             own.add(s.get_name())
         elif s.is_imported():
             imported.add(s.get_name())
-    return own, imported
+    return frozenset(own), frozenset(imported)
 
 
 def _needed(code: str, wanted: set[str]) -> Optional[set[str]]:

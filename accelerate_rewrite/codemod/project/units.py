@@ -88,7 +88,7 @@ def units_of(facts: "ScriptFacts", project: Project, scope: Scope) -> list[Unit]
         unit = Unit(
             path=part.path, source=part.source, head=part.head, tail=part.tail, roundtrip=own.code,
             view=view, layout=Layout(view, known=known),
-            undefined={} if _all_names_resolve([part.head]) else (lambda m=part.module: undefined_names(m)),
+            undefined=lambda m=part.module, head=part.head: {} if _all_names_resolve([head]) else undefined_names(m),
             unbound=(part.head, lambda head=part.head: maybe_unbound(head)), where=where, index=p,
             refusal=(lambda before, after, path=part.path: scope.refusal(path, changed_names(before, after)))
             if p else None, compatible=bool(p) and scope.compatible_change(part.path),
