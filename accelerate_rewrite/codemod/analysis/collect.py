@@ -86,6 +86,7 @@ class _Collector(OptimizerSearch, LeanVisitor):
         self.f = facts
         self._pending: list[tuple[cst.CSTNode, cst.BaseExpression, cst.BaseExpression]] = []
         self._name_calls: list[cst.Call] = []
+        self._method_names: Optional[frozenset[str]] = None
 
     def collect(self) -> None:
         f = self.f
@@ -362,6 +363,8 @@ class _Collector(OptimizerSearch, LeanVisitor):
             over = None
         else:  # ``model = GPT(...)``: an object of a class of the script (in each branch that builds it:
             # nanoGPT's `model = GPT(gptconf)` from scratch, on resume, from GPT-2 weights)
+            if name not in self._methods():
+                return None  # no class of the script has such a method (``images.cuda()``)
             classes = self._classes_of(receiver, value)
             cls = classes.pop() if len(classes) == 1 else None
             over = [receiver]
@@ -390,6 +393,14 @@ class _Collector(OptimizerSearch, LeanVisitor):
                  if isinstance(c.func.value, cst.Name) and c.func.value.value == receiver.value
                  and (over is not None or (f.function(c) is not None and f.enclosing_class(f.function(c)) is cls))]
         return (returned, inner, over) if calls == [value] else None
+
+    def _methods(self) -> frozenset[str]:
+        """The names of the methods of the script's classes (``_classes_of`` finds no other)."""
+        if self._method_names is None:
+            self._method_names = frozenset(s.name.value for fn in self.f.functions.values()
+                                           if isinstance(fn.node, cst.ClassDef)
+                                           for s in fn.node.body.body if isinstance(s, cst.FunctionDef))
+        return self._method_names
 
     def _classes_of(self, expr: cst.BaseExpression, before: cst.CSTNode, seen: frozenset = frozenset()) -> set:
         """The classes of the script whose objects ``expr`` may hold (None for anything else),
