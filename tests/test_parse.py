@@ -43,8 +43,8 @@ def _all():
 
 @pytest.mark.parametrize("name,source", _all(), ids=[n for n, _ in _all()])
 def test_the_pieces_make_the_whole_parse(name, source):
-    whole = cst.parse_module(source)
-    for piece_lines in (1, 2, 7):
+    whole = cst.parse_module(source)  # (LibCST's own: each node checked as it is made)
+    for piece_lines in (1, 2, 7, parse.PIECE_LINES):
         pieced = parse_module(source, piece_lines=piece_lines)
         assert pieced.deep_equals(whole), (name, piece_lines)
         assert pieced.code == whole.code
@@ -78,6 +78,16 @@ def test_pieces_that_detect_other_defaults_give_way_to_the_whole_parse(monkeypat
     source = PIECES[name]
     assert _parses(monkeypatch, source, 1) == statements + 1  # a piece each, then the whole
     assert parse_module(source, piece_lines=1).deep_equals(cst.parse_module(source))
+
+
+def test_the_nodes_made_after_a_parse_are_checked_again():
+    checking = cst.CSTNode.__post_init__
+    parse_module("x = 1\n")
+    with pytest.raises(cst.ParserSyntaxError):
+        parse_module("def f(:\n    pass\n")
+    assert cst.CSTNode.__post_init__ is checking
+    with pytest.raises(cst.CSTValidationError):
+        cst.Name("not a name")
 
 
 def test_what_python_or_libcst_cannot_read_is_parsed_whole_for_libcsts_error():

@@ -43,6 +43,7 @@ from typing import Optional, Sequence, Union
 import libcst as cst
 
 from accelerate_rewrite.codemod.analysis.syntax import code
+from accelerate_rewrite.codemod.tree.parse import parse_module
 from accelerate_rewrite.codemod.tree.walk import Along
 
 NAME = "fabric"
@@ -320,8 +321,8 @@ def compatible(old_code: str, new_code: str, old: Optional[cst.Module] = None, n
     statement both share is the same: its code is not compared); ``layout``: ``old``'s
     (codemod/tree/layout.py), whose statements' code the result's kept statements reuse."""
     try:
-        old = old if old is not None else cst.parse_module(old_code)
-        new = new if new is not None else cst.parse_module(new_code)
+        old = old if old is not None else parse_module(old_code)
+        new = new if new is not None else parse_module(new_code)
     except cst.ParserSyntaxError:
         return None
     defs = (cst.FunctionDef, cst.ClassDef)
@@ -459,7 +460,7 @@ def calls_by_keyword(text: str, calls: dict[str, Taken], tree: Optional[cst.Modu
     if named is None or NAME not in text or not named.search(text):
         return text  # (no such call can be there: the text is not parsed)
     try:
-        module = tree if tree is not None else cst.parse_module(text)
+        module = tree if tree is not None else parse_module(text)
     except cst.ParserSyntaxError:
         return text
     visitor = _ByKeyword(calls)

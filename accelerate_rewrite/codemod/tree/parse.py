@@ -23,7 +23,8 @@ errors are LibCST's own."""
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from contextlib import contextmanager
+from typing import Iterator, NamedTuple, Optional
 
 import libcst as cst
 
@@ -46,8 +47,36 @@ class _Piece(NamedTuple):
     inner: tuple[int, ...] = ()
 
 
+def _unchecked_node(self: cst.CSTNode) -> None:
+    pass
+
+
+@contextmanager
+def _unchecked() -> Iterator[None]:
+    """LibCST's parser makes each node through its constructor, which checks it (``_validate``,
+    from ``CSTNode.__post_init__``), a tenth of the parse; what the parser makes passes by
+    construction (LibCST's own comment there: "avoid validating the tree when parsing a file").
+    The check is left out while the parser runs, and back for every node made after it (the
+    rules'). No thread of the engine makes nodes meanwhile: it runs in one."""
+    checking = cst.CSTNode.__dict__.get("__post_init__")
+    if checking is None:  # LibCST's internals moved: its own way
+        yield
+        return
+    cst.CSTNode.__post_init__ = _unchecked_node  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        cst.CSTNode.__post_init__ = checking  # type: ignore[method-assign]
+
+
 def parse_module(text: str, piece_lines: int = PIECE_LINES) -> cst.Module:
-    """``cst.parse_module(text)``, in pieces where ``text`` is long."""
+    """``cst.parse_module(text)``, in pieces where ``text`` is long; its nodes are not checked
+    one by one as they are made (``_unchecked``)."""
+    with _unchecked():
+        return _parse_module(text, piece_lines)
+
+
+def _parse_module(text: str, piece_lines: int) -> cst.Module:
     if text.count("\n") < 2 * piece_lines:
         return cst.parse_module(text)
     lines = text.splitlines(keepends=True)
