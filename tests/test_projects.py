@@ -721,3 +721,19 @@ def _calls(module):
     import libcst.matchers as m
 
     return m.findall(module, m.Call())
+
+
+def test_a_module_made_between_two_looks_is_found(tmp_path):
+    """Where a module's file is, is looked for once a look (siblings.look_again: each look for a
+    script's modules, each rewrite), and again at the next."""
+    from accelerate_rewrite.codemod.analysis import siblings
+
+    script = tmp_path / "train.py"
+    script.write_text("import helpers\n")
+    assert siblings.candidates(script, script.read_text(), lambda f: f.read_text()) == []
+    (tmp_path / "helpers.py").write_text("x = 1\n")
+    assert siblings._file(tmp_path, "helpers") is None  # within the look: its first answer
+    assert siblings.candidates(script, script.read_text(), lambda f: f.read_text()) == [tmp_path / "helpers.py"]
+    (tmp_path / "helpers.py").unlink()
+    rewrite("import helpers\n", Options.create(), path=str(script))
+    assert siblings._file(tmp_path, "helpers") is None

@@ -18,6 +18,7 @@ import libcst as cst
 from accelerate_rewrite.codemod.checks import check
 from accelerate_rewrite.codemod.edits.edit_set import apply_edits
 from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
+from accelerate_rewrite.codemod.analysis.siblings import look_again
 from accelerate_rewrite.codemod.tree.flow import maybe_unbound
 from accelerate_rewrite.codemod.tree.layout import Splice
 from accelerate_rewrite.codemod.tree.parse import parse_module
@@ -184,6 +185,7 @@ def rewrite(
     what is on disk. ``spelling``: how each changed file's text is written for another target
     than the rules' own (rules/_accelerate.py: Fabric's API as Accelerate's)."""
     scope = scope if scope is not None else Scope()
+    look_again()  # the project's files as they are now
     with fewer_collections():
         result = _rewrite(source, options, path=path, rules=rules, catalogue=catalogue, scope=scope, sources=sources,
                           spelling=spelling)

@@ -26,7 +26,23 @@ from accelerate_rewrite.codemod.analysis.libraries import is_library
 from accelerate_rewrite.codemod.tree.toplevel import line_list, python_tree, top_level_imports
 
 
+#: which look at the disk ``_file``'s answers belong to (``look_again``)
+_LOOK = [0]
+
+
+def look_again() -> None:
+    """Forget where the modules' files were found: the next questions look at the disk again
+    (each look for a script's project's modules, each rewrite). Within one look a module's file
+    is looked for once: a rewrite asks of the same few modules hundreds of times."""
+    _LOOK[0] += 1
+
+
 def _file(folder: Path, dotted: str) -> Optional[Path]:
+    return _file_of_look(folder, dotted, _LOOK[0])
+
+
+@lru_cache(maxsize=4096)
+def _file_of_look(folder: Path, dotted: str, look: int) -> Optional[Path]:
     if not dotted or dotted.startswith(".") or not all(part.isidentifier() for part in dotted.split(".")):
         return None
     if is_library(dotted):
@@ -590,6 +606,7 @@ def candidates(path: Path, source: str, text_of: Callable[[Path], Optional[str]]
     """The files of the project's own modules that the script at ``path`` imports at its top
     level (``from X import ...``, ``import X``), and those they import so, in turn (relatively
     too): Python's ``ast`` only, no analysis (``text_of(file)``: a file's text, or None)."""
+    look_again()
     folder = path.parent
     seen: dict[str, Path] = {}
     todo: list[tuple[Optional[str], Optional[Path], Optional[str]]] = [(source, None, None)]
