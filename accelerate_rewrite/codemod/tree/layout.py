@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Mapping, Optional
 import libcst as cst
 from libcst._nodes.internal import CodegenState
 
+from accelerate_rewrite.codemod.tree.pairing import Told, _pair
 from accelerate_rewrite.codemod.tree.toplevel import KEPT_TREE_LINES, line_list, python_tree
 from accelerate_rewrite.codemod.tree.toplevel import statements as python_statements
 
@@ -211,8 +212,9 @@ class Layout:
         last = -1
         for stmt in new.body:
             known = self.statements.get(id(stmt))
-            if known is None:
-                pieces.append((new.code_for_node(stmt), None))
+            if known is None:  # (the statement after the last one kept: what it may have been made from)
+                pieces.append((self._code_of_new(new, stmt, old.body[last + 1] if last + 1 < len(old.body) else None),
+                               None))
                 continue
             at = index[id(stmt)]
             if at <= last:  # a statement moved, or kept twice
@@ -220,6 +222,54 @@ class Layout:
             last = at
             pieces.append((known[0], at))
         return Splice(self, pieces)
+
+    def _code_of_new(self, new: cst.Module, stmt: cst.BaseStatement, old: Optional[cst.BaseStatement]) -> str:
+        """``new.code_for_node(stmt)``. Where ``stmt`` is ``old`` (a statement of this module whose
+        code is the text's) with inner statements kept as they were, in blocks of the same
+        indentation, those are not printed again: their code is cut from the text, from the line
+        their leading lines start on (Python's parser gives each statement's first line:
+        codemod/tree/pairing.py) to the next statement's. A changed loop of a hundred lines
+        prints its header and the statements on the way to what changed."""
+        if old is None or type(old) is not type(stmt) or not isinstance(getattr(stmt, "body", None), cst.IndentedBlock) \
+                or id(old) not in self.python_at:
+            return new.code_for_node(stmt)
+        told: dict[int, Told] = {}
+        whole = self.python_body()
+        at = self.python_at[id(old)]
+        if whole is None or not _pair([old], whole[at:at + 1], 0, told):
+            return new.code_for_node(stmt)
+        kept: list[str] = []
+        marked = self._marked(stmt, old, told, kept, line_list(self.text))
+        if not kept:
+            return new.code_for_node(stmt)
+        return _put_back(new.code_for_node(marked), kept, new.default_newline) or new.code_for_node(stmt)
+
+    def _marked(self, stmt, old, told: dict[int, Told], kept: list[str], lines: list[str]):
+        """``stmt`` with each inner statement of its body that ``old``'s body has as it is (and
+        whose code the text tells) a marker line, its code appended to ``kept``; the others
+        that are ``old``'s at the same place, changed, likewise inside."""
+        block, old_block = stmt.body, old.body
+        if not (isinstance(block, cst.IndentedBlock) and isinstance(old_block, cst.IndentedBlock)
+                and block.indent == old_block.indent):
+            return stmt
+        olds = old_block.body
+        where = {id(s): j for j, s in enumerate(olds)}
+        body, changed = [], False
+        for i, inner in enumerate(block.body):
+            j = where.get(id(inner))
+            code = _cut_inner(olds, j, told, lines) if j is not None else None
+            if code is not None:
+                body.append(cst.SimpleStatementLine([cst.Expr(cst.Name(_MARKER.format(len(kept))))]))
+                kept.append(code)
+                changed = True
+                continue
+            if j is None and i < len(olds) and type(olds[i]) is type(inner) and isinstance(
+                    getattr(inner, "body", None), cst.IndentedBlock):
+                marked = self._marked(inner, olds[i], told, kept, lines)
+                changed = changed or marked is not inner
+                inner = marked
+            body.append(inner)
+        return stmt.with_changes(body=block.with_changes(body=body)) if changed else stmt
 
     @property
     def _index(self) -> dict[int, int]:
@@ -246,6 +296,44 @@ class Layout:
                 found = names_of(stmt)
             out |= found
         return out
+
+
+#: the name of a marker line ``Layout._marked`` puts where a kept inner statement's code goes
+_MARKER = "__accelerate_rewrite_kept_{}__"
+
+
+def _cut_inner(olds: list, j: int, told: dict[int, Told], lines: list[str]) -> Optional[str]:
+    """The code of the inner statement ``olds[j]`` as the text has it: from the first of its
+    leading lines to the first of the next statement's (the last of a block is printed: where
+    the block ends, Python's parser does not say). None where the lines are not told, or
+    LibCST prints the text otherwise (``_SPACE_COLON``)."""
+    if j + 1 >= len(olds):
+        return None
+    this, after = told.get(id(olds[j])), told.get(id(olds[j + 1]))
+    if this is None or after is None:
+        return None
+    start = this[0] - len(olds[j].leading_lines)
+    end = after[0] - len(olds[j + 1].leading_lines)
+    if not 1 <= start < end <= len(lines) + 1:
+        return None
+    code = "".join(lines[start - 1:end - 1])
+    return None if "except" in code and _SPACE_COLON.search(code) else code
+
+
+def _put_back(printed: str, kept: list[str], newline: str) -> Optional[str]:
+    """``printed`` with each marker line (its indentation, its name, its line break) replaced
+    by the code it stands for; None where a marker is not alone on its line, once."""
+    for k, code in enumerate(kept):
+        name = _MARKER.format(k)
+        at = printed.find(name)
+        if at < 0 or printed.find(name, at + 1) >= 0:
+            return None
+        start = max(printed.rfind("\n", 0, at), printed.rfind("\r", 0, at)) + 1
+        end = at + len(name) + len(newline)
+        if printed[start:at].strip(" \t") or printed[at + len(name):end] != newline:
+            return None
+        printed = printed[:start] + code + printed[end:]
+    return printed
 
 
 class Splice:
