@@ -239,7 +239,9 @@ class Layout:
         if whole is None or not _pair([old], whole[at:at + 1], 0, told):
             return new.code_for_node(stmt)
         kept: list[str] = []
-        marked = self._marked(stmt, old, told, kept, line_list(self.text))
+        if "_lines" not in self.__dict__:
+            self._lines = line_list(self.text)  # (the text's, for each statement that changed)
+        marked = self._marked(stmt, old, told, kept, self._lines)
         if not kept:
             return new.code_for_node(stmt)
         return _put_back(new.code_for_node(marked), kept, new.default_newline) or new.code_for_node(stmt)
