@@ -1,8 +1,9 @@
-"""Python's own reading of a text's top-level statements: one ``ast`` parse a text, of which
-little is kept. A long script's parse in Python objects takes about twice the memory of its
-LibCST tree, and four places asked for it (the look for the project's modules, twice, the cut
-of the text into statements, the pieces of LibCST's parse): they now share one. No LibCST
-here: codemod/analysis/siblings.py reads it on the hook's path."""
+"""Python's own reading of a text's top-level statements: one ``ast`` parse a text. A long
+script's parse in Python objects takes about twice the memory of its LibCST tree, and four
+places asked for it (the look for the project's modules, twice, the cut of the text into
+statements, the pieces of LibCST's parse): they share one, of which little is kept; a short
+text's tree is kept for the project's other looks and the lines of its statements
+(``python_tree``). No LibCST here: codemod/analysis/siblings.py reads it on the hook's path."""
 
 from __future__ import annotations
 
