@@ -228,8 +228,9 @@ class Layout:
         code is the text's) with inner statements kept as they were, in blocks of the same
         indentation, those are not printed again: their code is cut from the text, from the line
         their leading lines start on (Python's parser gives each statement's first line:
-        codemod/tree/pairing.py) to the next statement's. A changed loop of a hundred lines
-        prints its header and the statements on the way to what changed."""
+        codemod/tree/pairing.py) to the next statement's, or to the block's footer where the block
+        ends its statement. A changed loop of a hundred lines prints its header and the
+        statements on the way to what changed."""
         if old is None or type(old) is not type(stmt) or not isinstance(getattr(stmt, "body", None), cst.IndentedBlock) \
                 or id(old) not in self.python_at:
             return new.code_for_node(stmt)
@@ -241,25 +242,32 @@ class Layout:
         kept: list[str] = []
         if "_lines" not in self.__dict__:
             self._lines = line_list(self.text)  # (the text's, for each statement that changed)
-        marked = self._marked(stmt, old, told, kept, self._lines)
+        marked = self._marked(stmt, old, told, kept, self._lines, self.statements[id(old)][1] + self.heights[id(old)])
         if not kept:
             return new.code_for_node(stmt)
         return _put_back(new.code_for_node(marked), kept, new.default_newline) or new.code_for_node(stmt)
 
-    def _marked(self, stmt, old, told: dict[int, Told], kept: list[str], lines: list[str]):
+    def _marked(self, stmt, old, told: dict[int, Told], kept: list[str], lines: list[str], end: Optional[int]):
         """``stmt`` with each inner statement of its body that ``old``'s body has as it is (and
         whose code the text tells) a marker line, its code appended to ``kept``; the others
-        that are ``old``'s at the same place, changed, likewise inside."""
+        that are ``old``'s at the same place, changed, likewise inside. ``end``: the line after
+        ``old``'s code, where known."""
         block, old_block = stmt.body, old.body
         if not (isinstance(block, cst.IndentedBlock) and isinstance(old_block, cst.IndentedBlock)
                 and block.indent == old_block.indent):
             return stmt
         olds = old_block.body
         where = {id(s): j for j, s in enumerate(olds)}
+        # where each statement's code ends: where the next one's starts, the last one's where the
+        # block's footer starts if the block ends ``old`` (no ``else``, ``except``, ``finally``)
+        last = getattr(old, "orelse", None) is None and not getattr(old, "handlers", None) \
+            and getattr(old, "finalbody", None) is None
+        ends = [_start(s, told) for s in olds[1:]] + [
+            end - len(old_block.footer) if end is not None and last else None]
         body, changed = [], False
         for i, inner in enumerate(block.body):
             j = where.get(id(inner))
-            code = _cut_inner(olds, j, told, lines) if j is not None else None
+            code = _cut_inner(olds[j], told, lines, ends[j]) if j is not None else None
             if code is not None:
                 body.append(cst.SimpleStatementLine([cst.Expr(cst.Name(_MARKER.format(len(kept))))]))
                 kept.append(code)
@@ -267,7 +275,7 @@ class Layout:
                 continue
             if j is None and i < len(olds) and type(olds[i]) is type(inner) and isinstance(
                     getattr(inner, "body", None), cst.IndentedBlock):
-                marked = self._marked(inner, olds[i], told, kept, lines)
+                marked = self._marked(inner, olds[i], told, kept, lines, ends[i])
                 changed = changed or marked is not inner
                 inner = marked
             body.append(inner)
@@ -304,19 +312,18 @@ class Layout:
 _MARKER = "__accelerate_rewrite_kept_{}__"
 
 
-def _cut_inner(olds: list, j: int, told: dict[int, Told], lines: list[str]) -> Optional[str]:
-    """The code of the inner statement ``olds[j]`` as the text has it: from the first of its
-    leading lines to the first of the next statement's (the last of a block is printed: where
-    the block ends, Python's parser does not say). None where the lines are not told, or
-    LibCST prints the text otherwise (``_SPACE_COLON``)."""
-    if j + 1 >= len(olds):
-        return None
-    this, after = told.get(id(olds[j])), told.get(id(olds[j + 1]))
-    if this is None or after is None:
-        return None
-    start = this[0] - len(olds[j].leading_lines)
-    end = after[0] - len(olds[j + 1].leading_lines)
-    if not 1 <= start < end <= len(lines) + 1:
+def _start(stmt: cst.BaseStatement, told: dict[int, Told]) -> Optional[int]:
+    """The line an inner statement's code starts on (its first leading line), where told."""
+    this = told.get(id(stmt))
+    return this[0] - len(stmt.leading_lines) if this is not None else None
+
+
+def _cut_inner(stmt: cst.BaseStatement, told: dict[int, Told], lines: list[str], end: Optional[int]) -> Optional[str]:
+    """The code of the inner statement ``stmt`` as the text has it: from the first of its
+    leading lines to ``end`` (the line after it). None where the lines are not told, or LibCST
+    prints the text otherwise (``_SPACE_COLON``)."""
+    start = _start(stmt, told)
+    if start is None or end is None or not 1 <= start < end <= len(lines) + 1:
         return None
     code = "".join(lines[start - 1:end - 1])
     return None if "except" in code and _SPACE_COLON.search(code) else code
