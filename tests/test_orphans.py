@@ -120,8 +120,9 @@ def _start(work: Path, command: str, *extra: str) -> subprocess.Popen:
          "--threads", "1", "-q", *extra],
         cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True,  # the signal goes to the verifier alone, never to pytest
-        # SIGINT as a terminal gives it, even where pytest runs in the background (SIG_IGN)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # the signals as a terminal gives them, even where pytest runs in the background or under
+        # nohup (SIG_IGN, which the verifier keeps: the caller's choice)
+        preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)],
     )
 
 
