@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
     from accelerate_rewrite.codemod.files.paths import Target
-    from accelerate_rewrite.codemod.analysis.siblings import Scope
+    from accelerate_rewrite.codemod.analysis.importers import Scope
     from accelerate_rewrite.codemod.result import Result
     from accelerate_rewrite.options import Options
     from accelerate_rewrite.prepare import Prepared

@@ -15,7 +15,7 @@ from accelerate_rewrite.settings import Mode, Settings
 
 if TYPE_CHECKING:
     from accelerate_rewrite.api import Result
-    from accelerate_rewrite.codemod.analysis.siblings import Scope
+    from accelerate_rewrite.codemod.analysis.importers import Scope
     from accelerate_rewrite.codemod.files.source import SourceFile
     from accelerate_rewrite.config import Choice
 
@@ -144,7 +144,7 @@ def rewrite_notebook(text: str, path: str, choice: "Choice") -> tuple["Result", 
 
     from accelerate_rewrite.codemod.files import notebook
     from accelerate_rewrite.api import RewriteError, rewrite
-    from accelerate_rewrite.codemod.analysis.siblings import Scope
+    from accelerate_rewrite.codemod.analysis.importers import Scope
 
     try:
         program = notebook.read(text, path)

@@ -21,7 +21,7 @@ from accelerate_rewrite.settings import Mode, Settings
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from accelerate_rewrite.codemod.analysis.siblings import Scope
+    from accelerate_rewrite.codemod.analysis.importers import Scope
 
 def finish(prepared: Prepared, settings: Settings, report: Reporter) -> list[Outcome]:
     """Show, write and report one prepared file, and the project's modules rewritten with it
@@ -103,7 +103,8 @@ def projects(targets: Sequence[Target], settings: Settings) -> tuple[dict[Path, 
     ``--follow-imports``, or by default any whose changed names no other file under the
     script's folder reads; a module that two scripts given import changes with neither), and the targets that
     a script given imports (rewritten with it, not on their own)."""
-    from accelerate_rewrite.codemod.analysis.siblings import Scope, candidates
+    from accelerate_rewrite.codemod.analysis.importers import Scope
+    from accelerate_rewrite.codemod.analysis.siblings import candidates
 
     python = [t for t in targets if t.error is None and t.path.suffix == ".py"]
     if not python:
@@ -265,7 +266,7 @@ def run_stdin(
     configuration, or with nothing to change, the input goes back as it came. ``--check`` writes
     nothing but the diff, if asked, and exits 1 when the source would change."""
     from accelerate_rewrite.api import RewriteError
-    from accelerate_rewrite.codemod.analysis.siblings import Scope
+    from accelerate_rewrite.codemod.analysis.importers import Scope
     from accelerate_rewrite.codemod.files.source import SourceError, decode
     from accelerate_rewrite.config import ConfigError
 

@@ -583,7 +583,7 @@ def test_a_loss_scaler_class_trains_every_rank_as_before(work):
 
 
 def test_changed_names_are_the_definitions_that_differ():
-    from accelerate_rewrite.codemod.analysis.siblings import changed_names
+    from accelerate_rewrite.codemod.analysis.importers import changed_names
 
     before = "import a\n\n\ndef f():\n    pass\n\n\nclass C:\n    pass\n\n\nX = 1\n"
     assert changed_names(before, before.replace("def f():", "def f(fabric):") + "from b import c\n") == {"f"}
@@ -630,11 +630,11 @@ def test_each_file_of_a_project_is_parsed_once(tmp_path, monkeypatch):
 
 
 def test_the_files_importing_a_module_are_found_whatever_the_spelling(tmp_path):
-    """siblings.importers: a file counts where it imports the module (``import utils``, ``from
+    """importers.importers: a file counts where it imports the module (``import utils``, ``from
     .utils import x``, ``from . import utils``, through a package, or through another file that
     does), over one line or several; a file that only names it in a string or a comment does not
     (where no line holds both `import` and its name, the file is not parsed: its bytes only)."""
-    from accelerate_rewrite.codemod.analysis.siblings import importers
+    from accelerate_rewrite.codemod.analysis.importers import importers
 
     (tmp_path / "pkg").mkdir()
     files = {

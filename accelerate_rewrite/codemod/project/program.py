@@ -48,9 +48,9 @@ from accelerate_rewrite.codemod.tree.layout import Layout
 from accelerate_rewrite.codemod.tree.toplevel import python_tree
 from accelerate_rewrite.codemod.tree.walk import Along
 # Scope and candidates are read with ast only: the runner reaches them without loading libcst
+from accelerate_rewrite.codemod.analysis.importers import Scope  # noqa: F401
 from accelerate_rewrite.codemod.analysis.siblings import (  # noqa: F401
     MAX_MODULES,
-    Scope,
     _file,
     candidates,
     import_folders,

@@ -12,7 +12,7 @@ import libcst as cst
 from accelerate_rewrite.codemod.tree.flow import maybe_unbound
 from accelerate_rewrite.codemod.tree.layout import Layout
 from accelerate_rewrite.codemod.project.program import Project
-from accelerate_rewrite.codemod.analysis.siblings import Scope, changed_names
+from accelerate_rewrite.codemod.analysis.importers import Scope, changed_names
 
 if TYPE_CHECKING:
     from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
