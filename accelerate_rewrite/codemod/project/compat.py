@@ -392,6 +392,12 @@ def _reads_fabric(node: cst.CSTNode) -> bool:
     return bool(found)
 
 
+def _called(call: cst.Call) -> Optional[str]:
+    """The name a call calls: ``f`` of ``f(...)`` and of ``obj.f(...)``."""
+    func = call.func
+    return func.attr.value if type(func) is cst.Attribute else func.value if type(func) is cst.Name else None
+
+
 class _ByKeyword(Along, cst.CSTTransformer):
     """``init_distributed_mode(fabric, args)`` -> ``init_distributed_mode(args, fabric=fabric)``;
     ``create_d_vae(path, size, fabric)``, where `fabric` took ``device``'s place ->
@@ -404,16 +410,10 @@ class _ByKeyword(Along, cst.CSTTransformer):
 
     def changes(self, node: cst.CSTNode) -> bool:
         """A call of one of the functions (``Along``: only the paths to them are gone through)."""
-        if type(node) is not cst.Call:
-            return False
-        func = node.func
-        return (func.attr.value if type(func) is cst.Attribute else func.value if type(func) is cst.Name
-                else None) in self.calls
+        return type(node) is cst.Call and _called(node) in self.calls
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-        func = updated.func
-        name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) \
-            else None
+        name = _called(updated)
         taken = self.calls.get(name) if name is not None else None
         if taken is None:
             return updated
