@@ -32,6 +32,11 @@ _NEWLINE = re.compile(r"\r\n?|\n")
 _SPACE_COLON = re.compile(r"\s:")
 
 
+def _may_print_otherwise(code: str) -> bool:
+    """Whether LibCST may print this statement's code otherwise than it is (``_SPACE_COLON``)."""
+    return "except" in code and _SPACE_COLON.search(code) is not None
+
+
 def _lines_in(tokens: Iterable[str]) -> int:
     """Line breaks in the tokens, counted as PositionProvider counts them (token by token)."""
     return sum(len(_NEWLINE.findall(token)) for token in tokens if "\n" in token or "\r" in token)
@@ -150,7 +155,7 @@ class Layout:
         heights: dict[int, int] = {}
         for node, a, b in zip(module.body, starts, starts[1:]):
             code = "".join(lines[a - 1:b - 1])
-            if "except" in code and _SPACE_COLON.search(code):  # as LibCST prints it, if it prints it
+            if _may_print_otherwise(code):  # as LibCST prints it, if it prints it
                 # otherwise in as many lines
                 printed = module.code_for_node(node)
                 if printed != code and _lines_in([printed]) != b - a:
@@ -321,12 +326,12 @@ def _start(stmt: cst.BaseStatement, told: dict[int, Told]) -> Optional[int]:
 def _cut_inner(stmt: cst.BaseStatement, told: dict[int, Told], lines: list[str], end: Optional[int]) -> Optional[str]:
     """The code of the inner statement ``stmt`` as the text has it: from the first of its
     leading lines to ``end`` (the line after it). None where the lines are not told, or LibCST
-    prints the text otherwise (``_SPACE_COLON``)."""
+    may print the text otherwise (``_may_print_otherwise``)."""
     start = _start(stmt, told)
     if start is None or end is None or not 1 <= start < end <= len(lines) + 1:
         return None
     code = "".join(lines[start - 1:end - 1])
-    return None if "except" in code and _SPACE_COLON.search(code) else code
+    return None if _may_print_otherwise(code) else code
 
 
 def _put_back(printed: str, kept: list[str], newline: str) -> Optional[str]:
