@@ -108,7 +108,7 @@ def test_a_module_read_with_aliases_is_printed_with_the_files_own_statements():
     codemod/project/program.py): each statement's code is the file's own (``known``, from the file's
     Layout), so the result reuses the file's text for the statements the edits kept, and reads
     through the module again only in those they changed (the engine's ``apply_to``)."""
-    from accelerate_rewrite.codemod.project.program import Realias, _Dealias
+    from accelerate_rewrite.codemod.project.names import Realias, _Dealias
 
     source = "import engine as E\n\n\nE.train(model)  # one\nloss = E.evaluate(model)\nprint(loss)\n"
     original = cst.parse_module(source)

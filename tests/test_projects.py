@@ -679,7 +679,7 @@ def test_a_transformer_along_the_paths_gives_the_tree_it_gives_through_every_nod
     import libcst as cst
 
     from accelerate_rewrite.codemod.project.compat import Taken, _ByKeyword
-    from accelerate_rewrite.codemod.project.program import Realias, _Dealias
+    from accelerate_rewrite.codemod.project.names import Realias, _Dealias
 
     checked = changed = 0
     for path in _fixture_inputs():

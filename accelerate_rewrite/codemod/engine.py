@@ -25,7 +25,8 @@ from accelerate_rewrite.codemod.tree.parse import parse_module
 from accelerate_rewrite.codemod.result import Kind, Result  # noqa: F401 (plain data: codemod/result.py)
 from accelerate_rewrite.codemod.collector import GC_THRESHOLDS, fewer_collections  # noqa: F401 (benchmarks, tests read them here)
 from accelerate_rewrite.codemod.project.compat import Compatible, calls_by_keyword, compatible
-from accelerate_rewrite.codemod.project.program import Project, Realias, Scope, analyse, build, candidates
+from accelerate_rewrite.codemod.project.names import Realias
+from accelerate_rewrite.codemod.project.program import Project, Scope, analyse, build, candidates
 from accelerate_rewrite.codemod.project.units import Unit, relocate, units_of
 from accelerate_rewrite.codemod.edits.preserve import (Region, lost_trivia, lost_trivia_spliced, removed_comments,
                                                  removed_comments_spliced, restore, split_tail)

@@ -6,7 +6,6 @@ flag's literal default is (AR211: an apex opt_level from the command line)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import libcst as cst
 
