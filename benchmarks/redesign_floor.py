@@ -29,6 +29,17 @@ parse of the whole input (what the rewrite parses today; it makes the floor a fi
 comparable across machines). Each
 part is the median of ``--runs`` passes. Needs ``diff`` (GNU diffutils) on the PATH; only the
 standard library, LibCST and the package besides.
+
+    .venv/bin/python benchmarks/redesign_floor.py --real        # the real corpus: about 2 minutes
+
+``--real`` measures the same floor on the real corpus (benchmarks/real_speed.py's 63 scripts, each
+in its repository's tree, rewritten in this process as real_speed's API run does: ``--precision
+bf16-mixed --devices 4``, its modules free to change as with ``--follow-imports``: the most
+that changes), in LibCST parses of the script, as real_speed reports the rewrite: for
+the script and for each project module the rewrite reads, Python's parse and symbol tables; for
+each text that changes, the changed statements' LibCST parse and code, the added text's code and
+the checks. No start-up (real_speed's rewrite figure has none). The median over the scripts, and
+all of them together; what is left under the 3-parse goal is the analysis's and the rules' share.
 """
 
 from __future__ import annotations
@@ -149,14 +160,108 @@ def floor_once(source: str, output: str, texts: list[str], added: list[cst.Modul
     return times
 
 
+def text_floor(source: str, output: str, path: str, runs: int) -> float:
+    """The floor of one text the rewrite reads (CPU s, the median of ``runs`` passes): its
+    ``ast`` parse and symbol tables; where it changes, what floor_once counts besides."""
+    if output == source:
+        def once() -> float:
+            start = time.process_time()
+            with fewer_collections():
+                ast.parse(source)
+                symtable.symtable(source, path, "exec")
+            return time.process_time() - start
+        return statistics.median(once() for _ in range(runs))
+    with tempfile.TemporaryDirectory() as tmp:
+        before, after = Path(tmp) / "in.py", Path(tmp) / "out.py"
+        before.write_text(source, encoding="utf-8")
+        after.write_text(output, encoding="utf-8")
+        changed, added_text = changes(before, after)
+    texts = []
+    for text in touched_statements(ast.parse(source), source.splitlines(keepends=True), changed):
+        for tried in (text, "if 1:\n" + textwrap.indent(text, "    ")):  # a header less indented than its comment
+            try:
+                cst.parse_module(tried)
+            except cst.ParserSyntaxError:
+                continue
+            texts.append(tried)
+            break
+        else:
+            log(f"    a changed statement of {path} LibCST can't read alone: left out")
+    added = parsed_runs(added_text)
+    passes = [floor_once(source, output, texts, added, path) for _ in range(runs)]
+    return statistics.median(sum(v for k, v in p.items() if k != "nodes" and not k.startswith("scale"))
+                             for p in passes)
+
+
+def real(runs: int, folder: Path, markdown: bool) -> None:
+    """The floor on the real corpus, in LibCST parses of each script (``--real``)."""
+    import os
+
+    from accelerate_rewrite.api import rewrite
+    from accelerate_rewrite.codemod.project.program import Scope
+    from accelerate_rewrite.options import Options
+
+    import real_speed
+    from real_corpus import DEFAULT_MIRRORS
+
+    options = Options.create(precision="bf16-mixed", devices=4)
+    rows = []
+    here = os.getcwd()
+    for entry, script in real_speed.trees(DEFAULT_MIRRORS, real_speed.entries(), folder):
+        text = script.read_text(encoding="utf-8", errors="replace")
+        os.chdir(script.parent)
+        try:
+            result = rewrite(text, options, path=script.name, scope=Scope(follow=True))
+        except Exception as exc:  # noqa: BLE001 (a script the engine can't take: its floor is left out)
+            log(f"  {entry.repo} {entry.script}: {exc!r}: left out")
+            continue
+        finally:
+            os.chdir(here)
+        parse = min(timed_parse(text) for _ in range(2))
+        floor = sum(text_floor(r.source, r.output, str(script.parent / r.path), runs)
+                    for r in [result, *result.members])
+        rows.append((f"{entry.repo} {entry.script}", 1 + len(result.members), parse, floor))
+        log(f"  {entry.repo} {entry.script}: {len(result.members)} modules, floor {floor / parse:.2f} parses")
+    single = [floor / parse for _, texts, parse, floor in rows if texts == 1]
+    project = [floor / parse for _, texts, parse, floor in rows if texts > 1]
+    every = single + project
+    together = sum(r[3] for r in rows) / sum(r[2] for r in rows)
+    line = (f"{len(rows)} scripts: the floor {statistics.median(every):.2f} LibCST parses of the script "
+            f"(median), {together:.2f} all together; the {len(single)} single files "
+            f"{statistics.median(single):.2f}, the {len(project)} that follow project modules "
+            f"{statistics.median(project):.2f} (their modules read too); median of {runs} passes")
+    if markdown:
+        print("| script | texts | parse (s) | floor (s) | floor (parses) |\n| --- | ---: | ---: | ---: | ---: |")
+        for name, texts, parse, floor in rows:
+            print(f"| {name} | {texts} | {parse:.4f} | {floor:.4f} | {floor / parse:.2f} |")
+        print()
+    print(line)
+
+
+def timed_parse(text: str) -> float:
+    start = time.process_time()
+    cst.parse_module(text)
+    return time.process_time() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lines", type=int, default=50_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--real", action="store_true", help="the floor on the real corpus, in parses of each script")
+    parser.add_argument("--trees", type=Path, default=None,
+                        help="--real: where the corpus's trees are extracted (default: a scratch folder)")
     args = parser.parse_args()
     if not shutil.which("diff"):
         sys.exit("needs diff (GNU diffutils) on the PATH")
+    if args.real:
+        if args.trees is not None:
+            real(args.runs, args.trees, args.markdown)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                real(args.runs, Path(tmp), args.markdown)
+        return
     tool = console_script()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
