@@ -12,7 +12,8 @@ Two launch styles are understood:
 For each, the facts here say which statements only serve the hand-made set-up (they go when
 Fabric takes over: ``init_process_group``, ``destroy_process_group``, ``torch.cuda.set_device``,
 ``MASTER_ADDR``/``MASTER_PORT`` set next to the group's start, the helpers left with nothing
-else), where ``DistributedDataParallel`` wraps a model, which reads of the process's place
+else), where ``DistributedDataParallel`` wraps a model (codemod/ddp/wraps.py, with the options
+Fabric's strategy takes), which reads of the process's place
 become ``fabric.global_rank`` / ``local_rank`` / ``world_size`` (codemod/ddp/places.py, with
 the names that hold the rank), which collectives become
 Fabric's, and which loaders already shard their data with a ``DistributedSampler``
@@ -31,13 +32,13 @@ import libcst.matchers as m
 
 from accelerate_rewrite.codemod.ddp.loaders import ShardedLoader, sharded_loaders
 from accelerate_rewrite.codemod.ddp.places import MASTER_ENV, env_key, places
+from accelerate_rewrite.codemod.ddp.wraps import DDP, Wrap, module_uses, take_wrap
 from accelerate_rewrite.codemod.analysis.facts import Key, ScriptFacts, code, positional_params, short
 
 INIT = ("torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group")
 DESTROY = ("torch.distributed.destroy_process_group",
            "torch.distributed.distributed_c10d.destroy_process_group")
 SET_DEVICE = ("torch.cuda.set_device",)
-DDP = ("torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel")
 SPAWN = ("torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn")
 SAMPLERS = ("torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler")
 BARRIER = ("torch.distributed.barrier", "torch.distributed.distributed_c10d.barrier")
@@ -60,21 +61,6 @@ NOT_FABRIC = {
               "MPI's rank 0 of 1, and shard its data alike)",
     "torch.distributed.launch": "torch.distributed.launch's own API",
 }
-#: DDP(...) arguments that go with the wrapper (Fabric places the model and picks the devices)
-_DDP_PLACEMENT = ("device_ids", "output_device")
-#: DistributedDataParallel's defaults for the options a script sets (torch 2.x,
-#: torch/nn/parallel/distributed.py), to compare wraps that set them differently
-DDP_DEFAULTS = {"broadcast_buffers": "True", "find_unused_parameters": "False",
-                "gradient_as_bucket_view": "False", "static_graph": "False", "check_reduction": "False"}
-
-
-def _names_read(f: ScriptFacts, node: cst.CSTNode) -> list[cst.Name]:
-    """The names ``node`` reads (not attribute names, not True / False / None)."""
-    return [n for n in f.find_in(node, m.Name())
-            if not m.matches(n, m.Name("True") | m.Name("False") | m.Name("None"))
-            and not (isinstance(f.parent(n), cst.Attribute) and f.parent(n).attr is n)]
-
-
 @dataclass
 class Spawn:
     """``mp.spawn(worker, args=(...), nprocs=n)``: becomes ``fabric.launch(worker, *args)``."""
@@ -93,19 +79,6 @@ class Spawn:
     direct: list[cst.SimpleStatementLine] = field(default_factory=list)
     #: where Fabric is created: the spawn's statement, or that ``if`` when there are direct calls
     where: Optional[cst.BaseStatement] = None
-
-
-@dataclass
-class Wrap:
-    """``x = DDP(model, ...)``: the statement goes when it rebinds ``model`` itself, else the
-    call becomes ``model``."""
-
-    call: cst.Call
-    stmt: cst.BaseStatement
-    inner: cst.BaseExpression
-    rebinds: bool
-    #: both calls of a conditional wrap (``DDP(m, ...) if c else DDP(m, ...)``), else ``(call,)``
-    branches: tuple[cst.Call, ...] = ()
 
 
 @dataclass
@@ -200,7 +173,7 @@ class _Finder:
             if not self._removable(call):
                 return d
         for call in calls["ddp"]:
-            if not self._wrap(call):
+            if not take_wrap(self.f, self.d, self.problem, call):
                 return d
         places(self.f, self.d, self.problem)
         if d.problem:
@@ -210,7 +183,7 @@ class _Finder:
             return d
         self._helpers()
         self.d.loaders.extend(sharded_loaders(self.f, calls["sampler"]))
-        self._module_uses()
+        module_uses(self.f, self.d)
         return d
 
     # -- the launch --
@@ -301,85 +274,6 @@ class _Finder:
             d.removed.append(stmt)
         if f.qualname(call) in INIT:
             d.starts.append(stmt)
-        return True
-
-    def _options(self, call: cst.Call) -> Optional[dict[str, str]]:
-        """DistributedDataParallel's options in ``call`` that Fabric's ``DDPStrategy`` takes
-        (keyword -> code), None after a problem."""
-        f, d = self.f, self.d
-        if not call.args or call.args[0].keyword not in (None,) and call.args[0].keyword.value != "module":
-            self.problem(call, f"`{short(call)}`: no model to unwrap")
-            return None
-        options: dict[str, str] = {}
-        for arg in call.args[1:]:
-            key = arg.keyword.value if arg.keyword is not None else None
-            if key in _DDP_PLACEMENT:
-                continue
-            if key is not None and m.matches(arg.value, m.Name("True") | m.Name("False") | m.Integer() | m.Float()
-                                             | m.SimpleString()):
-                # Fabric's DDPStrategy passes its keywords on to DistributedDataParallel
-                options[key] = code(arg.value)
-                continue
-            if key is not None and not f.find_in(arg.value, m.Call() | m.Lambda() | m.Subscript()):
-                # ``broadcast_buffers=not args.no_ddp_bb`` (timm's train.py): carried where Fabric is
-                # created when the names it reads are bound there already (the plan checks)
-                options[key] = code(arg.value)
-                d.option_names.extend(_names_read(f, arg.value))
-                continue
-            self.problem(call, f"`DistributedDataParallel(..., {code(arg).strip(', ')})`: a value the "
-                               "rewrite can't carry to where Fabric is created; pass it to Fabric with "
-                               "`strategy=DDPStrategy(...)` by hand")
-            return None
-        return options
-
-    def _wrap(self, call: cst.Call) -> bool:
-        f, d = self.f, self.d
-        stmt = f.statement(call)
-        if any(w.call is call or id(call) in {id(c) for c in w.branches} for w in d.wraps):
-            return True  # the other branch of a conditional wrap, taken with it
-        parent = f.parent(call)
-        branches = [call]
-        value: cst.BaseExpression = call
-        test: Optional[cst.BaseExpression] = None
-        if isinstance(parent, cst.IfExp) and all(isinstance(b, cst.Call) and self.f.qualname(b) in DDP
-                                                 for b in (parent.body, parent.orelse)):
-            # iBOT's ``DDP(teacher, ..., broadcast_buffers=False) if 'swin' in args.arch else
-            # DDP(teacher, ...)``: one wrap, its options taken on the condition
-            branches, value, test = [parent.body, parent.orelse], parent, parent.test
-        options = [self._options(b) for b in branches]
-        if any(o is None for o in options):
-            return False
-        if len(branches) == 2:
-            if code(branches[0].args[0].value) != code(branches[1].args[0].value):
-                return not self.problem(value, f"`{short(value)}` wraps another model on each side")
-            if f.find_in(test, m.Call() | m.Lambda() | m.Subscript()):
-                return not self.problem(value, f"`{short(value)}` chooses its options by a call the rewrite "
-                                               "can't carry to where Fabric is created; pass them to Fabric with "
-                                               "`strategy=DDPStrategy(...)` by hand")
-            merged: dict[str, str] = {}
-            for key in [*options[0], *(k for k in options[1] if k not in options[0])]:
-                body, orelse = (o.get(key, DDP_DEFAULTS.get(key)) for o in options)
-                if body is None or orelse is None:
-                    return not self.problem(value, f"`{short(value)}`: `{key}` is given on one side only")
-                merged[key] = body if body == orelse else f"{body} if {code(test)} else {orelse}"
-                if body != orelse:
-                    d.option_names.extend(_names_read(f, test))
-            options = [merged]
-        if d.wraps and any(options[0].get(k, DDP_DEFAULTS.get(k)) != d.ddp_options.get(k, DDP_DEFAULTS.get(k))
-                           for k in {*options[0], *d.ddp_options}):
-            return not self.problem(call, "two models are wrapped with different options: Fabric's strategy gives "
-                                          "every model the same options")
-        d.ddp_options.update(options[0])
-        inner = branches[0].args[0].value
-        assign = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
-        if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and assign.value is value):
-            return not self.problem(value, f"`{short(value)}` is not a plain assignment")
-        rebinds = code(assign.targets[0].target) == code(inner)
-        if len(branches) == 2 and not rebinds:
-            return not self.problem(value, f"`{short(value)}` is not a plain assignment to `{code(inner)}`")
-        d.wraps.append(Wrap(call, stmt, inner, rebinds, branches=tuple(branches)))
-        if rebinds:
-            d.removed.append(stmt)
         return True
 
     def _collectives(self) -> None:
@@ -481,32 +375,6 @@ class _Finder:
                     and isinstance(call.args[0].value, cst.SimpleString)
                     and call.args[0].value.evaluated_value in MASTER_ENV)
         return False
-
-    def _module_uses(self) -> None:
-        f, d = self.f, self.d
-        wrapped = {code(w.stmt.body[0].targets[0].target): w for w in d.wraps}
-        for node in f.find(m.Attribute(attr=m.Name("module"))):
-            wrap = wrapped.get(code(node.value))
-            if wrap is None:
-                continue
-            if wrap.rebinds and self._before_rebinding(wrap, node):
-                d.unwrapped_uses.append(node)  # ``model_without_ddp = model.module`` under the wrap
-            else:
-                d.module_uses.append(node)
-
-    def _before_rebinding(self, wrap: Wrap, node: cst.Attribute) -> bool:
-        """``node`` (``model.module``) is read in the block of the removed ``model = DDP(model)``,
-        after it, before ``model`` is bound again: there ``model`` is the script's own module."""
-        f = self.f
-        stmt = f.statement(node)
-        block = f.block(wrap.stmt)
-        if f.block(stmt) is not block:
-            return False
-        body = list(block.body)
-        start, end = body.index(wrap.stmt), body.index(stmt)
-        name = code(wrap.inner)
-        return start < end and not any(
-            m.findall(s, m.AssignTarget(target=m.Name(name))) for s in body[start + 1:end + 1])
 
 
 def _alone(stmt: cst.BaseStatement, call: cst.Call) -> bool:
