@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from accelerate_rewrite.codemod import engine
-from accelerate_rewrite.codemod.engine import Result, RewriteError  # noqa: F401 (imported from here)
+from accelerate_rewrite.codemod.engine import Result  # noqa: F401 (imported from here)
+from accelerate_rewrite.codemod.reading import RewriteError  # noqa: F401 (imported from here)
 from accelerate_rewrite.codemod.rule import Rule
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules import ALL_RULES, BY_CODE

@@ -92,11 +92,11 @@ def cpu(fn):
     out = fn()
     return time.process_time() - start, out
 parse = min(cpu(lambda: libcst.parse_module(text))[0] for _ in range(2))
-import accelerate_rewrite.codemod.engine as engine
-read, real_parse = [], engine.parse_module  # the texts the engine parses: the script, its project's modules
-engine.parse_module = lambda source, *a, **k: read.append(source) or real_parse(source, *a, **k)
+import accelerate_rewrite.codemod.reading as reading
+read, real_parse = [], reading.parse_module  # the texts the engine parses: the script, its project's modules
+reading.parse_module = lambda source, *a, **k: read.append(source) or real_parse(source, *a, **k)
 rewrite, code = cpu(lambda: command(job["script"], job["cwd"]))
-engine.parse_module = real_parse
+reading.parse_module = real_parse
 texts = list(dict.fromkeys(read))
 project = min(cpu(lambda: [libcst.parse_module(t) for t in texts])[0] for _ in range(2))
 with open(job["out"], "w") as f:
@@ -407,8 +407,8 @@ def profile(top: int, mirrors: Path = DEFAULT_MIRRORS, keep: Optional[Path] = No
                 break
     print(f"cProfile of the command over {len(scripts)} real scripts: {total:.2f} s under the profiler")
     parts = {
-        "project following (engine._project: the script's project read and parsed)":
-            "accelerate_rewrite/codemod/engine.py:_project",
+        "project following (reading._project: the script's project read and parsed)":
+            "accelerate_rewrite/codemod/reading.py:_project",
         "  sibling reading (analysis/siblings.py: candidates)": "accelerate_rewrite/codemod/analysis/siblings.py:candidates",
         "  the project's analysis (project/program.py: analyse)": "accelerate_rewrite/codemod/project/program.py:analyse",
         "the CLI's project scan (runner.projects)": "accelerate_rewrite/runner.py:projects",

@@ -70,6 +70,7 @@ from typing import Callable, Optional
 import libcst
 
 import accelerate_rewrite.codemod.engine as engine
+import accelerate_rewrite.codemod.reading as reading
 from accelerate_rewrite import api
 from accelerate_rewrite.options import Options
 
@@ -86,11 +87,11 @@ OPTION_SETS: dict[str, dict] = {
     "fsdp": {"strategy": "fsdp"},
 }
 
-#: engine globals wrapped with timers during the measured rounds -> label
+#: engine globals wrapped with timers during the measured rounds (their module, name) -> label
 INSTRUMENTED = {
-    "ScriptFacts": "analysis (ScriptFacts)",
-    "apply_edits": "apply the edits",
-    "check": "check the result (re-parse, compile, scopes)",
+    (reading, "ScriptFacts"): "analysis (ScriptFacts)",
+    (engine, "apply_edits"): "apply the edits",
+    (engine, "check"): "check the result (re-parse, compile, scopes)",
 }
 PARSE = "parse (libcst.parse_module)"
 REST = "rules, code generation, the rest"
@@ -154,7 +155,7 @@ class Phases:
     """Timers around engine globals; ``take()`` returns and clears the seconds per label."""
 
     def __init__(self) -> None:
-        self.saved: dict[str, object] = {}
+        self.saved: dict[tuple, object] = {}
         self.current: dict[str, float] = {}
         self.missing: list[str] = []
 
@@ -171,18 +172,18 @@ class Phases:
         return timed
 
     def __enter__(self) -> "Phases":
-        for attr, label in INSTRUMENTED.items():
-            fn = getattr(engine, attr, None)
+        for (module, attr), label in INSTRUMENTED.items():
+            fn = getattr(module, attr, None)
             if fn is None:  # the engine changed: measure what is still there
                 self.missing.append(attr)
                 continue
-            self.saved[attr] = fn
-            setattr(engine, attr, self._wrap(fn, label))
+            self.saved[module, attr] = fn
+            setattr(module, attr, self._wrap(fn, label))
         return self
 
     def __exit__(self, *exc) -> None:
-        for attr, fn in self.saved.items():
-            setattr(engine, attr, fn)
+        for (module, attr), fn in self.saved.items():
+            setattr(module, attr, fn)
 
     def take(self) -> dict[str, float]:
         out = dict(self.current)
@@ -249,7 +250,7 @@ def throughput(rounds: int) -> dict:
     phase_sums[PARSE] = sum(parse_median[path] * rounds for path, _ in times)
     phase_sums[REST] = total - sum(phase_sums.values())
     order = [PARSE, *INSTRUMENTED.values(), REST]
-    analysis = INSTRUMENTED["ScriptFacts"]
+    analysis = INSTRUMENTED[reading, "ScriptFacts"]
     slowest = max(per_rewrite, key=per_rewrite.get)
     ms = sorted(v * 1e3 for v in per_rewrite.values())
     return {
@@ -292,7 +293,7 @@ def synthetic(target_lines: int, runs: int) -> Optional[dict]:
             start = time.perf_counter()
             result = api.rewrite(source, Options.create(), path="<synthetic>")
             times.append(time.perf_counter() - start)
-        analysis = phases.take().get(INSTRUMENTED["ScriptFacts"])
+        analysis = phases.take().get(INSTRUMENTED[reading, "ScriptFacts"])
     start = time.perf_counter()
     libcst.parse_module(source)
     parse = time.perf_counter() - start

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from accelerate_rewrite.cli import cli
 from accelerate_rewrite.codemod import engine as engine_module
+from accelerate_rewrite.codemod import reading as reading_module
 from accelerate_rewrite.codemod.edits import preserve
 from accelerate_rewrite.api import RewriteError, rewrite
 from accelerate_rewrite.codemod.rule import Rule, RuleContext
@@ -88,7 +89,7 @@ def test_what_libcst_cant_read_is_not_called_a_syntax_error(monkeypatch):
     def refuse(source, folder=None):
         raise cst.ParserSyntaxError("tokenizer error: something", lines=[""], raw_line=1, raw_column=0)
 
-    monkeypatch.setattr(engine_module, "_analyse", refuse)
+    monkeypatch.setattr(reading_module, "_analyse", refuse)
     with pytest.raises(RewriteError) as exc:
         rewrite("x = 1\n", Options.create())
     assert "syntax error" not in str(exc.value)
