@@ -30,7 +30,7 @@ comparable across machines). Each
 part is the median of ``--runs`` passes. Needs ``diff`` (GNU diffutils) on the PATH; only the
 standard library, LibCST and the package besides.
 
-    .venv/bin/python benchmarks/redesign_floor.py --real        # the real corpus: about 2 minutes
+    .venv/bin/python benchmarks/redesign_floor.py --real        # the real corpus: about a minute
 
 ``--real`` measures the same floor on the real corpus (benchmarks/real_speed.py's 63 scripts, each
 in its repository's tree, rewritten in this process as real_speed's API run does: ``--precision

@@ -11,7 +11,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.analysis.kinds import DATALOADERS, Function
-from accelerate_rewrite.codemod.analysis.syntax import code, init_of, param_for, positional_params, root_of, unwrap_moves
+from accelerate_rewrite.codemod.analysis.syntax import (code, init_of, param_for, positional_params, root_of,
+                                                     unwrap_moves)
 
 if TYPE_CHECKING:
     from accelerate_rewrite.codemod.analysis.view import Facts
