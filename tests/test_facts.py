@@ -382,6 +382,41 @@ def test_device_alias_shares_the_kind():
     assert not f.same_object((f.module, "device"), (f.module, "x"))
 
 
+
+def test_a_name_given_two_objects_holds_neither():
+    """``_, _ = get_data()`` binds ``_`` to the training loader and to the validation loader:
+    they stay two objects (pytorch/examples' language_translation, fixtures/data_helper: the
+    validation loader was taken for the training one, sharded, and its sum all-reduced twice).
+    A name given one object, twice or through itself (``x = x``), still holds it."""
+    f = facts_of("""
+        import torch
+        from torch.utils.data import DataLoader
+
+
+        def get_data():
+            train_dl = DataLoader(range(8), shuffle=True)
+            valid_dl = DataLoader(range(4))
+            return train_dl, valid_dl
+
+
+        def predict():
+            _, _ = get_data()
+
+
+        def main():
+            train_dl, valid_dl = get_data()
+            loader = train_dl
+            loader = loader
+            again = valid_dl
+            again = valid_dl
+    """)
+    main, predict = find_function(f, "main"), find_function(f, "predict")
+    assert not f.same_object((main, "train_dl"), (main, "valid_dl"))
+    assert not f.same_object((predict, "_"), (main, "train_dl"))
+    assert f.same_object((main, "loader"), (main, "train_dl"))
+    assert f.same_object((main, "again"), (main, "valid_dl"))
+    assert LOADER in kinds(f)[("predict", "_")]
+
 TRAIN_FUNCTION = '''
 import torch
 

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import subprocess
+import textwrap
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -45,6 +46,8 @@ EVALUATED = {
     # the whole-set training figure (`train_loss / len(train_loader.dataset)`, summed over the
     # processes) and the test set's; its progress bar (sys.stdout.write) is rank 0's alone
     "autoencoder_sums": (["--lr", "0"], r"^====> "),
+    # a helper returns both loaders; a prediction mode throws them away (``_, _ = get_data()``)
+    "data_helper": (["--lr", "0"], r"^epoch \d+ val loss "),
     "imagenet_style": (["--lr", "0"], r"^ \* Acc@1 "),
     "mnist_style": (["--lr", "0"], r"^Test set: "),
     "rnn_classifier": (["--lr", "0"], r"^Test Accuracy "),
@@ -298,3 +301,51 @@ def test_an_evaluation_over_a_training_loader_that_cant_be_reduced_says_so():
     one = rewrite(source, Options.create(), path="train.py")
     assert not [n for n in one.notes if "sharded for training" in n.message]
     assert rewrite(result.output, TWO, path="train.py").output == result.output
+
+
+def test_two_loaders_a_helper_returns_stay_two_where_another_call_throws_them_away():
+    """``_, _, size = get_data()`` elsewhere binds ``_`` to both loaders: the validation loader
+    is not the training one (before: it was sharded as the training loader, and its sum
+    all-reduced twice after the loop, twice the figure on 2 processes; fixtures/data_helper
+    has the shape with its evaluation in a function)."""
+    source = textwrap.dedent("""\
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        def get_data():
+            x, y = torch.randn(64, 8), torch.randn(64, 1)
+            train_dl = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)
+            valid_dl = DataLoader(TensorDataset(x, y), batch_size=8)
+            return train_dl, valid_dl, 5
+
+
+        def inference():
+            _, _, size = get_data()
+            print(size)
+
+
+        def main():
+            train_dl, valid_dl, size = get_data()
+            model = nn.Linear(8, 1)
+            optim = torch.optim.SGD(model.parameters(), lr=0.1)
+            loss_fn = nn.MSELoss()
+            for epoch in range(2):
+                for src, tgt in train_dl:
+                    optim.zero_grad()
+                    loss_fn(model(src), tgt).backward()
+                    optim.step()
+                losses = 0
+                for src, tgt in valid_dl:
+                    losses += loss_fn(model(src), tgt).item()
+                print(epoch, losses / len(valid_dl.dataset))
+
+
+        if __name__ == "__main__":
+            main()
+        """)
+    result = rewrite(source, TWO, path="train.py")
+    assert "    train_dl = fabric.setup_dataloaders(train_dl)\n" in result.output
+    assert "    valid_dl = fabric.setup_dataloaders(valid_dl, use_distributed_sampler=False)\n" in result.output
+    assert "all_reduce" not in result.output and not result.dropped

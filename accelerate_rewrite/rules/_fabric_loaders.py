@@ -176,6 +176,12 @@ class Loaders:
                 last = p.anchor
             p.loader_groups.append(LoaderGroup(loaders, last, p.ref_at(f, loaders[-1].stmt), evaluation, own))
         set_up = {b.key for group in p.loader_groups for b in group.loaders}
-        p.reductions = [r for r in reductions
-                        if f.key_of(data_source(f, r[0].iter)) in set_up or any(
-                            f.same_object(f.key_of(data_source(f, r[0].iter)), key) for key in set_up)]
+        reduced: set[tuple[int, str]] = set()
+        for loop, ref, names, why in reductions:  # a sum is reduced once after its loop, however many
+            source = f.key_of(data_source(f, loop.iter))  # loaders lead there
+            if source not in set_up and not any(f.same_object(source, key) for key in set_up):
+                continue
+            names = [n for n in names if (id(loop), n[0]) not in reduced]
+            reduced.update((id(loop), n[0]) for n in names)
+            if names:
+                p.reductions.append((loop, ref, names, why))

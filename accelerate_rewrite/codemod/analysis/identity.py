@@ -56,10 +56,11 @@ class Flow:
             if value is not None:
                 by_param.setdefault(param, []).append(value)
 
+        by_name: dict[Key, list[Key]] = {}
         for target, value in self._aliases:
             union(target, self.key_of(value))
             if target is not None and self.key_of(value) is not None:
-                objects.union(target, self.key_of(value))
+                by_name.setdefault(target, []).append(self.key_of(value))
         for fn in self.functions.values():
             owner = fn.node if isinstance(fn.node, cst.FunctionDef) else init_of(fn.node)
             if owner is None:
@@ -79,8 +80,13 @@ class Flow:
                     if named:
                         into((method, named[0].name.value), self.key_of(arg.value))
         changed = True
-        while changed:  # a parameter holds what its calls pass, when they all pass one object
-            changed = False
+        while changed:  # a parameter holds what its calls pass, and a name what its assignments
+            changed = False  # give it, when they all give one object (``_, _ = two_loaders()``: neither)
+            for name, values in by_name.items():
+                roots = {objects.find(v) for v in values} - {objects.find(name)}  # (``model = model.to(d)``)
+                if len(roots) == 1:
+                    objects.union(name, next(iter(roots)))
+                    changed = True
             for param, values in by_param.items():
                 roots = {objects.find(v) for v in values}
                 if len(roots) == 1 and objects.find(param) != next(iter(roots)):
