@@ -349,3 +349,51 @@ def test_two_loaders_a_helper_returns_stay_two_where_another_call_throws_them_aw
     assert "    train_dl = fabric.setup_dataloaders(train_dl)\n" in result.output
     assert "    valid_dl = fabric.setup_dataloaders(valid_dl, use_distributed_sampler=False)\n" in result.output
     assert "all_reduce" not in result.output and not result.dropped
+
+
+def test_an_evaluation_function_given_the_training_loader_and_another_says_its_figure_becomes_one_process():
+    """``evaluate(model, train_dl)`` and ``evaluate(model, valid_dl)``: the training loader is
+    sharded, the other is not, so no sum after the loop can be all-reduced for both calls; the
+    note says the figure over the training loader becomes one process's (before: nothing said).
+    One device: nothing to say."""
+    source = textwrap.dedent("""\
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+
+        def evaluate(model, loader, loss_fn):
+            total = 0.0
+            with torch.no_grad():
+                for src, tgt in loader:
+                    total += loss_fn(model(src), tgt).item() * len(src)
+            return total / len(loader.dataset)
+
+
+        def main():
+            x, y = torch.randn(64, 8), torch.randn(64, 1)
+            train_dl = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)
+            valid_dl = DataLoader(TensorDataset(x, y), batch_size=8)
+            model = nn.Linear(8, 1)
+            optim = torch.optim.SGD(model.parameters(), lr=0.1)
+            loss_fn = nn.MSELoss()
+            for epoch in range(2):
+                for src, tgt in train_dl:
+                    optim.zero_grad()
+                    loss_fn(model(src), tgt).backward()
+                    optim.step()
+                print(epoch, evaluate(model, train_dl, loss_fn), evaluate(model, valid_dl, loss_fn))
+
+
+        if __name__ == "__main__":
+            main()
+        """)
+    result = rewrite(source, TWO, path="train.py")
+    assert "    train_dl = fabric.setup_dataloaders(train_dl)\n" in result.output
+    assert "all_reduce" not in result.output
+    notes = [(n.line, n.message) for n in result.notes if "this evaluation loop runs over it too" in n.message]
+    assert notes == [(9, "`train_dl` is sharded for training, and this evaluation loop runs over it too (one of the "
+                         "loaders its callers pass): there it sees one process's share, and its figures become one "
+                         "process's (evaluate on a loader of its own)")], [n.message for n in result.notes]
+    one = rewrite(source, Options.create(), path="train.py")
+    assert not [n for n in one.notes if "sharded for training" in n.message]

@@ -12,7 +12,8 @@ import libcst as cst
 from accelerate_rewrite.codemod.ddp.hand import SAMPLERS
 from accelerate_rewrite.codemod.analysis.facts import Binding, ScriptFacts, code
 from accelerate_rewrite.codemod.analysis.loops import (
-    EVAL, TRAIN, data_source, eval_sums, evaluations_of_training_loader, loader_role, training_sums,
+    EVAL, TRAIN, data_source, eval_sums, evaluations_of_training_loader, loader_role, shared_evaluations,
+    training_sums,
 )
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._fabric import FabricPlan, LoaderGroup
@@ -78,6 +79,11 @@ class Loaders:
         again, as --shard-eval does); where they can't be, the note says the figures become one
         process's."""
         f, p = self.f, self.p
+        for loop in shared_evaluations(f, loader):
+            p.loader_skips.append((loop, f"`{loader.path}` is sharded for training, and this evaluation loop runs "
+                                         "over it too (one of the loaders its callers pass): there it sees one "
+                                         "process's share, and its figures become one process's (evaluate on a "
+                                         "loader of its own)"))
         loops, sums = evaluations_of_training_loader(f, loader)
         if not loops:
             return

@@ -38,7 +38,10 @@ class FabricDataloaders(FabricRule):
     training loader. A training loader the script also evaluates on (a loop over it under
     `torch.no_grad()` that does not train: a train-accuracy figure) is sharded for the training,
     so that loop's sums are all-reduced after it, as with `--shard-eval`; where they can't be,
-    the note says its figures become one process's.
+    the note says its figures become one process's. So does the note where a function's loop
+    evaluates the training loader at one call and another loader at another
+    (`evaluate(model, train_loader)`, `evaluate(model, val_loader)`): a sum after it can't be
+    all-reduced for one call and not the other.
 
     Kind: safe (one device sees the same batches in the same order).
 

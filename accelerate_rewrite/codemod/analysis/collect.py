@@ -126,7 +126,7 @@ class _Collector(OptimizerSearch, LeanVisitor):
         scalers = [b for b in f.bindings if b.kind == LOSS_SCALER]
         if not scalers:
             return
-        find, _, _ = f._joined()
+        find, *_ = f._joined()
         roots = {find(b.key): b.qualname for b in scalers}
         for call in self._name_calls:
             key = f.key_of(call.func)

@@ -23,7 +23,7 @@ class Flow:
         joins them, or a parameter that every call passes the same object (a parameter given a
         student in one call and a teacher in another holds neither: ``Wrapper(student, ...)``,
         ``Wrapper(teacher, ...)``)."""
-        find, seen, self._identity = self._joined()
+        find, seen, self._identity, self._passed = self._joined()
 
         by_root: dict[Key, set[str]] = {}
         for b in self.bindings:
@@ -39,7 +39,7 @@ class Flow:
 
     def _joined(self):
         """The flows between keys as union-finds: (find of the kinds, every key a flow joins,
-        find of the objects)."""
+        find of the objects, and each parameter's keys its calls pass)."""
         kinds = _UnionFind()
         objects = _UnionFind()
         seen: set[Key] = set()
@@ -92,7 +92,7 @@ class Flow:
                 if len(roots) == 1 and objects.find(param) != next(iter(roots)):
                     objects.union(param, next(iter(roots)))
                     changed = True
-        return kinds.find, seen, objects.find
+        return kinds.find, seen, objects.find, by_param
 
     def _method_calls_of_objects(self) -> list[tuple[cst.Call, cst.FunctionDef]]:
         """``obj.method(...)`` where ``obj = C(...)`` (its one assignment) is an object of a class
@@ -116,6 +116,13 @@ class Flow:
 
     def same_object(self, a: Optional[Key], b: Optional[Key]) -> bool:
         return a is not None and b is not None and self._identity(a) == self._identity(b)
+
+    def may_hold(self, key: Optional[Key], other: Optional[Key]) -> bool:
+        """``key`` holds ``other``'s object, or is a parameter that some call gives it among
+        others (``evaluate(model, train_loader)`` and ``evaluate(model, val_loader)``: ``loader``
+        holds neither, and may hold either)."""
+        return self.same_object(key, other) or (key is not None and any(
+            self.same_object(value, other) for value in self._passed.get(key, ())))
 
     def object_of(self, key: Key) -> Key:
         """The one key that stands for every key holding the same object as ``key``."""

@@ -240,6 +240,17 @@ def evaluations_of_training_loader(f: Facts, loader: Binding) -> tuple[list[cst.
     return loops, (_eval_sums(f, loader, loops) if loops else EvalSums())
 
 
+def shared_evaluations(f: Facts, loader: Binding) -> list[cst.For]:
+    """The evaluation loops over a parameter that some call gives ``loader`` and another call
+    another loader (``evaluate(model, train_loader)``, ``evaluate(model, val_loader)``): sharded
+    for training, ``loader`` shows such a loop one process's share, and a sum after it can't be
+    all-reduced (the other loader's is whole already)."""
+    return [loop for loop in for_loops(f)
+            if not f.same_object(f.key_of(data_source(f, loop.iter)), loader.key)
+            and f.may_hold(f.key_of(data_source(f, loop.iter)), loader.key)
+            and not is_training_loop(f, loop) and has_eval_evidence(f, loop)]
+
+
 def _eval_sums(f: Facts, loader: Binding, loops: Optional[list[cst.For]] = None) -> EvalSums:
     out = EvalSums()
     for loop in loops_over(f, loader.key) if loops is None else loops:

@@ -36,7 +36,7 @@ class OptimizerSearch:
         f = self.f
         if not self._unknown:
             return
-        find, _, _ = f._joined()  # the flows so far: ``train(model, optimizer)`` steps main's optimizer
+        find, *_ = f._joined()  # the flows so far: ``train(model, optimizer)`` steps main's optimizer
         stepped = set()
         for call in f.attribute_calls:
             method = call.func.attr.value

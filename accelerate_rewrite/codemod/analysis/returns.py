@@ -208,7 +208,7 @@ def assume_received_loaders(f: Facts) -> None:
     from accelerate_rewrite.codemod.analysis.loops import data_source, is_counter  # loops reads facts, made after this
 
     loaders = {b.key for b in f.bindings if b.kind == F.LOADER}
-    find, _, _ = f._joined()
+    find, *_ = f._joined()
     roots = {find(k) for k in loaders}
     sources: list[cst.BaseExpression] = []
     for site in f.backward_sites:
