@@ -19,10 +19,10 @@ class Flow:
 
     def _flow(self) -> None:
         """Keys joined by a flow (an alias, an argument into a parameter, ``self.x = param``)
-        share one set of kinds; keys hold the same object (``same_object``) where an alias
-        joins them, or a parameter that every call passes the same object (a parameter given a
-        student in one call and a teacher in another holds neither: ``Wrapper(student, ...)``,
-        ``Wrapper(teacher, ...)``)."""
+        share one set of kinds; keys hold the same object (``same_object``) where a name's
+        aliases all give it one object, or a parameter's calls all pass it one (a parameter given
+        a student in one call and a teacher in another holds neither: ``Wrapper(student, ...)``,
+        ``Wrapper(teacher, ...)``; nor does ``_`` in ``_, _ = get_loaders()``)."""
         find, seen, self._identity, self._passed = self._joined()
 
         by_root: dict[Key, set[str]] = {}
