@@ -184,7 +184,7 @@ def _runnable() -> list[str]:
 #: tests (once per xdist worker) rewrites nothing; the test below keeps it current
 RUNNABLE = ["accelerator_api", "already_autocast", "apex_dcgan", "apex_o1", "checkpointing", "conditional_optimizer",
             "cuda_amp", "cyclegan_chain", "data_parallel", "finetune_encoder", "gan", "gan_bce", "lbfgs",
-            "manual_sgd", "module_loop", "param_groups", "research_reads", "sample_data", "scheduled_optim", "text_classification",
+            "manual_sgd", "module_loop", "param_groups", "research_reads", "sample_data", "scheduled_optim", "solver_class", "text_classification",
             "timm_scaler",
             "torchmetrics_metrics", "train_function", "trainer_class", "trainer_given_loaders", "trainer_run", "transformer_lm",
             "vit_finetune"]

@@ -945,3 +945,25 @@ def test_processes_that_mpi_starts_are_refused_with_the_reason():
     result = convert(source, devices=2, allow_dropped=True)
     assert "Fabric(" not in result.output
     assert any("processes that MPI starts and ranks (mpi4py" in n.message for n in result.skips)
+
+
+def test_a_model_built_in_a_method_that_only_init_calls_is_built_in_making_the_object():
+    """StarGAN's Solver: ``__init__`` ends with ``self.build_model()``, which builds the model and
+    its optimizer (fixtures/solver_class). That is part of making the object, made once: the
+    Solver receives `fabric`, keeps it in ``self.fabric``, and ``build_model`` sets up with it.
+    Called from anywhere else too, it is refused as before."""
+    result = run("solver_class", "bf16-mixed-devices-4")
+    out = result.output
+    assert "    def __init__(self, fabric, loader, config):\n        self.fabric = fabric\n" in out
+    assert "        self.net, self.optimizer = self.fabric.setup(self.net, self.optimizer)\n" in out
+    assert "    solver = Solver(fabric, loader, config)\n" in out
+    source = (FIXTURES / "solver_class" / "input.py").read_text()
+    again = source.replace("    def update_lr(self, lr):\n", "    def reset(self):\n        self.build_model()\n\n"
+                           "    def update_lr(self, lr):\n")
+    from accelerate_rewrite.api import rewrite
+    from accelerate_rewrite.options import Options
+
+    twice = rewrite(again, Options.create(precision="bf16-mixed", devices=4), path="train.py")
+    assert not twice.changed
+    assert any("is built inside a class (Solver.build_model), not in its __init__" in n.message
+               for n in twice.notes), [n.message for n in twice.notes]

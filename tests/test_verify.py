@@ -63,7 +63,7 @@ NOT_RUN = {"accumulates_already", "hf_finetune", "ddp_spawn", "ddp_torchrun", "d
 RUNNABLE = ["accelerator_api", "already_autocast", "apex_dcgan", "apex_o1", "apex_o2_two_losses", "autoencoder_sums",
             "checkpointing", "cuda_amp", "cyclegan_chain", "data_helper", "data_parallel", "finetune_encoder", "gan", "gan_bce",
             "imagenet_ddp", "imagenet_style", "init_distributed_mode", "lbfgs", "local_rank_finetune", "mnist_style", "module_loop",
-            "param_groups", "research_reads", "rnn_classifier", "sample_data", "scheduled_optim", "text_classification", "timm_scaler",
+            "param_groups", "research_reads", "rnn_classifier", "sample_data", "scheduled_optim", "solver_class", "text_classification", "timm_scaler",
             "torchmetrics_metrics", "train_function", "trainer_class", "trainer_given_loaders", "trainer_run", "transformer_lm", "vae", "vit_finetune",
             "word_lm"]
 #: fixtures whose rewrite refuses bf16-mixed (the script's own autocast; LBFGS) and says why

@@ -278,14 +278,21 @@ class Home:
 
     def _run_once(self, method: cst.FunctionDef) -> bool:
         """A method called once, on an object of its class (``trainer.run()``), not in a loop:
-        minGPT's Trainer builds the optimizer and the loader in ``run()`` and trains there."""
+        minGPT's Trainer builds the optimizer and the loader in ``run()`` and trains there. Or
+        one that only ``__init__`` calls, once (StarGAN's ``Solver.__init__`` calls
+        ``self.build_model()``): a part of making the object."""
         f = self.f
         calls = [call for call, target in f._method_calls_of_objects() if target is method]
+        own = [c for c in f.attribute_calls
+               if m.matches(c.func, m.Attribute(value=m.Name("self"), attr=m.Name(method.name.value)))]
         # (called twice some way the analysis can't see, the second fabric.setup of the same
         # model fails loudly: "A model should be passed through setup only once")
-        return len(calls) == 1 and not f.repeats(calls[0]) and not any(
-            m.matches(c.func, m.Attribute(value=m.Name("self"), attr=m.Name(method.name.value)))
-            for c in f.attribute_calls)
+        if not calls and len(own) == 1:
+            cls = f.enclosing_class(method)
+            init = init_of(cls) if cls is not None else None
+            return init is not None and f.function(own[0]) is init and not f.repeats(own[0]) \
+                and len(f.find(m.Attribute(attr=m.Name(method.name.value)))) == 1
+        return len(calls) == 1 and not f.repeats(calls[0]) and not own
 
     def _called_only_from(self, func: Optional[cst.FunctionDef], worker: cst.FunctionDef) -> bool:
         """A module-level function called once, from ``worker`` (``load_train_objs()`` in the

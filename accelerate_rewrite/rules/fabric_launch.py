@@ -35,7 +35,8 @@ class FabricLaunch(FabricRule):
     count); hand-made distributed training that AR111 can't take over (it says why);
     scripts with nothing to train; strategies that need `launch(fn)` (ddp_spawn,
     ddp_notebook, ...); models built inside a class other than in the `__init__` of an
-    object made once (that one gets `fabric` where it is made). It does not set a mixed
+    object made once, a method only that `__init__` calls, or a method called once on it
+    (that object gets `fabric` where it is made). It does not set a mixed
     precision over a script that already runs its own autocast/GradScaler, nor any low
     precision with LBFGS.
     """
