@@ -125,7 +125,8 @@ class Loaders:
                 continue
             ref = p.ref_at(f, loader.stmt)
             if ref is None:
-                p.loader_skips.append((loader.stmt, f"`{loader.path}` is built where `fabric` can't be reached"))
+                if f.references(loader.key):  # (``_, _, vocab = get_data()``: nothing reads them, nothing to say)
+                    p.loader_skips.append((loader.stmt, f"`{loader.path}` is built where `fabric` can't be reached"))
                 continue
             role = loader_role(f, loader)
             evaluation = role == EVAL
