@@ -786,6 +786,36 @@ def test_a_library_that_starts_the_process_group_itself_is_refused_with_the_reas
                for n in result.skips)
 
 
+
+def test_a_script_made_private_by_opacus_is_refused_with_the_reason():
+    """pytorch/opacus's examples: ``privacy_engine.make_private(module=model, optimizer=...,
+    data_loader=...)`` wraps all three for differential privacy. Over Fabric's set-up (its
+    module not a DistributedDataParallel to Opacus) each process would add its own noise and
+    step its own copy of the model, and the accounting would be one process's: refused, for
+    Fabric and Accelerate alike; native autocast (another rule) is not this refusal's."""
+    source = """
+        import torch
+        import torch.nn as nn
+        from opacus import PrivacyEngine
+        from torch.utils.data import DataLoader, TensorDataset
+
+        model = nn.Linear(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,))), batch_size=8)
+        privacy_engine = PrivacyEngine()
+        model, optimizer, loader = privacy_engine.make_private(
+            module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0)
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    """
+    for backend in ("fabric", "accelerate"):
+        result = convert(source, devices=2, backend=backend)
+        assert not result.changed, backend
+        assert any("(opacus.PrivacyEngine) makes the model, optimizer and loader private itself" in n.message
+                   and n.line == 9 for n in result.skips), [n.message for n in result.skips]
+
 def test_a_batch_sampler_over_a_distributed_sampler_keeps_its_own_batches():
     """DETR's ``BatchSampler(sampler_train, batch_size, drop_last=True)`` with ``sampler_train``
     a DistributedSampler when distributed: each process draws its own batches already, so the

@@ -15,7 +15,7 @@ from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
 from accelerate_rewrite.codemod.ddp.hand import hand_ddp
 from accelerate_rewrite.codemod.ddp.places import PLACE_CALLS, strict_env_read
 from accelerate_rewrite.codemod.analysis.kinds import custom_steps, hand_updated
-from accelerate_rewrite.codemod.analysis.libraries import PROCESS_GROUP_STARTERS
+from accelerate_rewrite.codemod.analysis.libraries import PROCESS_GROUP_STARTERS, TAKES_OVER
 from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, Options
 from accelerate_rewrite.rules._fabric import (
@@ -54,6 +54,13 @@ class _Planner(Home, Loaders, Reach, Devices, Setups, WrappedReads):
             return self.refuse(node, f"already uses {label}; left alone")
         if not f.backward_sites and not f.optimizers:
             return self.refuse(None, "no training found (no optimizer, no backward call); nothing to do")
+        taker = next(((node, q) for node, q in f.qualified_refs if q in TAKES_OVER), None)
+        if taker is not None:  # (codemod/analysis/libraries.py: what the library does, and where it was read)
+            return self.refuse(taker[0], f"`{short(taker[0])}` ({taker[1]}) makes the model, optimizer and loader "
+                                         "private itself (differential privacy: per-sample gradients, Poisson "
+                                         "sampling, noise at each step); over Fabric's set-up each process would "
+                                         "add its own noise to its own copy of the model, and the privacy "
+                                         "accounting would be one process's; nothing was converted")
         apex = apex_use(f)
         if apex.problem is not None:
             return self.refuse(apex.problem[0], f"NVIDIA apex.amp: {apex.problem[1]}")

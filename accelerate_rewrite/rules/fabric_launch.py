@@ -33,7 +33,8 @@ class FabricLaunch(FabricRule):
     Leaves alone (and says why): scripts that already use Lightning Fabric, the Lightning
     Trainer or Hugging Face Accelerate (importing lightning only for `seed_everything` does not
     count); hand-made distributed training that AR111 can't take over (it says why);
-    scripts with nothing to train; strategies that need `launch(fn)` (ddp_spawn,
+    scripts with nothing to train; scripts a library makes its own (Opacus's
+    `PrivacyEngine.make_private`: differential privacy); strategies that need `launch(fn)` (ddp_spawn,
     ddp_notebook, ...); models built inside a class other than in the `__init__` of an
     object made once, a method only that `__init__` calls, or a method called once on it
     (that object gets `fabric` where it is made). It does not set a mixed

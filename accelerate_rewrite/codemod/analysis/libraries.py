@@ -162,6 +162,17 @@ PROCESS_GROUP_STARTERS: dict[str, str] = {
        for path in ("", ".distributed")},
 }
 
+#: libraries that take the model, the optimizer and the loader over themselves, in a way a
+#: conversion under them would break without a sound: qualified name -> what they do (read in)
+TAKES_OVER: dict[str, str] = {
+    **{f"opacus{path}.PrivacyEngine": (
+        "opacus 1.5.4, opacus/privacy_engine.py: make_private(module, optimizer, data_loader, ...) "
+        "wraps each for differential privacy (per-sample gradients, Poisson sampling, noise added at "
+        "each step, the privacy accountant), and runs distributed only when handed a "
+        "DistributedDataParallel module itself (`isinstance(module, (DPDDP, DDP, FSDPModule))`)")
+       for path in ("", ".privacy_engine")},
+}
+
 _HF = "transformers 5.23.0, transformers/optimization.py"
 #: qualified name -> the optimizer it schedules
 SCHEDULER_FACTORIES: dict[str, SchedulerFactory] = {
