@@ -564,7 +564,9 @@ conversion's rule changed the script's project (AR101 Fabric; AR207 native autoc
 **refused**: nothing changed, with the first reason the tool gave; **error**: the tool failed.
 Every file a run changes is checked: it parses, gains no undefined name (pyflakes), and a second
 run of the same command changes nothing. Each section below is one run, titled with its
-`--label`; a run with the same label replaces its section.
+`--label`; a run with the same label replaces its section. A section titled "... none of the
+lists has" runs another list, `--tsv benchmarks/real-corpus-unseen.tsv`: scripts none of the
+default lists has, tried as a new user would.
 """
 
 
