@@ -375,6 +375,9 @@ def test_every_library_entry_cites_the_release_it_was_read_from():
     assert all(name.split(".")[0] in libraries.LIBRARIES for table in tables for name in table)
     # (issue 47) what only reads a model: torch's and the standard library's
     assert all(any(c.isdigit() for c in source.split(",")[0]) for _, source in libraries.MODEL_READERS.values())
+    # what takes the model, optimizer and loader over (Opacus's PrivacyEngine)
+    assert all(any(c.isdigit() for c in e.read_in.split(",")[0]) for e in libraries.TAKES_OVER.values())
+    assert all(name.split(".")[0] in libraries.LIBRARIES for name in libraries.TAKES_OVER)
 
 
 def test_a_library_s_parameter_groups_are_over_the_model_it_is_given():

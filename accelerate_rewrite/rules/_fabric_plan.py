@@ -56,11 +56,8 @@ class _Planner(Home, Loaders, Reach, Devices, Setups, WrappedReads):
             return self.refuse(None, "no training found (no optimizer, no backward call); nothing to do")
         taker = next(((node, q) for node, q in f.qualified_refs if q in TAKES_OVER), None)
         if taker is not None:  # (codemod/analysis/libraries.py: what the library does, and where it was read)
-            return self.refuse(taker[0], f"`{short(taker[0])}` ({taker[1]}) makes the model, optimizer and loader "
-                                         "private itself (differential privacy: per-sample gradients, Poisson "
-                                         "sampling, noise at each step); over Fabric's set-up each process would "
-                                         "add its own noise to its own copy of the model, and the privacy "
-                                         "accounting would be one process's; nothing was converted")
+            node, qualname = taker
+            return self.refuse(node, f"`{short(node)}` ({qualname}) {TAKES_OVER[qualname].what}; nothing was converted")
         apex = apex_use(f)
         if apex.problem is not None:
             return self.refuse(apex.problem[0], f"NVIDIA apex.amp: {apex.problem[1]}")

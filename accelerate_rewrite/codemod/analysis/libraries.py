@@ -13,7 +13,7 @@ from __future__ import annotations
 LIBRARIES = frozenset({
     "accelerate", "apex", "bitsandbytes", "datasets", "deepspeed", "detectron2", "einops",
     "fairscale", "fairseq", "huggingface_hub", "lightning", "lightning_fabric", "mmcv", "mmdet",
-    "mmengine", "mmseg", "numpy", "pandas", "peft", "pytorch_lightning", "safetensors", "scipy",
+    "mmengine", "mmseg", "numpy", "opacus", "pandas", "peft", "pytorch_lightning", "safetensors", "scipy",
     "sklearn", "tensorboard", "tensorboardX", "timm", "tokenizers", "torch", "torchaudio",
     "torchmetrics", "torchtext", "torchvision", "tqdm", "transformers", "wandb", "xformers",
 })
@@ -162,16 +162,26 @@ PROCESS_GROUP_STARTERS: dict[str, str] = {
        for path in ("", ".distributed")},
 }
 
-#: libraries that take the model, the optimizer and the loader over themselves, in a way a
-#: conversion under them would break without a sound: qualified name -> what they do (read in)
-TAKES_OVER: dict[str, str] = {
-    **{f"opacus{path}.PrivacyEngine": (
-        "opacus 1.5.4, opacus/privacy_engine.py: make_private(module, optimizer, data_loader, ...) "
-        "wraps each for differential privacy (per-sample gradients, Poisson sampling, noise added at "
-        "each step, the privacy accountant), and runs distributed only when handed a "
-        "DistributedDataParallel module itself (`isinstance(module, (DPDDP, DDP, FSDPModule))`)")
-       for path in ("", ".privacy_engine")},
-}
+@dataclass(frozen=True)
+class TakesOver:
+    """A library that takes the model, the optimizer and the loader over itself, in a way a
+    conversion under it would break without a sound."""
+
+    what: str  # what it does, and what a conversion under it would become (said in the refusal)
+    read_in: str  # the release and the code it was read in
+
+
+_OPACUS = TakesOver(
+    "makes the model, optimizer and loader private itself (differential privacy: per-sample "
+    "gradients, Poisson sampling, noise at each step); over Fabric's set-up each process would add "
+    "its own noise to its own copy of the model, and the privacy accounting would be one process's",
+    "opacus 1.5.4, opacus/privacy_engine.py: make_private(module, optimizer, data_loader, ...) wraps "
+    "each for differential privacy (per-sample gradients, Poisson sampling, noise added at each step, "
+    "the privacy accountant), and runs distributed only when handed a DistributedDataParallel module "
+    "itself (`isinstance(module, (DPDDP, DDP, FSDPModule))`)")
+
+#: qualified name -> what the library does
+TAKES_OVER: dict[str, TakesOver] = {f"opacus{path}.PrivacyEngine": _OPACUS for path in ("", ".privacy_engine")}
 
 _HF = "transformers 5.23.0, transformers/optimization.py"
 #: qualified name -> the optimizer it schedules

@@ -245,9 +245,9 @@ def shared_evaluations(f: Facts, loader: Binding) -> list[cst.For]:
     another loader (``evaluate(model, train_loader)``, ``evaluate(model, val_loader)``): sharded
     for training, ``loader`` shows such a loop one process's share, and a sum after it can't be
     all-reduced (the other loader's is whole already)."""
-    return [loop for loop in for_loops(f)
-            if not f.same_object(f.key_of(data_source(f, loop.iter)), loader.key)
-            and f.may_hold(f.key_of(data_source(f, loop.iter)), loader.key)
+    sources = ((loop, f.key_of(data_source(f, loop.iter))) for loop in for_loops(f))
+    return [loop for loop, source in sources
+            if not f.same_object(source, loader.key) and f.may_hold(source, loader.key)
             and not is_training_loop(f, loop) and has_eval_evidence(f, loop)]
 
 

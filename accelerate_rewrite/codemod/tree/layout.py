@@ -17,6 +17,7 @@ PositionProvider's own, node for node, and tests/test_layout.py that the cut and
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from typing import Callable, Iterable, Mapping, Optional
 
 import libcst as cst
@@ -171,6 +172,11 @@ class Layout:
         self.code = "".join([self.header, *(code for code, _ in statements.values()), footer_code])
         return True
 
+    @cached_property
+    def _text_lines(self) -> list[str]:
+        """The text's lines, split once for every statement that changed."""
+        return line_list(self.text)
+
     def python_body(self) -> Optional[list]:
         """Python's parse of the text, its top-level statements (``python_at`` indexes them), where
         the text is short enough for its tree to be kept (codemod/tree/toplevel.py's ``python_tree``,
@@ -245,9 +251,8 @@ class Layout:
         if whole is None or not _pair([old], whole[at:at + 1], 0, told):
             return new.code_for_node(stmt)
         kept: list[str] = []
-        if "_lines" not in self.__dict__:
-            self._lines = line_list(self.text)  # (the text's, for each statement that changed)
-        marked = self._marked(stmt, old, told, kept, self._lines, self.statements[id(old)][1] + self.heights[id(old)])
+        marked = self._marked(stmt, old, told, kept, self._text_lines,
+                              self.statements[id(old)][1] + self.heights[id(old)])
         if not kept:
             return new.code_for_node(stmt)
         return _put_back(new.code_for_node(marked), kept, new.default_newline) or new.code_for_node(stmt)
