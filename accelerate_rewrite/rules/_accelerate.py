@@ -397,6 +397,12 @@ def spell(options: Options, source: str, code: str, program: Sequence[str] = ())
 _SAID = [
     (re.compile(r"`fabric = Fabric\([^`]*\)`(?: and launched it)?"), None),
     (re.compile(r'Fabric\(accelerator="cpu"\)'), "Accelerator(cpu=True)"),
+    # ``fabric.launch(fn, *args)`` is spelled ``fn(accelerator, *args)`` (and the notes say so)
+    (re.compile(r"`fabric\.launch\((\w+), ([^`]*)\)`"), r"`\1(fabric, \2)`"),
+    (re.compile(r"`fabric\.launch\((\w+)\)`"), r"`\1(fabric)`"),
+    (re.compile(r"\bFabric starts (?:and ends )?the processes\b"),
+     "the launcher (`accelerate launch`, torchrun) starts the processes"),
+    (re.compile(r"the processes are Fabric's \(devices\)"), "the processes are the launcher's"),
     (re.compile(r"LT_ACCELERATOR=cpu"), "ACCELERATE_USE_CPU=1"),
     (re.compile(r"fabric\.setup_dataloaders\b"), "accelerator.prepare"),
     (re.compile(r"fabric\.setup_module\b"), "accelerator.prepare"),

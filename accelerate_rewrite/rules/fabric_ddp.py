@@ -93,8 +93,12 @@ class FabricHandDDP(FabricRule):
         removed_funcs = {id(x) for x in d.removed_functions}
         wrapped = {id(w.stmt) for w in d.wraps}
         ending = _ends_the_group(f, d) if o.accelerate else set()
+        sw = d.switches
+        group = self._group(ctx, p) if sw.group is not None else False
         for s in d.removed:
             if any(id(a) in removed_funcs for a in f.ancestors(s)):
+                continue
+            if group and s is sw.group:
                 continue
             ref = p.ref_at(f, s) if id(s) in ending else None
             if ref is not None and p.after_creation(f, s):
@@ -114,6 +118,8 @@ class FabricHandDDP(FabricRule):
             ctx.change(wrap.call, f"`{short(wrap.call)}` became `{code(wrap.inner)}`: fabric.setup wraps "
                                   "the model in DistributedDataParallel")
         for node, attr in d.reads:
+            if group and any(f.inside(node, st) for st in sw.stores):
+                continue  # it goes with the statement that computed the rank
             ref = p.ref_at(f, node)
             if ref is None or not p.after_creation(f, node):  # the plan keeps only those that work
                 if f.qualname(node) in PLACE_CALLS:
@@ -227,6 +233,30 @@ class FabricHandDDP(FabricRule):
             return
 
     @staticmethod
+    def _group(ctx: RuleContext, p) -> bool:
+        """The spawned worker's ``dist.init_process_group(..., world_size=args.world_size,
+        rank=args.rank)`` becomes ``args.world_size, args.rank = fabric.world_size,
+        fabric.global_rank`` (codemod/ddp/switches.py): the rank the script computed from its
+        own flags and the spawn index is Fabric's; the statements that only computed them go."""
+        f, sw = ctx.facts, p.ddp.switches
+        ref = p.ref_at(f, sw.group)
+        if ref is None or not p.after_creation(f, sw.group):
+            return False
+        attrs = {id(sw.world): "world_size", id(sw.rank): "global_rank"}
+        targets = ", ".join(code(t) for t in sw.targets)
+        values = ", ".join(f"{ref}.{attrs[id(t)]}" for t in sw.targets)
+        new = stmt(f"{targets} = {values}\n")
+        ctx.edits.replace(sw.group, lambda u: new.with_changes(leading_lines=u.leading_lines))
+        ctx.change(sw.group, f"`{short(sw.group)}` became `{targets} = {values}`: Fabric starts the process "
+                             "group, and what the script gave it is Fabric's")
+        for st in sw.stores:
+            stored = sorted({code(t.target) for t in f.find_in(st, m.AssignTarget())})
+            ctx.edits.remove(st)
+            ctx.change(st, f"removed `{short(st)}`: it only computed {', '.join(f'`{s}`' for s in stored)} for "
+                           "the process group; Fabric's value is assigned where the group started")
+        return True
+
+    @staticmethod
     def _worker(ctx: RuleContext, p) -> None:
         f, o = ctx.facts, ctx.options
         sp = p.ddp.spawn
@@ -237,12 +267,20 @@ class FabricHandDDP(FabricRule):
                            f"index `{sp.rank.name.value}`")
         new: list[cst.BaseStatement] = []
         rank = sp.rank.name.value
+        sw = p.ddp.switches
         if any(f.scope(n) is not None and n.value == rank and n is not sp.rank.name
                for n in f.find_in(worker.body, m.Name(rank))):
-            new.append(stmt(f"{rank} = {NAME}.local_rank\n"))
+            # a GPU's index the script tests against None (``args.gpu is not None``): None on a
+            # CPU, as the script's own call gave it there
+            new.append(stmt(f"{rank} = {NAME}.device.index if {NAME}.device.type == \"cuda\" else None\n"
+                            if sw.index_is_gpu else f"{rank} = {NAME}.local_rank\n"))
         if o.devices is not None and sp.world_param is not None:
             # --devices replaces the script's world size: what the worker was told must follow
             new.append(stmt(f"{sp.world_param.name.value} = {NAME}.world_size\n"))
+        if sw.flag is not None:
+            # the script's own "am I distributed?" (``args.distributed``, from its flags): the
+            # processes are Fabric's now, and one process has no group to build a sampler on
+            new.append(stmt(f"{code(sw.flag)} = {NAME}.world_size > 1\n"))
         if new:
             first = insert_at_top(ctx.edits, worker, new)
             ctx.change(first, "read back from Fabric: " + ", ".join(f"`{short(s)}`" for s in new))

@@ -32,6 +32,7 @@ import libcst.matchers as m
 
 from accelerate_rewrite.codemod.ddp.loaders import ShardedLoader, sharded_loaders
 from accelerate_rewrite.codemod.ddp.places import MASTER_ENV, env_key, places
+from accelerate_rewrite.codemod.ddp.switches import Switches, switches
 from accelerate_rewrite.codemod.ddp.wraps import DDP, Wrap, module_uses, take_wrap
 from accelerate_rewrite.codemod.analysis.facts import Key, ScriptFacts, code, positional_params, short
 
@@ -123,6 +124,8 @@ class HandDDP:
     rank_names: dict[Optional[int], set[str]] = field(default_factory=dict)
     #: the world size read from the environment (torchrun style): Fabric's devices follow it
     env_world: bool = False
+    #: what a spawned worker decides "distributed, which rank, which GPU" from (codemod/ddp/switches.py)
+    switches: Switches = field(default_factory=Switches)
 
     def sharded(self, f: ScriptFacts, key: Optional[Key]) -> Optional[ShardedLoader]:
         return next((s for s in self.loaders if f.same_object(s.loader.key, key)), None)
@@ -182,6 +185,8 @@ class _Finder:
         if d.problem:
             return d
         self._helpers()
+        if d.spawn is not None:
+            d.switches = switches(f, d, d.spawn.worker, d.spawn.rank)
         self.d.loaders.extend(sharded_loaders(self.f, calls["sampler"]))
         module_uses(self.f, self.d)
         return d
