@@ -146,3 +146,45 @@ def test_the_trainer_resumes_from_its_snapshot_as_before(tmp_path):
     expected = _losses(original.stdout)
     assert expected and {step[1] for step in expected} == {"2", "3"}
     assert _losses(rewritten.stdout) == expected
+
+
+def _write(tmp_path: Path, folder: str, text: str) -> Path:
+    (tmp_path / folder).mkdir()
+    (tmp_path / folder / "input.py").write_text(text, encoding="utf-8")
+    return tmp_path / folder
+
+
+ACC = re.compile(r"\[rank (\d)\] \* Acc@1 ([0-9.]+) over (\d+) images")
+
+
+def test_imagenet_family_started_by_fabric_shards_what_its_flags_did_not(tmp_path):
+    """Issue 57: the ImageNet example's family decides distribution from its own flags
+    (``args.distributed = args.world_size > 1 or args.multiprocessing_distributed``). Rewritten with
+    ``--devices 2`` and run with plain ``python`` and none of those flags, Fabric starts two
+    processes: each trains half the batches (the worker's ``args.distributed`` follows
+    ``fabric.world_size > 1``, so its DistributedSampler shards them), each has its rank, and the
+    evaluation with frozen steps (``--lr 0``) is the one process's, over the same 48 images. The
+    rewrite without ``--devices`` runs on this CPU-only machine as the original did, loss for loss
+    (the spawn index reads back None on a CPU, as the script's own call gave it)."""
+    name = "imagenet_ddp"
+    source = (FIXTURES / name / "input.py").read_text(encoding="utf-8")
+    two = rewrite(source, TWO, path=f"fixtures/{name}/input.py")
+    one = rewrite(source, Options.create(), path=f"fixtures/{name}/input.py")
+    assert 'gpu = fabric.device.index if fabric.device.type == "cuda" else None' in two.output
+    assert "args.distributed = fabric.world_size > 1" in two.output
+    assert "args.world_size, args.rank = fabric.world_size, fabric.global_rank" in two.output
+    assert "args.rank * ngpus_per_node + gpu" not in two.output
+    original = _run([sys.executable, "input.py", "--lr", "0"], _write(tmp_path, "original", source))
+    sharded = _run([sys.executable, "input.py", "--lr", "0"], _write(tmp_path, "two", two.output))
+    alone = _run([sys.executable, "input.py"], _write(tmp_path, "one", one.output))
+    again = _run([sys.executable, "input.py"], tmp_path / "original")
+    for done in (original, sharded, alone, again):
+        assert done.returncode == 0, done.stderr[-2000:]
+    steps = _losses(original.stdout)
+    assert {rank for rank, *_ in steps} == {"0"} and len(steps) == 12  # 2 epochs of 6 batches
+    halves = _losses(sharded.stdout)
+    assert sorted(rank for rank, *_ in halves) == ["0"] * 6 + ["1"] * 6  # 3 batches a process an epoch
+    [(_, acc, seen)] = set(ACC.findall(original.stdout))
+    assert {(r, a, s) for r, a, s in ACC.findall(sharded.stdout)} == {("0", acc, seen), ("1", acc, seen)}
+    assert (tmp_path / "two" / "checkpoint.pth.tar").exists()
+    assert _losses(alone.stdout) == _losses(again.stdout)
