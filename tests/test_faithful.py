@@ -313,6 +313,32 @@ def test_an_emptied_else_goes_without_a_pass():
     assert 'if torch.cuda.is_available():\n    fabric.print("using CUDA")\n' in result.output
 
 
+def test_the_emptied_tail_of_an_elif_chain_goes_whole():
+    # the ImageNet example's placement: DataParallel by architecture (a string's startswith, a
+    # query) under `elif device.type == "cuda"`, `model.to(device)` in the last else
+    result = convert(HEAD + dedent("""
+        arch = "resnet18"
+        use_accel = torch.cuda.is_available()
+        device = torch.device("cuda" if use_accel else "cpu")
+        model = Net()
+        if not use_accel:
+            print("using CPU, this will be slow")
+        elif device.type == "cuda":
+            if arch.startswith("alexnet") or arch.startswith("vgg"):
+                model.cuda()
+            else:
+                model = torch.nn.DataParallel(model).cuda()
+        else:
+            model.to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = model(torch.randn(4, 8, device=device)).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+    """))
+    assert "pass" not in result.output and "elif" not in result.output and "else" not in result.output
+    assert 'if not use_accel:\n    fabric.print("using CPU, this will be slow")\n' in result.output
+
+
 def test_a_clip_unscaled_under_an_if_above_it_gets_no_note():
     # nanoGPT's: `if grad_clip != 0.0: scaler.unscale_(optimizer); clip_grad_norm_(...)`, the
     # scaler's step after the `if`

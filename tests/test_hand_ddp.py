@@ -188,3 +188,25 @@ def test_imagenet_family_started_by_fabric_shards_what_its_flags_did_not(tmp_pat
     assert {(r, a, s) for r, a, s in ACC.findall(sharded.stdout)} == {("0", acc, seen), ("1", acc, seen)}
     assert (tmp_path / "two" / "checkpoint.pth.tar").exists()
     assert _losses(alone.stdout) == _losses(again.stdout)
+
+
+def test_a_world_of_cuda_devices_runs_where_there_are_none(tmp_path):
+    """Issue 57: ``ngpus_per_node = torch.cuda.device_count()`` (the ImageNet example before it
+    tested the device, MoCo, SimSiam) is 0 on a machine without CUDA, where the script ran its
+    worker in one process: the rewrite's devices are ``max(ngpus_per_node, 1)``, never
+    ``Fabric(devices=0)`` (a ValueError), and it trains as the original did there."""
+    name = "imagenet_ddp"
+    guarded = "ngpus_per_node = torch.cuda.device_count() if torch.cuda.is_available() else 1"
+    source = (FIXTURES / name / "input.py").read_text(encoding="utf-8")
+    assert guarded in source
+    source = source.replace(guarded, "ngpus_per_node = torch.cuda.device_count()")
+    result = rewrite(source, Options.create(), path="train.py")
+    assert "fabric = Fabric(devices=max(ngpus_per_node, 1))" in result.output
+    assert any("counts CUDA devices" in n.message for n in result.changes)
+    guarded_result = rewrite(source.replace("ngpus_per_node = torch.cuda.device_count()", guarded),
+                             Options.create(), path="train.py")
+    assert "Fabric(devices=ngpus_per_node)" in guarded_result.output
+    original = _run([sys.executable, "input.py"], _write(tmp_path, "original", source))
+    rewritten = _run([sys.executable, "input.py"], _write(tmp_path, "rewritten", result.output))
+    assert original.returncode == 0 and rewritten.returncode == 0, rewritten.stderr[-2000:]
+    assert _losses(rewritten.stdout) == _losses(original.stdout) and _losses(original.stdout)

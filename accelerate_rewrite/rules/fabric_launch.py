@@ -116,6 +116,13 @@ class FabricLaunch(FabricRule):
         if ddp.spawn is not None:
             if ddp.spawn.nprocs is None:
                 kwargs["devices"] = 1
+            elif ddp.spawn.may_be_zero:
+                # ``torch.cuda.device_count()`` is 0 without CUDA: Fabric(devices=0) raises where the
+                # script ran (mp.spawn started nothing, its direct call one process)
+                kwargs["devices"] = _Code(f"max({code(ddp.spawn.nprocs)}, 1)")
+                ctx.change(ddp.spawn.stmt, f"devices=max({code(ddp.spawn.nprocs)}, 1): "
+                                           f"`{code(ddp.spawn.nprocs)}` counts CUDA devices, 0 on a machine "
+                                           "without them, where the script ran on one process")
             else:
                 kwargs["devices"] = _Code(code(ddp.spawn.nprocs))
         else:

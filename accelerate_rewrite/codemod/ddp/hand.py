@@ -80,6 +80,10 @@ class Spawn:
     direct: list[cst.SimpleStatementLine] = field(default_factory=list)
     #: where Fabric is created: the spawn's statement, or that ``if`` when there are direct calls
     where: Optional[cst.BaseStatement] = None
+    #: ``nprocs`` may be 0 where the original ran: ``torch.cuda.device_count()`` (0 without
+    #: CUDA) with no test of the device around it; ``mp.spawn`` then started nothing, or the
+    #: direct call one process, where ``Fabric(devices=0)`` raises
+    may_be_zero: bool = False
 
 
 @dataclass
@@ -240,7 +244,8 @@ class _Finder:
         where = f.parent(f.block(stmt)) if direct else stmt
         while direct and isinstance(f.parent(where), cst.If) and where is f.parent(where).orelse:
             where = f.parent(where)  # ``elif``: the whole ``if`` statement
-        d.spawn = Spawn(stmt, call, worker, params[0], args, nprocs, world_param, direct, where)
+        d.spawn = Spawn(stmt, call, worker, params[0], args, nprocs, world_param, direct, where,
+                        nprocs is not None and _counts_devices(f, nprocs))
         d.rank_names.setdefault(id(worker), set()).add(params[0].name.value)
         return True
 
@@ -380,6 +385,19 @@ class _Finder:
                     and isinstance(call.args[0].value, cst.SimpleString)
                     and call.args[0].value.evaluated_value in MASTER_ENV)
         return False
+
+
+def _counts_devices(f: ScriptFacts, value: cst.BaseExpression) -> bool:
+    """``torch.cuda.device_count()``, or a name assigned it, where no ``if`` around it tests the
+    device (``torch.cuda.is_available()``, ``device.type == "cuda"``): 0 on a machine without CUDA."""
+    values = [value] if not isinstance(value, cst.Name) else [v for _, v in f.assignments(value) if v is not None]
+    for v in values:
+        if not (isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and v.func.attr.value == "device_count"):
+            continue
+        tests = [a.test for a in f.ancestors(v) if isinstance(a, cst.If)]
+        if not any(m.findall(t, m.Attribute(attr=m.Name("is_available") | m.Name("type"))) for t in tests):
+            return True
+    return False
 
 
 def _alone(stmt: cst.BaseStatement, call: cst.Call) -> bool:

@@ -243,14 +243,15 @@ def _emptied_if(original: cst.BaseStatement, updated: cst.BaseStatement) -> bool
 
 
 def _drop_emptied_else(original: cst.If, updated: cst.If) -> cst.If:
-    """``if x: ... else: <everything removed>``: no ``else: pass`` left behind; the same for a
-    last ``elif`` whose condition only reads. The ``if``'s own branch must still do something
+    """``if x: ... else: <everything removed>``: no ``else: pass`` left behind; the same for the
+    ``elif``s that end the chain, each emptied, whose conditions only read. The ``if``'s own branch must still do something
     (an ``if`` emptied whole goes by ``_emptied_if``), and nothing is dropped that holds a comment."""
     o, u = original.orelse, updated.orelse
     if u is None or _block_empty(updated.body) or not _block_empty(u.body) or _block_empty(o.body) \
             or m.findall(u, m.Comment()):
         return updated
-    if isinstance(u, cst.Else) or (isinstance(u, cst.If) and u.orelse is None and _pure(u.test)):
+    if isinstance(u, cst.Else) or (isinstance(u, cst.If) and isinstance(o, cst.If) and _if_emptied(o, u)):
+        # the tail of the chain, ``elif device.type == "cuda": pass / else: pass``, goes whole
         return updated.with_changes(orelse=None)
     return updated
 
@@ -285,7 +286,8 @@ def _emptied_somewhere(original: cst.If, updated: cst.If) -> bool:
 
 #: calls an ``if`` condition may make and still go with its emptied branches: queries
 _QUERIES = {"is_available", "device_count", "is_bf16_supported", "exists", "isfile", "isdir",
-            "len", "isinstance", "hasattr", "getattr", "get", "getenv"}
+            "len", "isinstance", "hasattr", "getattr", "get", "getenv", "startswith", "endswith",
+            "is_initialized"}
 
 
 def _pure(test: cst.BaseExpression) -> bool:
