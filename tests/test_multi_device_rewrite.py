@@ -294,3 +294,66 @@ def test_shard_eval_leaves_what_it_cannot_reduce_unsharded_and_says_why():
         assert "all_reduce" not in out.output
         [note] = [s for s in out.skips if "--shard-eval" in s.message]
         assert why in note.message and "every process evaluates all of it" in note.message
+
+
+METER = """
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Meter:
+        def __init__(self, prefix):
+            self.prefix = prefix
+
+        def display(self, value):
+            print(self.prefix, value)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 1)
+
+        def describe(self):
+            print("parameters:", sum(p.numel() for p in self.parameters()))
+
+        def forward(self, x):
+            return self.fc(x)
+
+    def validate(loader, model):
+        meter = Meter("val")
+        with torch.no_grad():
+            for (x,) in loader:
+                meter.display(model(x).sum().item())
+
+    def main():
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        loader = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=2, shuffle=True)
+        model = Net().to(device)
+        model.describe()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for (x,) in loader:
+            loss = model(x.to(device)).sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        validate(loader, model)
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+def test_a_print_reaches_fabric_through_the_functions_that_build_its_printer():
+    """Issue 57: the ImageNet example's ``validate`` builds a ProgressMeter whose ``display``
+    prints; on several devices each process printed every line. The class receives `fabric`
+    (kept in ``self.fabric``), and so does ``validate``, which builds it, from ``main``: every
+    line is rank 0's. A model keeps no `fabric` (it would be saved and copied with it): its own
+    print stays, said to print on every process. On one device nothing of this is needed."""
+    two = convert(METER, devices=2)
+    out = two.output
+    assert "    def __init__(self, fabric, prefix):\n        self.fabric = fabric\n" in out
+    assert "        self.fabric.print(self.prefix, value)\n" in out
+    assert "def validate(fabric, loader, model):\n    meter = Meter(fabric, \"val\")\n" in out
+    assert "    validate(fabric, loader, model)\n" in out
+    assert '        print("parameters:"' in out and "class Net(torch.nn.Module):\n    def __init__(self):\n" in out
+    assert any("prints on every process" in n.message and n.line == 18 for n in two.skips)
+    assert "def validate(loader, model):" in convert(METER).output

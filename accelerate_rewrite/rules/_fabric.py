@@ -310,3 +310,25 @@ def names_rank(facts: ScriptFacts, p: "FabricPlan", node: cst.CSTNode) -> Option
                    | {code(n) for n, attr in p.ddp.reads if id(n) in inside and attr in ("global_rank", "local_rank")}
                    | worded)
     return named[0] if named else None
+
+
+_RANK_WORDS = ("rank", "is_main", "main_process", "master", "global_zero")
+
+
+def _tests_rank(test: cst.BaseExpression) -> bool:
+    """``test`` holds only on some ranks: it names a rank, and an ``or`` does so on both sides
+    (``not args.multiprocessing_distributed or args.rank % ngpus_per_node == 0`` holds on every
+    process of a run without the flag)."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
+        return _tests_rank(test.left) and _tests_rank(test.right)
+    return any(w in code(test).lower() for w in _RANK_WORDS)
+
+
+def rank_guard(f, node):
+    """The ``if`` around ``node`` (within its function) that tests a rank, if any."""
+    for parent in f.ancestors(node):
+        if isinstance(parent, (cst.If, cst.IfExp)) and _tests_rank(parent.test):
+            return parent
+        if isinstance(parent, cst.FunctionDef):
+            return None
+    return None

@@ -17,7 +17,7 @@ from accelerate_rewrite.codemod.analysis.facts import (
     positional_params,
 )
 from accelerate_rewrite.codemod.analysis.libraries import TERMINAL_WRITES, prepares
-from accelerate_rewrite.rules._fabric import NAME
+from accelerate_rewrite.rules._fabric import NAME, names_rank, rank_guard
 
 
 class Reach:
@@ -149,6 +149,12 @@ class Reach:
         f, p = self.f, self.p
         needs = [s.call for s in f.backward_sites if s.library is None] + [o.stmt for o in f.optimizers if setups] \
             + ([n for n, _ in p.ddp.reads] if p.ddp else []) + (self._side_effects() if self.o.many_devices else [])
+        # a print's function needs `fabric` however deep it is: its callers that can't reach it
+        # need it in turn (``validate`` builds the ProgressMeter that prints); the other needs
+        # stay where they are (a read of the rank works without `fabric`)
+        passed_on = self._prints() if self.o.many_devices else []
+        needs += passed_on
+        passing = {id(n) for n in passed_on}
         changed = True
         while changed:
             changed = False
@@ -177,6 +183,11 @@ class Reach:
                                         or not self._plain_methods(cls, needs)):
                     continue
                 if not all(p.ref_at(f, c) is not None and p.after_creation(f, c) for c in fn.calls):
+                    for c in fn.calls if id(node) in passing else ():
+                        if p.ref_at(f, c) is None and f.function(c) is not None and id(c) not in passing:
+                            needs.append(c)
+                            passing.add(id(c))
+                            changed = True
                     continue
                 p.added_params[id(target)] = target
                 p.refs[id(init)] = NAME
@@ -201,6 +212,23 @@ class Reach:
             if fn is not None and fn.node is func and f.enclosing_class(func) is None and not fn.other_uses:
                 out += fn.calls
         return out
+
+    def _prints(self) -> list[cst.CSTNode]:
+        """With several devices, the script's prints that would run on every process: not under a
+        test of the rank, not naming it (a print of its own per process, as before). The
+        function or class that holds one (the ImageNet example's ``validate``, its
+        ``ProgressMeter.display``) receives `fabric` where every call of it can give it, so that
+        rules/fabric_print.py prints on rank 0."""
+        f, p = self.f, self.p
+        return [call for call in f.prints if rank_guard(f, call) is None and names_rank(f, p, call) is None
+                and not self._in_model(call)]
+
+    def _in_model(self, node: cst.CSTNode) -> bool:
+        """``node`` is in a method of one of the script's models (an ``nn.Module``): a model keeps
+        no `fabric` (it would be saved, copied and pickled with it)."""
+        func = self.f.function(node)
+        cls = self.f.enclosing_class(func) if func is not None else None
+        return cls is not None and cls.name.value in self.f.module_classes
 
     def _plain_methods(self, cls: cst.ClassDef, needs: list[cst.CSTNode]) -> bool:
         """Every method that needs `fabric` takes ``self`` first: a static or class method

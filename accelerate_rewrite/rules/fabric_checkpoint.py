@@ -7,31 +7,11 @@ import libcst.matchers as m
 
 from accelerate_rewrite.codemod.analysis.facts import OPTIMIZER, root_of
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, code, expr
+from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, code, expr, rank_guard
 from accelerate_rewrite.rules._fabric_plan import plan
 
-_RANK_WORDS = ("rank", "is_main", "main_process", "master", "global_zero")
 TORCH_SAVE = ("torch.save", "torch.serialization.save")
 FABRIC, RANK_ZERO, SKIP = "fabric", "rank-zero", "skip"
-
-
-def _tests_rank(test: cst.BaseExpression) -> bool:
-    """``test`` holds only on some ranks: it names a rank, and an ``or`` does so on both sides
-    (``not args.multiprocessing_distributed or args.rank % ngpus_per_node == 0`` holds on every
-    process of a run without the flag)."""
-    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
-        return _tests_rank(test.left) and _tests_rank(test.right)
-    return any(w in code(test).lower() for w in _RANK_WORDS)
-
-
-def rank_guard(f, node):
-    """The ``if`` around ``node`` (within its function) that tests a rank, if any."""
-    for parent in f.ancestors(node):
-        if isinstance(parent, (cst.If, cst.IfExp)) and _tests_rank(parent.test):
-            return parent
-        if isinstance(parent, cst.FunctionDef):
-            return None
-    return None
 
 
 def classify_save(f, p, call: cst.Call, options):
