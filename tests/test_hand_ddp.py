@@ -210,3 +210,36 @@ def test_a_world_of_cuda_devices_runs_where_there_are_none(tmp_path):
     rewritten = _run([sys.executable, "input.py"], _write(tmp_path, "rewritten", result.output))
     assert original.returncode == 0 and rewritten.returncode == 0, rewritten.stderr[-2000:]
     assert _losses(rewritten.stdout) == _losses(original.stdout) and _losses(original.stdout)
+
+
+RESUME = """    optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=0.9, weight_decay=1e-4)
+    if args.resume:
+        checkpoint = torch.load(args.resume)
+        model.load_state_dict(checkpoint["state_dict"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        print(f"=> loaded checkpoint '{args.resume}' (epoch {checkpoint['epoch']})")
+"""
+
+
+def test_a_checkpoint_the_original_wrote_from_its_wrapped_model_resumes(tmp_path):
+    """Issue 57: the ImageNet example saves ``model.state_dict()`` of its DistributedDataParallel
+    (or DataParallel) model: keys prefixed ``module.``. People convert mid-project, with such
+    checkpoints on disk; the rewrite's model is the module itself, so its ``load_state_dict``
+    strips the prefix first (``consume_prefix_in_state_dict_if_present``), and a checkpoint the
+    original wrote under torchrun resumes in the rewrite run with plain python."""
+    name = "imagenet_ddp"
+    source = (FIXTURES / name / "input.py").read_text(encoding="utf-8")
+    line = "    optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=0.9, weight_decay=1e-4)\n"
+    assert line in source
+    source = source.replace(line, RESUME).replace(
+        'parser.add_argument("--seed"', 'parser.add_argument("--resume", default="", type=str)\nparser.add_argument("--seed"')
+    result = rewrite(source, Options.create(), path="train.py")
+    assert '    consume_prefix_in_state_dict_if_present(checkpoint["state_dict"], "module.")\n' \
+           '        model.load_state_dict(checkpoint["state_dict"])\n' in result.output
+    original = _run(_torchrun("input.py") + ["--dist-url", "env://", "--epochs", "1"],
+                    _write(tmp_path, "original", source))
+    assert original.returncode == 0, original.stderr[-2000:]
+    saved = tmp_path / "original" / "checkpoint.pth.tar"
+    rewritten = _run([sys.executable, "input.py", "--resume", str(saved)], _write(tmp_path, "rewritten", result.output))
+    assert rewritten.returncode == 0, rewritten.stderr[-2000:]
+    assert f"=> loaded checkpoint '{saved}' (epoch 1)" in rewritten.stdout

@@ -6,8 +6,9 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.analysis.facts import OPTIMIZER, root_of
+from accelerate_rewrite.codemod.ddp.wraps import wrapped_states
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, code, expr, rank_guard
+from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, code, expr, rank_guard, short, stmt
 from accelerate_rewrite.rules._fabric_plan import plan
 
 TORCH_SAVE = ("torch.save", "torch.serialization.save")
@@ -110,6 +111,12 @@ class FabricCheckpoint(FabricRule):
     becomes `fabric.save(path, model.state_dict())`; `torch.load(path, map_location=...)`
     becomes `fabric.load(path)` (the state is loaded on the CPU, as `load_state_dict` expects).
 
+    Checkpoints the original wrote keep loading: where it saved the state dict of a model it
+    wrapped in DistributedDataParallel or DataParallel (keys prefixed `module.`), the
+    converted model's `model.load_state_dict(checkpoint["state_dict"])` is preceded by
+    `consume_prefix_in_state_dict_if_present(checkpoint["state_dict"], "module.")` (torch's
+    own; a state without the prefix stays as it is), with Fabric and with Accelerate.
+
     Why: with several processes every rank would write the same file at once; Fabric writes
     once, and saves sharded (FSDP, DeepSpeed) models correctly when it is given the objects.
 
@@ -135,6 +142,7 @@ class FabricCheckpoint(FabricRule):
         p = plan(f, ctx.options)
         if p.refusal is not None:
             return
+        self._prefixed_loads(ctx, p)
         if ctx.options.accelerate:
             # --backend accelerate (rules/_accelerate.py): torch's save and load stay, a save
             # written by the main process (AR110), a model's state dict read unwrapped
@@ -179,6 +187,50 @@ class FabricCheckpoint(FabricRule):
             ctx.edits.replace(call, lambda u, r=ref, k=keep: expr(
                 f"{r}.load({', '.join([code(u.args[0].value), *k])})"))
             ctx.change(call, f"torch.load became {ref}.load (loads on the CPU, Fabric places the state)")
+
+
+    @staticmethod
+    def _prefixed_loads(ctx: RuleContext, p) -> None:
+        """``model.load_state_dict(checkpoint["state_dict"])`` where the original saved the
+        model wrapped in DistributedDataParallel or DataParallel: the checkpoints on disk hold
+        ``module.``-prefixed keys, which the converted model has not. Before the load,
+        ``consume_prefix_in_state_dict_if_present(checkpoint["state_dict"], "module.")`` (torch's
+        own, in place; a checkpoint without the prefix is left as it is)."""
+        f = ctx.facts
+        wrapped = wrapped_states(f)
+        if not wrapped:
+            return
+        for _, call in f.attribute_calls_of("load_state_dict"):
+            receiver = call.func.value
+            if f.key_of(receiver) not in wrapped or p.group_of(f, f.key_of(receiver)) is None or not call.args:
+                continue
+            state = call.args[0].value
+            statement = f.statement(call)
+            if not _repeatable(state) or call.args[0].keyword is not None \
+                    or not isinstance(statement, cst.SimpleStatementLine):
+                ctx.skip(call, f"`{short(call)}`: the original saved the model wrapped in DistributedDataParallel "
+                               "or DataParallel, so its checkpoints hold keys prefixed `module.`, which this load "
+                               "would not find; strip them first (torch.nn.modules.utils."
+                               "consume_prefix_in_state_dict_if_present)")
+                continue
+            new = stmt(f'consume_prefix_in_state_dict_if_present({code(state)}, "module.")\n')
+            ctx.edits.insert_before(statement, new)
+            ctx.edits.add_import("torch.nn.modules.utils", "consume_prefix_in_state_dict_if_present")
+            ctx.change(call, f"`{code(state)}` loses the `module.` its keys have in a checkpoint the original "
+                             "wrote (it saved the model wrapped in DistributedDataParallel or DataParallel): "
+                             "those checkpoints load into the converted model")
+
+
+def _repeatable(node: cst.BaseExpression) -> bool:
+    """``checkpoint["state_dict"]``, ``state``, ``ckpt.model``: read twice, the same object."""
+    if isinstance(node, cst.Name):
+        return True
+    if isinstance(node, cst.Attribute):
+        return _repeatable(node.value)
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+        index = node.slice[0].slice.value
+        return isinstance(index, (cst.SimpleString, cst.Integer, cst.Name)) and _repeatable(node.value)
+    return False
 
 
 def _unwrapped(state: cst.BaseExpression, unwrap) -> cst.BaseExpression:

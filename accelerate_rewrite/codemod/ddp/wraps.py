@@ -162,3 +162,22 @@ def _before_rebinding(f: ScriptFacts, wrap: Wrap, node: cst.Attribute) -> bool:
     name = code(wrap.inner)
     return start < end and not any(
         m.findall(s, m.AssignTarget(target=m.Name(name))) for s in body[start + 1:end + 1])
+
+
+def wrapped_states(f: ScriptFacts) -> set:
+    """The keys of the names the script binds to a model wrapped in DistributedDataParallel or
+    DataParallel (``model = DDP(model, ...)``, ``model = nn.DataParallel(model).cuda()``) whose
+    ``state_dict()`` it reads: the original's checkpoints hold that wrapper's keys, each
+    prefixed ``module.``, which the converted model (the module itself, or Fabric's wrapper,
+    whose state dict is the module's) does not have."""
+    def compute() -> set:
+        bound = set()
+        for site in [*f.calls_to(*DDP), *f.data_parallel()]:
+            stmt = f.statement(site.call)
+            if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 \
+                    and isinstance(stmt.body[0], cst.Assign):
+                bound.update(f.key_of(t.target) for t in stmt.body[0].targets
+                             if isinstance(t.target, (cst.Name, cst.Attribute)))
+        bound.discard(None)
+        return {f.key_of(call.func.value) for _, call in f.attribute_calls_of("state_dict")} & bound
+    return f.memo("wrapped-states", compute)
