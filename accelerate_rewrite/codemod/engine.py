@@ -21,6 +21,7 @@ from accelerate_rewrite.codemod.tree.flow import maybe_unbound
 from accelerate_rewrite.codemod.tree.layout import Splice
 from accelerate_rewrite.codemod.result import Kind, Result  # noqa: F401 (plain data: codemod/result.py)
 from accelerate_rewrite.codemod.collector import GC_THRESHOLDS, fewer_collections  # noqa: F401 (benchmarks, tests read them here)
+from accelerate_rewrite.codemod.claims import true_claims
 from accelerate_rewrite.codemod.project.compat import Compatible, calls_by_keyword, compatible
 from accelerate_rewrite.codemod.project.names import Realias
 from accelerate_rewrite.codemod.project.program import Scope, analyse
@@ -242,11 +243,15 @@ def _rewrite(
     #: that tree's code): what the compatible change reads instead of parsing the text again
     made_trees: dict[int, Optional[cst.Module]] = {}
 
-    def apply_to(unit: Unit, edit_sets, touched=None) -> tuple[str, Optional[Splice]]:
+    #: of the last attempt: the keys of replacements an edit around them dropped (edits/edit_set.py)
+    swallowed: set[int] = set()
+
+    def apply_to(unit: Unit, edit_sets, touched=None, dropped: Optional[set[int]] = None
+                 ) -> tuple[str, Optional[Splice]]:
         """The unit's text with the edits applied, and its Splice (codemod/tree/layout.py) where
         that text is the statements' code joined."""
         new = apply_edits(unit.view, edit_sets, touched, imports_read=several, parent=unit.parent,
-                          layout=unit.layout)
+                          layout=unit.layout, swallowed=dropped)
         if unit.aliases or unit.renames:  # ``train`` read as ``E.train`` again, in the statements the
             kept = unit.layout.statements  # edits changed (and ``A`` as the ``B`` it was imported as)
             back = Realias(unit.aliases, unit.renames)  # (along the paths to those names only)
@@ -291,6 +296,7 @@ def _rewrite(
 
     def attempt(chosen: Sequence[Rule]) -> tuple[list[str], list[str]]:
         splices.clear()
+        swallowed.clear()
         edit_sets = [contexts[r.code].edits for r in chosen]
         if not any(e or e.unused_imports for e in edit_sets):
             return [u.source for u in units], []  # no rule applied: the input itself
@@ -301,7 +307,7 @@ def _rewrite(
         refused: dict[int, str] = {}
         compats.clear()
         for unit in units:
-            head_code, splice = apply_to(unit, edit_sets, touched if unit.index == 0 else None)
+            head_code, splice = apply_to(unit, edit_sets, touched if unit.index == 0 else None, swallowed)
             splices[unit.index] = splice
             heads.append(head_code)
             code = head_code + unit.tail
@@ -394,7 +400,10 @@ def _rewrite(
 
     per_unit: list[list[Note]] = [[] for _ in units]
     for rule in active:
+        about = contexts[rule.code].about
         for note in contexts[rule.code].notes:
+            if about.get(id(note)) in swallowed:
+                continue  # an edit around it dropped what this note says it became
             index, line = units[0].where(note.line)
             per_unit[index].append(replace(note, line=line, message=relocate(note.message, units[index], units))
                                    if several else note)
@@ -427,6 +436,9 @@ def _rewrite(
             if outputs[unit.index] != unit.source:
                 per_unit[unit.index] = [replace(n, message=spelling.said(n.message, outputs[unit.index]))
                                         for n in per_unit[unit.index]]
+    for unit in units:  # a note claims only what the file as written holds (codemod/claims.py)
+        if outputs[unit.index] != unit.source:
+            per_unit[unit.index] = true_claims(per_unit[unit.index], unit.source, outputs[unit.index])
     for i, notes in enumerate(per_unit):  # one note a place: a rule may reach a line twice
         per_unit[i] = sorted(dict.fromkeys(notes), key=lambda n: (n.line, n.rule))
     result.notes = per_unit[0]

@@ -46,10 +46,15 @@ class RuleContext:
         self.options = options
         self.edits = EditSet()
         self.notes: list[Note] = []
+        #: id(note) -> id of the node a change note is about: the engine checks the claim there
+        self.about: dict[int, int] = {}
 
     def change(self, node: Optional[cst.CSTNode], message: str, kind: Optional[Kind] = None) -> None:
         kind = kind if kind is not None else self.rule.kind_for(self.options)  # read by Note.kind_with
-        self.notes.append(Note(self.rule.code, self.facts.line(node), message, kind=kind))
+        note = Note(self.rule.code, self.facts.line(node), message, kind=kind)
+        self.notes.append(note)
+        if node is not None:
+            self.about[id(note)] = id(node)
 
     def skip(self, node: Optional[cst.CSTNode], message: str) -> None:
         self.notes.append(Note(self.rule.code, self.facts.line(node), message, skipped=True))

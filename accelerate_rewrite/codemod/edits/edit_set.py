@@ -131,9 +131,15 @@ def _is_blank(line: cst.EmptyLine) -> bool:
 
 
 class _Apply(cst.CSTTransformer):
-    def __init__(self, edits: EditSet, paths: Optional[set[int]] = None) -> None:
+    def __init__(self, edits: EditSet, paths: Optional[set[int]] = None,
+                 swallowed: Optional[set[int]] = None) -> None:
         super().__init__()
         self.edits = edits
+        #: the keys of replacements whose result the file does not hold: an edit of a node around
+        #: them rebuilt it without their code, or removed it (``swallowed``, when asked for)
+        self.swallowed = swallowed
+        self.done: list[tuple[int, cst.CSTNode]] = []  # (key, its result), in the order made
+        self.marks: dict[int, int] = {}  # key of an edited node -> len(done) when it was visited
         #: ids of the nodes on the paths from the module to the nodes the edits are keyed on:
         #: the only ones visited (None: every node); the others are kept as they are, the same
         #: objects, so the result's code reuses theirs (codemod/tree/layout.py)
@@ -143,7 +149,26 @@ class _Apply(cst.CSTTransformer):
         self.wrap_of = {key: (keys, make) for keys, make in edits.wraps for key in keys}
 
     def on_visit(self, node) -> bool:  # type: ignore[override]
-        return self.paths is None or id(node) in self.paths
+        if self.paths is not None and id(node) not in self.paths:
+            return False
+        if self.swallowed is not None and (id(node) in self.edits.replacements or id(node) in self.edits.removals):
+            self.marks[id(node)] = len(self.done)
+        return True
+
+    def _swallowing(self, original_node, updated_node, replaced: bool) -> None:
+        """The replacements inside ``original_node`` that its own edit dropped: its replacement
+        holds none of their code (rebuilt from other text), or it is removed (not moved)."""
+        start = self.marks.pop(id(original_node), None)
+        if start is None:
+            return
+        inner = self.done[start:]
+        if id(original_node) in self.edits.removals and id(original_node) not in self.moving:
+            self.swallowed.update(key for key, _ in inner)
+        elif replaced and inner:
+            text = _squeezed(updated_node)
+            self.swallowed.update(key for key, result in inner if _squeezed(result) not in text)
+        if replaced:
+            self.done.append((id(original_node), updated_node))
 
     # no per-field methods here: LibCST need not look them up for every field it walks
     def on_visit_attribute(self, node, attribute) -> None:  # type: ignore[override]
@@ -155,8 +180,11 @@ class _Apply(cst.CSTTransformer):
     def on_leave(self, original_node, updated_node):  # type: ignore[override]
         if self.paths is not None and id(original_node) not in self.paths:
             return updated_node  # nothing in it is edited
-        for fn in self.edits.replacements.get(id(original_node), ()):
+        fns = self.edits.replacements.get(id(original_node), ())
+        for fn in fns:
             updated_node = fn(updated_node)
+        if self.swallowed is not None:
+            self._swallowing(original_node, updated_node, bool(fns))
         if isinstance(original_node, (cst.Module, cst.IndentedBlock)):
             updated_node = self._rebuild_block(original_node, updated_node)
         elif isinstance(original_node, cst.If) and isinstance(updated_node, cst.If):
@@ -347,8 +375,15 @@ def _paths(module: cst.Module, edits: EditSet,
     return out
 
 
-def _apply(module: cst.Module, edits: EditSet, parent) -> cst.Module:
-    return module.visit(_Apply(edits, _paths(module, edits, parent)))
+def _apply(module: cst.Module, edits: EditSet, parent, swallowed: Optional[set[int]] = None) -> cst.Module:
+    return module.visit(_Apply(edits, _paths(module, edits, parent), swallowed))
+
+
+def _squeezed(node: cst.CSTNode) -> str:
+    """A node's code without whitespace: what a rebuilt node holds of it, however laid out."""
+    if isinstance(node, cst.RemovalSentinel) or node is None:
+        return ""
+    return "".join(cst.Module([]).code_for_node(node).split())
 
 
 def names_read(node: cst.CSTNode) -> frozenset[str]:
@@ -364,6 +399,7 @@ def apply_edits(
     imports_read: bool = False,
     parent: Optional[Callable[[cst.CSTNode], Optional[cst.CSTNode]]] = None,
     layout=None,
+    swallowed: Optional[set[int]] = None,
 ) -> cst.Module:
     """The module with the edits applied; ``touched`` (if given) gets every node of ``module``
     an edit is keyed on, with whether the edit removes it. With ``imports_read`` (one file of a
@@ -371,7 +407,9 @@ def apply_edits(
     edits of the other files ask for theirs. ``parent`` (a node -> its parent in ``module``): the
     edits are applied along the paths down to the nodes they are keyed on, and the rest of the
     tree is kept as it is. ``layout`` (codemod/tree/layout.py, of ``module``): the names the statements
-    the edits keep read are known from it."""
+    the edits keep read are known from it. ``swallowed`` (if given) gets the keys of the
+    replacements the result does not hold (an edit around them dropped them): what a note
+    about them would claim falsely."""
     edit_sets = list(edit_sets)
     edits = _merge(edit_sets)
     if not edits and not edits.unused_imports:
@@ -388,9 +426,9 @@ def apply_edits(
         names = names_of(_apply(module, trial, parent))
         edits.imports = [w for w in edits.imports if bound_by(w) in names]
     added = plan_imports(module, edits) if edits.imports else []
-    new = _apply(module, edits, parent)
+    new = _apply(module, edits, parent, swallowed)
     if edits.unused_imports and plan_unused_imports(module, new, edits, names_of):
-        new = _apply(module, edits, parent)
+        new = _apply(module, edits, parent, swallowed)
     if added:
         new = blank_line_after(new, added)
     if touched is not None:

@@ -18,8 +18,8 @@ args)``): so it changes *compatibly* instead (``compatible``):
           loss.backward()
 
   (``self.fabric`` in a class's methods); a statement that starts or wraps the processes
-  Fabric starts (``init_process_group``, ``DistributedDataParallel``), which the conversion
-  removes, runs without `fabric` only; a compound statement whose header is unchanged is
+  Fabric starts (``init_process_group``, ``DistributedDataParallel``) or sets their device
+  (``torch.cuda.set_device``), which the conversion removes, runs without `fabric` only; a compound statement whose header is unchanged is
   changed inside (its body, its ``else``, an ``elif``);
 - a change that reads no `fabric` (a move Fabric makes anyway, ``torch.cuda.amp`` ->
   ``torch.amp``) can't be told from one the other files would notice: the old code stays;
@@ -205,8 +205,9 @@ def _merge(old: Sequence[cst.BaseStatement], new: Sequence[cst.BaseStatement],
     return out
 
 
-#: what only the old code may run: the processes Fabric starts itself, and the wrap it makes
-_PROCESSES = re.compile(r"\b(init_process_group|destroy_process_group|DistributedDataParallel)\b")
+#: what only the old code may run: the processes Fabric starts itself, the device it gives each
+#: of them (``torch.cuda.set_device``: on a CPU it raises), and the wrap it makes
+_PROCESSES = re.compile(r"\b(init_process_group|destroy_process_group|DistributedDataParallel|set_device)\b")
 
 
 def _changed(these: list[cst.BaseStatement], those: list[cst.BaseStatement], test: Optional[str]) -> list[cst.BaseStatement]:
