@@ -390,3 +390,35 @@ def main():
 """, devices=2).output
     assert '        labels = y.to("cpu").numpy()\n' in out
     assert "x, y = x.to(device), y.to(device)" not in out
+
+
+@pytest.mark.runs
+@pytest.mark.slow  # (CI time: two processes that each import lightning)
+def test_the_gpt_repository_runs_on_two_cpu_processes_each_line_once(tmp_path):
+    """Issue 57, nanoGPT's shape: ``ddp`` becomes ``fabric.world_size > 1``, so the branch that
+    put each process on ``f'cuda:{ddp_local_rank}'`` now runs under Fabric's launcher too: the
+    process's device is Fabric's (``str(fabric.device)``: the CPU here, where a CUDA device made
+    ``x.pin_memory()`` raise). Started with plain python on 2 CPU processes, it trains, rank 0
+    alone prints each line and writes the checkpoint."""
+    pytest.importorskip("lightning")
+    import shutil
+
+    from tests import processes
+
+    root = FIXTURES / "projects" / "gpt_repo"
+    folder = tmp_path / "two"
+    folder.mkdir()
+    for name in ("model.py", "train.py"):
+        shutil.copy(root / name, folder / name)
+    done = subprocess.run([sys.executable, "-m", "accelerate_rewrite", "train.py", "--devices", "2",
+                           "--accelerator", "cpu", "--write", "--no-cache"], cwd=folder, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "    device = str(fabric.device)\n" in (folder / "train.py").read_text()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    for key in ("LT_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(key, None)
+    run = processes.run([sys.executable, "train.py"], cwd=folder, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [line for line in run.stdout.splitlines() if line.startswith("iter ")]
+    assert len(lines) == 8 and len(set(lines)) == 8  # once each: rank 0's
+    assert (folder / "out" / "ckpt.pt").is_file()

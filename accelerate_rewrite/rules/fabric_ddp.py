@@ -182,6 +182,16 @@ class FabricHandDDP(FabricRule):
         for call in d.kept:
             ctx.skip(call, f"`{short(call)}` kept: Fabric starts the process group it needs "
                            "(with several devices)")
+        for value, as_text in d.process_devices:
+            ref = p.ref_at(f, value)
+            if ref is None or not p.after_creation(f, value):
+                ctx.skip(value, f"`{short(value)}` kept: `fabric` can't be reached here, and this process's "
+                                "device is Fabric's")
+                continue
+            new_device = f"str({ref}.device)" if as_text else f"{ref}.device"
+            ctx.edits.replace(value, expr(new_device))
+            ctx.change(value, f"`{short(value)}` became `{new_device}`: the device Fabric gives this process "
+                              "(the CPU with --accelerator cpu, where a CUDA device would raise)")
         for loader in d.loaders:
             if loader.set_up:
                 ctx.change(loader.loader.stmt, loader.why)

@@ -54,8 +54,11 @@ class FabricPrint(FabricRule):
             ref = p.ref_at(f, call)
             if ref is None or not p.after_creation(f, call):
                 if many and rank_guard(f, call) is None:
+                    model = _model_of(f, call)
                     ctx.skip(call, f"`{short(call)}` prints on every process: " + (
-                        "it runs before Fabric exists" if ref is not None else "`fabric` can't be reached here"))
+                        "it runs before Fabric exists" if ref is not None else
+                        f"it is in a method of the model `{model}`, which keeps no `fabric` (it would be saved "
+                        "and copied with it)" if model is not None else "`fabric` can't be reached here"))
                 continue
             named = names_rank(f, p, call)
             if named is not None:
@@ -76,9 +79,20 @@ class FabricPrint(FabricRule):
                 ctx.edits.replace(call, lambda u, r=ref: _with_disable(u, r))
                 ctx.change(call, f"`{short(call)}` draws its progress bar on rank 0 only "
                                  f"(`disable=not {ref}.is_global_zero`)")
+        if many:  # code the rewrite can't read runs on every process, its prints too
+            for call in f.calls_named("exec", "builtins.exec"):
+                ctx.skip(call, f"`{short(call)}` runs code the rewrite can't read on every process: what it "
+                               "prints (nanoGPT's configurator.py: \"Overriding: ...\") prints once per process")
         if converted:
             lines = ", ".join(str(f.line(c)) for c in converted)
             ctx.change(converted[0], f"print(...) became fabric.print(...) (rank 0 only) on lines {lines}")
+
+
+def _model_of(f, node) -> "str | None":
+    """The name of the script's model class (an ``nn.Module``) whose method holds ``node``."""
+    func = f.function(node)
+    cls = f.enclosing_class(func) if func is not None else None
+    return cls.name.value if cls is not None and cls.name.value in f.module_classes else None
 
 
 def _with_disable(call: cst.Call, ref: str) -> cst.Call:

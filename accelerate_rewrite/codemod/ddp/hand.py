@@ -128,6 +128,8 @@ class HandDDP:
     rank_names: dict[Optional[int], set[str]] = field(default_factory=dict)
     #: the world size read from the environment (torchrun style): Fabric's devices follow it
     env_world: bool = False
+    #: the device a process computes from its rank (``f'cuda:{ddp_local_rank}'``): (value, as text)
+    process_devices: list[tuple[cst.BaseExpression, bool]] = field(default_factory=list)
     #: what a spawned worker decides "distributed, which rank, which GPU" from (codemod/ddp/switches.py)
     switches: Switches = field(default_factory=Switches)
 

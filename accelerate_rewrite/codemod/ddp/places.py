@@ -26,6 +26,7 @@ class HandDDP(Protocol):
     env_tests: list[tuple[cst.BaseExpression, bool]]
     rank_names: dict[Optional[int], set[str]]
     env_world: bool
+    process_devices: list[tuple[cst.BaseExpression, bool]]
 
 #: what a process reads about its place, and Fabric's name for it
 PLACE_CALLS = {
@@ -104,6 +105,35 @@ def places(f: ScriptFacts, d: "HandDDP", problem: Callable) -> None:
                     and f.enclosing_class(func) is not None:  # ``self.gpu_id``: in every method
                 d.rank_names.setdefault(id(f.enclosing_class(func)), set()).add(code(target))
     _passed_ranks(f, d)
+    _process_devices(f, d, removed)
+
+
+def _process_devices(f: ScriptFacts, d: "HandDDP", removed: set[int]) -> None:
+    """The device a process computes from its rank: nanoGPT's ``device = f'cuda:{ddp_local_rank}'``
+    under ``if ddp:``, ``torch.device("cuda", local_rank)``. Under Fabric that is the device it
+    gives the process (the CPU with ``--accelerator cpu``, where a CUDA device would raise).
+    (the value, whether it is text: ``str(fabric.device)`` then, else ``fabric.device``)."""
+    for assign in f.find(m.Assign()):
+        if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, (cst.Name, cst.Attribute)) \
+                or id(f.statement(assign)) in removed:
+            continue
+        value = assign.value
+        text = code(value)
+        if "cuda" not in text or f.find_in(value, m.Lambda()):
+            continue
+        func = f.function(assign)
+        cls = f.enclosing_class(func) if func is not None else None
+        ranks = d.rank_names.get(id(func) if func is not None else None, set()) \
+            | (d.rank_names.get(id(cls), set()) if cls is not None else set())
+        reads = {n.value for n in f.find_in(value, m.Name())} | {code(a) for a in f.find_in(value, m.Attribute())}
+        if not reads & ranks:
+            continue
+        calls = [c for c in f.find_in(value, m.Call())]
+        if isinstance(value, cst.Call) and f.qualname(value) == "torch.device" and len(calls) == 1:
+            d.process_devices.append((value, False))
+        elif isinstance(value, (cst.FormattedString, cst.BinaryOperation)) \
+                and all(m.matches(c.func, m.Name("str")) for c in calls):
+            d.process_devices.append((value, True))
 
 def _env_tests(f: ScriptFacts, d: "HandDDP", removed: set[int]) -> None:
     """``"RANK" in os.environ`` (``and "WORLD_SIZE" in os.environ``): the script's test of whether
