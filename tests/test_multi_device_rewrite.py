@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.options import Options
 
@@ -357,3 +359,61 @@ def test_a_print_reaches_fabric_through_the_functions_that_build_its_printer():
     assert '        print("parameters:"' in out and "class Net(torch.nn.Module):\n    def __init__(self):\n" in out
     assert any("prints on every process" in n.message and n.line == 18 for n in two.skips)
     assert "def validate(loader, model):" in convert(METER).output
+
+
+ADDER = """
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    if __name__ == "__main__":
+        torch.manual_seed(0)
+        data = TensorDataset(torch.randn(40, 4), torch.randn(40, 1))
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        train_loader = DataLoader(data, batch_size=4, shuffle=True)
+
+        def eval_split(split):
+            loader = DataLoader(data, batch_size=8)
+            total, seen = 0.0, 0
+            for x, y in loader:
+                total += (model(x) - y).pow(2).sum().item()
+                seen += len(x)
+            print(f"{split} final score: {total:.6f} over {seen}")
+
+        for x, y in train_loader:
+            loss = (model(x) - y).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        with torch.no_grad():
+            eval_split("train")
+"""
+
+
+def test_an_evaluation_helper_called_under_no_grad_evaluates_all_of_its_loader():
+    """Issue 57, minGPT's adder: ``eval_split`` builds its own loader and is called only under
+    ``torch.no_grad()`` (its loop holds no sign of evaluation itself): an evaluation, so its
+    loader is not sharded, and every process scores the whole set (was: half of it, "train final
+    score: 0/4750" where one device said 0/9500)."""
+    out = convert(ADDER, devices=2, accelerator="cpu").output
+    assert "        loader = fabric.setup_dataloaders(loader, use_distributed_sampler=False)\n" in out
+    assert "    train_loader = fabric.setup_dataloaders(train_loader)\n" in out
+
+
+@pytest.mark.runs
+@pytest.mark.slow  # (CI time: two processes that each import lightning)
+def test_an_evaluation_helper_scores_the_whole_set_on_two_processes(tmp_path):
+    pytest.importorskip("lightning")
+    import sys
+
+    from tests import processes
+
+    source = textwrap.dedent(ADDER)
+    (tmp_path / "original.py").write_text(source)
+    (tmp_path / "rewritten.py").write_text(convert(ADDER, devices=2, accelerator="cpu").output)
+    one = processes.run([sys.executable, "original.py"], cwd=tmp_path, timeout=300)
+    two = processes.run([sys.executable, "rewritten.py"], cwd=tmp_path, timeout=300)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr[-2000:]
+    scores = [line for line in two.stdout.splitlines() if "final score" in line]
+    assert scores == [line for line in one.stdout.splitlines() if "final score" in line]
+    assert scores and scores[0].endswith("over 40")

@@ -125,9 +125,27 @@ def has_eval_evidence(f: Facts, loop: cst.For) -> bool:
         if any(_no_grad_call(f, item.item) for item in inner.items):
             return True
     func = f.function(loop)
-    return any(call.func.attr.value == "eval" and not call.args and f.function(call) is func
-               and f.line(call) <= f.line(loop) and MODEL in f.kinds_of(call.func.value)
-               for call in f.attribute_calls)
+    if any(call.func.attr.value == "eval" and not call.args and f.function(call) is func
+           and f.line(call) <= f.line(loop) and MODEL in f.kinds_of(call.func.value)
+           for call in f.attribute_calls):
+        return True
+    # minGPT's adder: ``eval_split(trainer, "test")``, called only under ``torch.no_grad()``
+    callers = _calls_of(f, func) if func is not None else []
+    return bool(callers) and all(without_grad(f, call) for call in callers)
+
+
+def _calls_of(f: Facts, func: cst.FunctionDef) -> list[cst.Call]:
+    """The calls of ``func`` by its name: a module-level function's, or a nested one's in the
+    function (or module) that defines it; none where it is used any other way (handed on)."""
+    name = func.name.value
+    fn = f.functions.get(name)
+    if fn is not None and fn.node is func:
+        return [] if fn.other_uses else [c for c in fn.calls if isinstance(c, cst.Call)]
+    # a nested function's, or one defined under ``if __name__ == "__main__":``
+    outer = next((a for a in f.ancestors(func) if isinstance(a, cst.FunctionDef)), f.module)
+    uses = [n for n in f.find_in(outer, m.Name(name)) if n is not func.name]
+    calls = [f.parent(n) for n in uses]
+    return calls if all(isinstance(c, cst.Call) and c.func is n for c, n in zip(calls, uses)) else []
 
 
 def loops_over(f: Facts, key: Key) -> list[cst.For]:
