@@ -737,3 +737,56 @@ def test_a_module_made_between_two_looks_is_found(tmp_path):
     (tmp_path / "helpers.py").unlink()
     rewrite("import helpers\n", Options.create(), path=str(script))
     assert siblings._file(tmp_path, "helpers") is None
+
+
+LOG_MODULE = '''class Log:
+    """Prints a table of the epochs' figures (davda54/sam's utility/log.py)."""
+
+    def __init__(self, every):
+        self.every = every
+
+    def step(self, epoch, loss):
+        if epoch % self.every == 0:
+            print(f"┃{epoch:6d} ┃{loss:10.4f} ┃")
+'''
+
+LOG_SCRIPT = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from log import Log
+
+
+def main():
+    data = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4, shuffle=True)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    log = Log(every=1)
+    for epoch in range(2):
+        for x, y in data:
+            loss = (model(x) - y).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        log.step(epoch, loss.item())
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_module_that_only_prints_prints_on_rank_zero(tmp_path):
+    """Issue 57, davda54/sam's results table: ``utility/log.py`` holds no training, so it was not
+    read, and on several processes its table printed once per process, unmentioned. With
+    several devices a module that prints is read too: its class receives `fabric` where the
+    script builds it, and prints on rank 0; on one device it is not read (nothing to change)."""
+    (tmp_path / "log.py").write_text(LOG_MODULE, encoding="utf-8")
+    path = tmp_path / "train.py"
+    path.write_text(LOG_SCRIPT, encoding="utf-8")
+    two = rewrite(LOG_SCRIPT, Options.create(devices=2), path=str(path), scope=Scope(follow=True))
+    log = next(m.output for m in two.members if Path(m.path).name == "log.py")
+    assert "    def __init__(self, fabric, every):\n        self.fabric = fabric\n" in log
+    assert '            self.fabric.print(f"┃{epoch:6d} ┃{loss:10.4f} ┃")\n' in log
+    assert "    log = Log(fabric, every=1)\n" in two.output
+    one = rewrite(LOG_SCRIPT, Options.create(), path=str(path), scope=Scope(follow=True))
+    assert not any(m.changed for m in one.members)

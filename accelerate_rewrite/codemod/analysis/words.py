@@ -5,5 +5,5 @@
 #: runner skips such files; the engine reads a project's modules only when they have one)
 TRAINING_WORDS = ("backward", "optim", "amp", "autocast", "gradscaler", "half", "float16", "init_process_group")
 #: what a project's module must mention, on several processes, to be read for side effects that
-#: would run on each process (a progress bar written to stdout, a hand-written download)
-SIDE_EFFECT_WORDS = ("stdout", "stderr", "tqdm", "urlretrieve", "extractall", "download")
+#: would run on each process (a progress bar written to stdout, a hand-written download, a print)
+SIDE_EFFECT_WORDS = ("stdout", "stderr", "tqdm", "urlretrieve", "extractall", "download", "print(")
