@@ -56,10 +56,20 @@ class FabricHandDDP(FabricRule):
       where `fabric` exists receives it as a new first parameter;
       `dist.barrier()` -> `fabric.barrier()`, `dist.all_reduce(t)` ->
       `t = fabric.all_reduce(t, reduce_op="sum")`;
+    - where the spawned worker decides from its own flags (the ImageNet example:
+      `args.distributed = args.world_size > 1 or args.multiprocessing_distributed`), the flag
+      its process group starts under is read back as `fabric.world_size > 1`, the group's
+      `init_process_group(..., world_size=args.world_size, rank=args.rank)` becomes
+      `args.world_size, args.rank = fabric.world_size, fabric.global_rank` (the statements that
+      only computed them go), and the spawn index, where the script tests it against None, is
+      `fabric.device.index` on CUDA and None elsewhere;
+    - the device a process computes from its rank (`f'cuda:{ddp_local_rank}'`,
+      `torch.device("cuda", local_rank)`) becomes `str(fabric.device)` / `fabric.device`;
     - a loader with a `DistributedSampler` of its own keeps it: set up with Fabric when its
       `sampler.set_epoch(epoch)` counts epochs as Fabric does (once a loop, from 0), otherwise
       left as it is (already sharded), its batches moved to `fabric.device`.
-    `--devices N` overrides the script's world size.
+    `--devices N` overrides the script's world size; a world size that counts CUDA devices with
+    no test of the device around it (`torch.cuda.device_count()`, 0 on a CPU) is `max(n, 1)`.
 
     Why: Fabric's DDP is the same DistributedDataParallel, and with it the precision,
     strategy (FSDP, DeepSpeed) and device options of the other rules apply to the script.

@@ -32,9 +32,16 @@ class FabricPrint(FabricRule):
     `print("Random Seed: ", seed)` after the arguments are parsed), so that they become
     `fabric.print` too.
 
-    Leaves alone: prints before Fabric exists, and in functions that `fabric` does not reach;
-    with several devices, each of them is listed as printing on every process
-    (`sys.stdout.write` is AR110's: a write, on rank 0).
+    With several devices, a function or class of the script (or of a project module that
+    prints) whose print would run on every process receives `fabric` where every call of it can
+    give it, and so do the functions between (`validate(fabric, ...)` that builds
+    `ProgressMeter(fabric, ...)`, whose `display` prints `self.fabric.print(...)`).
+
+    Leaves alone: prints before Fabric exists, in functions that `fabric` does not reach, and in
+    the methods of a model (an `nn.Module` keeps no `fabric`: it would be saved and copied with
+    it); with several devices, each of them is listed as printing on every process, with the
+    reason, and so is `exec(...)` of code the rewrite can't read (`sys.stdout.write` is AR110's:
+    a write, on rank 0).
     """
 
     code = "AR108"
