@@ -779,3 +779,23 @@ def test_tune_measures_accelerate_candidates_as_fabric_s(tmp_path, monkeypatch):
     assert done.exit_code == 0, done.output
     out = " ".join(done.output.split())
     assert "--backend accelerate --precision 32-true" in out and "PASS" in out, done.output
+
+
+@pytest.mark.runs
+@pytest.mark.slow  # (CI time: tests/test_hand_ddp.py runs the Fabric rewrite of the same shape)
+def test_the_imagenet_family_shards_what_its_flags_did_not_under_accelerate(tmp_path):
+    """Issue 57, Accelerate's spelling: the ImageNet example's own flags leave ``args.distributed``
+    False; its worker reads it back as ``accelerator.num_processes > 1``, and the group's world
+    size and rank from Accelerate. Under torchrun on 2 processes (with none of the script's
+    flags) each process trains half the batches, and the evaluation with ``--lr 0`` is the one
+    process's, over the same 48 images."""
+    import re
+
+    pytest.importorskip("accelerate")
+    [(original, rewritten)] = _two_ways("imagenet_ddp", tmp_path, [], ["--lr", "0"])
+    assert "args.distributed = accelerator.num_processes > 1" in (tmp_path / "rewritten" / "input.py").read_text()
+    steps = re.findall(r"\[rank (\d)\] epoch \d step \d", original.stdout)
+    halves = re.findall(r"\[rank (\d)\] epoch \d step \d", rewritten.stdout)
+    assert len(steps) == 12 and sorted(halves) == ["0"] * 6 + ["1"] * 6
+    acc = set(re.findall(r"\* Acc@1 ([0-9.]+) over (\d+) images", original.stdout))
+    assert len(acc) == 1 and set(re.findall(r"\* Acc@1 ([0-9.]+) over (\d+) images", rewritten.stdout)) == acc
