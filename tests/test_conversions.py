@@ -1732,3 +1732,38 @@ def test_a_statement_left_trivial_by_its_moves_goes_whatever_its_tuple():
     loop = body(result).split("for x, y in loader:\n")[1]
     assert loop.splitlines()[0] == "    x, y = x, y.float()"
     assert ".to(" not in loop
+
+
+def test_a_wrap_around_a_moved_model_goes_whole():
+    """Issue 57/58's dead code: ``model = DDP(model.to(device), ...)`` (DiT's torchrun scripts) and
+    ``model = nn.DataParallel(model.cuda())`` (semseg's) rebind the model as the wrap of itself,
+    moved: the statement goes (fabric.setup wraps and places it), no ``model = model`` left."""
+    ddp = convert("""
+        import os
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        dist.init_process_group("gloo")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        device = torch.device("cuda", local_rank)
+        model = torch.nn.Linear(4, 1)
+        model = DDP(model.to(device), device_ids=[local_rank])
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = model(torch.randn(2, 4, device=device)).sum()
+        loss.backward()
+        optimizer.step()
+    """)
+    assert "model = model" not in ddp.output and "DDP(" not in ddp.output
+    assert any(n.message.startswith("removed `model = DDP(model.to(device)") for n in ddp.changes)
+    dp = convert("""
+        import torch
+
+        model = torch.nn.Linear(4, 1)
+        model = torch.nn.DataParallel(model.cuda())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = model(torch.randn(2, 4).cuda()).sum()
+        loss.backward()
+        optimizer.step()
+    """)
+    assert "model = model" not in dp.output and "DataParallel" not in dp.output

@@ -45,8 +45,9 @@ class FabricDataParallel(FabricRule):
                 ctx.edits.remove(guard)
             elif m.matches(s, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget()], value=m.Call())])) \
                     and _moved(s.body[0].value) is call \
-                    and code(s.body[0].targets[0].target) == code(inner):
-                # ``model = nn.DataParallel(model)``, ``model = nn.DataParallel(model).cuda()``
+                    and code(s.body[0].targets[0].target) == code(_moved(inner)):
+                # ``model = nn.DataParallel(model)``, ``model = nn.DataParallel(model).cuda()``,
+                # ``model = nn.DataParallel(model.cuda())`` (not ``model = model``)
                 ctx.edits.remove(s)
             else:
                 ctx.edits.replace(call, lambda updated: updated.args[0].value)

@@ -63,7 +63,7 @@ class FabricPrint(FabricRule):
                 if many and rank_guard(f, call) is None:
                     model = _model_of(f, call)
                     ctx.skip(call, f"`{short(call)}` prints on every process: " + (
-                        "it runs before Fabric exists" if ref is not None else
+                        "it runs before Fabric exists" if ref is not None or _before_launch(f, p, call) else
                         f"it is in a method of the model `{model}`, which keeps no `fabric` (it would be saved "
                         "and copied with it)" if model is not None else "`fabric` can't be reached here"))
                 continue
@@ -93,6 +93,14 @@ class FabricPrint(FabricRule):
         if converted:
             lines = ", ".join(str(f.line(c)) for c in converted)
             ctx.change(converted[0], f"print(...) became fabric.print(...) (rank 0 only) on lines {lines}")
+
+
+def _before_launch(f, p, node) -> bool:
+    """``node`` runs before the Fabric lines that launch a spawned worker, in their function (the
+    ImageNet example's ``print(f"Using device: {device}")`` in ``main``)."""
+    spawn = p.ddp.spawn if p.ddp is not None else None
+    where = spawn.where if spawn is not None else None
+    return where is not None and f.function(node) is f.function(where) and f.line(node) < f.line(where)
 
 
 def _model_of(f, node) -> "str | None":

@@ -272,8 +272,9 @@ def _emptied_if(original: cst.BaseStatement, updated: cst.BaseStatement) -> bool
 
 def _drop_emptied_else(original: cst.If, updated: cst.If) -> cst.If:
     """``if x: ... else: <everything removed>``: no ``else: pass`` left behind; the same for the
-    ``elif``s that end the chain, each emptied, whose conditions only read. The ``if``'s own branch must still do something
-    (an ``if`` emptied whole goes by ``_emptied_if``), and nothing is dropped that holds a comment."""
+    ``elif``s that end the chain, each emptied, whose conditions only read. The ``if``'s own
+    branch must still do something (an ``if`` emptied whole goes by ``_emptied_if``), and
+    nothing is dropped that holds a comment."""
     o, u = original.orelse, updated.orelse
     if u is None or _block_empty(updated.body) or not _block_empty(u.body) or _block_empty(o.body) \
             or m.findall(u, m.Comment()):

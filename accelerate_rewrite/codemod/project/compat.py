@@ -19,8 +19,9 @@ args)``): so it changes *compatibly* instead (``compatible``):
 
   (``self.fabric`` in a class's methods); a statement that starts or wraps the processes
   Fabric starts (``init_process_group``, ``DistributedDataParallel``) or sets their device
-  (``torch.cuda.set_device``), which the conversion removes, runs without `fabric` only; a compound statement whose header is unchanged is
-  changed inside (its body, its ``else``, an ``elif``);
+  (``torch.cuda.set_device``), which the conversion removes, runs without `fabric` only; a
+  compound statement whose header is unchanged is changed inside (its body, its ``else``, an
+  ``elif``);
 - a change that reads no `fabric` (a move Fabric makes anyway, ``torch.cuda.amp`` ->
   ``torch.amp``) can't be told from one the other files would notice: the old code stays;
 - a ``device`` parameter threaded into `fabric` stays, `fabric` comes last and optional, and the
