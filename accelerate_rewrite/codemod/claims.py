@@ -30,6 +30,8 @@ _REMOVED = re.compile(r"^removed `")
 _BECAME = re.compile(r"^`[^`]+` became `")
 #: the name of the object that stands for Fabric (or Accelerate's, in its spelling)
 _GUARD = re.compile(r"^(?:self\.)?(?:fabric|accelerator)$")
+#: such a guard in the text: ``if fabric is not None:``, ``if self.accelerator is None:``
+_GUARDED = re.compile(r"\b(?:fabric|accelerator) is (?:not )?None\b")
 
 
 def true_claims(notes: Sequence[Note], source: str, output: str) -> list[Note]:
@@ -37,26 +39,25 @@ def true_claims(notes: Sequence[Note], source: str, output: str) -> list[Note]:
     claims = [n for n in notes if not n.skipped and (_REMOVED.match(n.message) or _BECAME.match(n.message))]
     if not claims or source == output:
         return list(notes)
-    try:
-        before, after = ast.parse(source), ast.parse(output)
-    except (SyntaxError, ValueError):
-        return list(notes)
     # (compared without their indentation: a statement wrapped in a ``with``, or kept in an
     # ``else``, is the same line)
-    old_lines, new_lines = [x.strip() for x in source.splitlines()], [x.strip() for x in output.splitlines()]
-    mapped = _mapping(old_lines, new_lines)
-    without = _without_fabric(after)
-    spans = _statement_spans(before)
+    mapped = _mapping([x.strip() for x in source.splitlines()], [x.strip() for x in output.splitlines()])
+    kept = [n for n in claims if n.line in mapped]  # the others' lines changed: what they say holds
+    if not kept:
+        return list(notes)
+    try:
+        spans = _statement_spans(ast.parse(source))
+        without = _without_fabric(ast.parse(output)) if _GUARDED.search(output) else []
+    except (SyntaxError, ValueError):
+        return list(notes)
     false = set()
-    for note in claims:
+    for note in kept:
         span = _span_at(spans, note.line)
         if span is None:
             continue
-        lines = range(span[0], span[1] + 1)
-        kept = [mapped.get(line) for line in lines]
-        if all(k is not None and not _inside(without, k) for k in kept):
+        lines = [mapped.get(line) for line in range(span[0], span[1] + 1)]
+        if all(k is not None and not _inside(without, k) for k in lines):
             false.add(id(note))  # every line of it is still there, run with `fabric`
-            continue
     return [n for n in notes if id(n) not in false]
 
 
