@@ -1767,3 +1767,30 @@ def test_a_wrap_around_a_moved_model_goes_whole():
         optimizer.step()
     """)
     assert "model = model" not in dp.output and "DataParallel" not in dp.output
+
+
+def test_a_model_s_own_process_groups_are_no_reason_to_refuse():
+    """iBOT's PSyncBatchNorm: a SyncBatchNorm over groups of ranks, its groups made by
+    ``dist.new_group`` in the model's constructor, after Fabric has started the default group
+    they are made from: the script converts (a group made in the training code is still
+    refused: tests above)."""
+    result = convert("""
+        import os
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        class GroupNorm(torch.nn.SyncBatchNorm):
+            def __init__(self, features, bunch):
+                groups = [dist.new_group(list(range(i, i + bunch))) for i in range(0, dist.get_world_size(), bunch)]
+                super().__init__(features, process_group=groups[dist.get_rank() // bunch])
+
+        dist.init_process_group("gloo")
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), GroupNorm(4, 1))
+        model = DDP(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = model(torch.randn(2, 4)).sum()
+        loss.backward()
+        optimizer.step()
+    """)
+    assert "fabric.setup(model, optimizer)" in result.output and "dist.new_group" in result.output

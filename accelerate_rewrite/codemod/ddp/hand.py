@@ -62,6 +62,12 @@ NOT_FABRIC = {
               "MPI's rank 0 of 1, and shard its data alike)",
     "torch.distributed.launch": "torch.distributed.launch's own API",
 }
+#: process groups a model may make of its own (iBOT's ``PSyncBatchNorm``: a SyncBatchNorm over
+#: groups of ranks), in its methods: the model is built after Fabric starts the default group,
+#: which they are made from, and DDP's wrap of the model is Fabric's as it was the script's
+MODEL_GROUPS = ("torch.distributed.new_group", "torch.distributed.new_subgroups")
+
+
 @dataclass
 class Spawn:
     """``mp.spawn(worker, args=(...), nprocs=n)``: becomes ``fabric.launch(worker, *args)``."""
@@ -160,6 +166,8 @@ class _Finder:
         if not d.found:
             return d
         for node, qual in f.qualified_refs:
+            if qual in MODEL_GROUPS and self._in_model(node):
+                continue
             for prefix, what in NOT_FABRIC.items():
                 if qual == prefix or qual.startswith(prefix + "."):
                     return self.problem(node, f"{what}: Fabric's strategies don't take it over")
@@ -198,6 +206,15 @@ class _Finder:
         return d
 
     # -- the launch --
+    def _in_model(self, node: cst.CSTNode) -> bool:
+        """``node`` is in a method of a model class of the script's (an ``nn.Module``, or a
+        subclass of one of torch.nn's: ``nn.SyncBatchNorm``)."""
+        f = self.f
+        func = f.function(node)
+        cls = f.enclosing_class(func) if func is not None else None
+        return cls is not None and (cls.name.value in f.module_classes or any(
+            q.startswith("torch.nn.") for base in cls.bases for q in f.qualnames(base.value)))
+
     def _spawn(self, call: cst.Call) -> bool:
         f, d = self.f, self.d
         stmt = f.statement(call)
