@@ -163,27 +163,23 @@ class FabricHandDDP(FabricRule):
             ctx.edits.replace(node, expr(f"{ref}.{attr}"))
             ctx.change(node, f"`{short(node)}` became `{ref}.{attr}`")
         for test, several in d.env_tests:
-            ref = p.ref_at(f, test)
-            if ref is None or not p.after_creation(f, test):
-                ctx.skip(test, f"`{short(test)}` kept: it reads the launcher's environment where `fabric` "
-                               "can't be reached")
+            ref = _reached(ctx, p, test, "it reads the launcher's environment where `fabric` can't be reached")
+            if ref is None:
                 continue
             new = f"{ref}.world_size {'>' if several else '=='} 1"
             ctx.edits.replace(test, expr(new))
             ctx.change(test, f"`{short(test)}` (did a launcher start this process?) became `{new}`: Fabric "
                              "starts the processes")
         for call in d.barriers:
-            ref = p.ref_at(f, call)
-            if ref is None or not p.after_creation(f, call):
-                ctx.skip(call, f"`{short(call)}` kept: `fabric` can't be reached here (it works: "
-                               "Fabric starts the process group with several devices)")
+            ref = _reached(ctx, p, call, "`fabric` can't be reached here (it works: Fabric starts the process "
+                                         "group with several devices)")
+            if ref is None:
                 continue
             ctx.edits.replace(call, expr(f"{ref}.barrier()"))
             ctx.change(call, f"`{short(call)}` became `{ref}.barrier()`")
         for s, target, op in d.reductions:
-            ref = p.ref_at(f, s)
-            if ref is None or not p.after_creation(f, s):
-                ctx.skip(s, f"`{short(s)}` kept: `fabric` can't be reached here")
+            ref = _reached(ctx, p, s, "`fabric` can't be reached here")
+            if ref is None:
                 continue
             reduce_op = f'"{op}"' if op == "sum" else op
             new = stmt(f"{code(target)} = {ref}.all_reduce({code(target)}, reduce_op={reduce_op})\n")
@@ -193,10 +189,8 @@ class FabricHandDDP(FabricRule):
             ctx.skip(call, f"`{short(call)}` kept: Fabric starts the process group it needs "
                            "(with several devices)")
         for value, as_text in d.process_devices:
-            ref = p.ref_at(f, value)
-            if ref is None or not p.after_creation(f, value):
-                ctx.skip(value, f"`{short(value)}` kept: `fabric` can't be reached here, and this process's "
-                                "device is Fabric's")
+            ref = _reached(ctx, p, value, "`fabric` can't be reached here, and this process's device is Fabric's")
+            if ref is None:
                 continue
             new_device = f"str({ref}.device)" if as_text else f"{ref}.device"
             ctx.edits.replace(value, expr(new_device))
@@ -304,6 +298,16 @@ class FabricHandDDP(FabricRule):
         if new:
             first = insert_at_top(ctx.edits, worker, new)
             ctx.change(first, "read back from Fabric: " + ", ".join(f"`{short(s)}`" for s in new))
+
+
+def _reached(ctx: RuleContext, p, node: cst.CSTNode, why: str):
+    """How `fabric` is spelled at ``node``, or None when it can't be used there (the node is
+    then said to be kept, and ``why``)."""
+    ref = p.ref_at(ctx.facts, node)
+    if ref is None or not p.after_creation(ctx.facts, node):
+        ctx.skip(node, f"`{short(node)}` kept: {why}")
+        return None
+    return ref
 
 
 def _defaults_to_minus_one(node: cst.CSTNode) -> bool:
