@@ -221,14 +221,7 @@ class Reach:
         rules/fabric_print.py prints on rank 0."""
         f, p = self.f, self.p
         return [call for call in f.prints if rank_guard(f, call) is None and names_rank(f, p, call) is None
-                and not self._in_model(call)]
-
-    def _in_model(self, node: cst.CSTNode) -> bool:
-        """``node`` is in a method of one of the script's models (an ``nn.Module``): a model keeps
-        no `fabric` (it would be saved, copied and pickled with it)."""
-        func = self.f.function(node)
-        cls = self.f.enclosing_class(func) if func is not None else None
-        return cls is not None and cls.name.value in self.f.module_classes
+                and f.model_class_of(call) is None]  # a model keeps no `fabric`: it is saved and copied
 
     def _plain_methods(self, cls: cst.ClassDef, needs: list[cst.CSTNode]) -> bool:
         """Every method that needs `fabric` takes ``self`` first: a static or class method

@@ -188,7 +188,6 @@ class FabricCheckpoint(FabricRule):
                 f"{r}.load({', '.join([code(u.args[0].value), *k])})"))
             ctx.change(call, f"torch.load became {ref}.load (loads on the CPU, Fabric places the state)")
 
-
     @staticmethod
     def _prefixed_loads(ctx: RuleContext, p) -> None:
         """``model.load_state_dict(checkpoint["state_dict"])`` where the original saved the

@@ -3,6 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from accelerate_rewrite.codemod.ddp.wraps import unmoved
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.rules._fabric import FabricRule, core_except, code
 from accelerate_rewrite.rules._fabric_plan import plan
@@ -44,22 +45,14 @@ class FabricDataParallel(FabricRule):
                 # ``if torch.cuda.device_count() > 1: print(...); model = nn.DataParallel(model)``
                 ctx.edits.remove(guard)
             elif m.matches(s, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget()], value=m.Call())])) \
-                    and _moved(s.body[0].value) is call \
-                    and code(s.body[0].targets[0].target) == code(_moved(inner)):
+                    and unmoved(s.body[0].value) is call \
+                    and code(s.body[0].targets[0].target) == code(unmoved(inner)):
                 # ``model = nn.DataParallel(model)``, ``model = nn.DataParallel(model).cuda()``,
                 # ``model = nn.DataParallel(model.cuda())`` (not ``model = model``)
                 ctx.edits.remove(s)
             else:
                 ctx.edits.replace(call, lambda updated: updated.args[0].value)
             ctx.change(call, "removed nn.DataParallel: Fabric's strategy replaces it (use --devices N)")
-
-
-def _moved(value: cst.BaseExpression) -> cst.BaseExpression:
-    """``x.cuda()``, ``x.to(device)`` -> ``x`` (Fabric places the model)."""
-    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) \
-            and value.func.attr.value in ("cuda", "to"):
-        value = value.func.value
-    return value
 
 
 def _is_print(statement: cst.BaseStatement) -> bool:

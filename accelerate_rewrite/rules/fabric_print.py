@@ -3,9 +3,8 @@ from __future__ import annotations
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 import libcst as cst
 
-from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, expr, names_rank, short
+from accelerate_rewrite.rules._fabric import FabricRule, FABRIC_CORE, expr, names_rank, rank_guard, short
 from accelerate_rewrite.rules._fabric_plan import plan
-from accelerate_rewrite.rules.fabric_checkpoint import rank_guard
 
 
 #: progress bars: each process would draw its own
@@ -61,10 +60,10 @@ class FabricPrint(FabricRule):
             ref = p.ref_at(f, call)
             if ref is None or not p.after_creation(f, call):
                 if many and rank_guard(f, call) is None:
-                    model = _model_of(f, call)
+                    model = f.model_class_of(call)
                     ctx.skip(call, f"`{short(call)}` prints on every process: " + (
                         "it runs before Fabric exists" if ref is not None or _before_launch(f, p, call) else
-                        f"it is in a method of the model `{model}`, which keeps no `fabric` (it would be saved "
+                        f"it is in a method of the model `{model.name.value}`, which keeps no `fabric` (it would be saved "
                         "and copied with it)" if model is not None else "`fabric` can't be reached here"))
                 continue
             named = names_rank(f, p, call)
@@ -101,13 +100,6 @@ def _before_launch(f, p, node) -> bool:
     spawn = p.ddp.spawn if p.ddp is not None else None
     where = spawn.where if spawn is not None else None
     return where is not None and f.function(node) is f.function(where) and f.line(node) < f.line(where)
-
-
-def _model_of(f, node) -> "str | None":
-    """The name of the script's model class (an ``nn.Module``) whose method holds ``node``."""
-    func = f.function(node)
-    cls = f.enclosing_class(func) if func is not None else None
-    return cls.name.value if cls is not None and cls.name.value in f.module_classes else None
 
 
 def _with_disable(call: cst.Call, ref: str) -> cst.Call:

@@ -8,9 +8,9 @@ import libcst.matchers as m
 from accelerate_rewrite.codemod.analysis.facts import LOADER, MODEL, ScriptFacts
 from accelerate_rewrite.codemod.analysis.libraries import prepares
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
-from accelerate_rewrite.rules._fabric import FABRIC_CORE, FabricRule, code, expr, names_rank, short, stmt
+from accelerate_rewrite.rules._fabric import FABRIC_CORE, FabricRule, code, expr, names_rank, rank_guard, short, stmt
 from accelerate_rewrite.rules._fabric_plan import plan
-from accelerate_rewrite.rules.fabric_checkpoint import RANK_ZERO, TORCH_SAVE, classify_save, file_path, rank_guard
+from accelerate_rewrite.rules.fabric_checkpoint import RANK_ZERO, TORCH_SAVE, classify_save, file_path
 
 #: calls that write files or folders: on several processes each would write (the same file)
 WRITERS = (

@@ -162,3 +162,15 @@ class Places:
             if isinstance(grand, cst.ClassDef):
                 return grand
         return None
+
+    def model_class_of(self, node: cst.CSTNode) -> Optional[cst.ClassDef]:
+        """The model class whose method holds ``node``: one of the script's ``nn.Module``
+        classes, or a subclass of one of torch.nn's (``nn.SyncBatchNorm``); None elsewhere."""
+        func = self.function(node)
+        cls = self.enclosing_class(func) if func is not None else None
+        if cls is None:
+            return None
+        if cls.name.value in self.module_classes or any(
+                q.startswith("torch.nn.") for base in cls.bases for q in self.qualnames(base.value)):
+            return cls
+        return None

@@ -166,7 +166,7 @@ class _Finder:
         if not d.found:
             return d
         for node, qual in f.qualified_refs:
-            if qual in MODEL_GROUPS and self._in_model(node):
+            if qual in MODEL_GROUPS and f.model_class_of(node) is not None:
                 continue
             for prefix, what in NOT_FABRIC.items():
                 if qual == prefix or qual.startswith(prefix + "."):
@@ -206,15 +206,6 @@ class _Finder:
         return d
 
     # -- the launch --
-    def _in_model(self, node: cst.CSTNode) -> bool:
-        """``node`` is in a method of a model class of the script's (an ``nn.Module``, or a
-        subclass of one of torch.nn's: ``nn.SyncBatchNorm``)."""
-        f = self.f
-        func = f.function(node)
-        cls = f.enclosing_class(func) if func is not None else None
-        return cls is not None and (cls.name.value in f.module_classes or any(
-            q.startswith("torch.nn.") for base in cls.bases for q in f.qualnames(base.value)))
-
     def _spawn(self, call: cst.Call) -> bool:
         f, d = self.f, self.d
         stmt = f.statement(call)

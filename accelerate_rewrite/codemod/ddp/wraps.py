@@ -101,7 +101,7 @@ def take_wrap(f: ScriptFacts, d: HandDDP, problem: Problem, call: cst.Call) -> b
         return not problem(value, f"`{short(value)}` is not a plain assignment")
     # ``model = DDP(model.cuda(), ...)`` (DiT's ``DDP(model.to(device), ...)``) rebinds the model
     # too: the move is fabric.setup's, so the statement goes (not ``model = model``)
-    rebinds = code(assign.targets[0].target) in (code(inner), code(_unmoved(inner)))
+    rebinds = code(assign.targets[0].target) in (code(inner), code(unmoved(inner)))
     if len(branches) == 2 and not rebinds:
         return not problem(value, f"`{short(value)}` is not a plain assignment to `{code(inner)}`")
     d.wraps.append(Wrap(call, stmt, inner, rebinds, branches=tuple(branches)))
@@ -166,8 +166,9 @@ def _before_rebinding(f: ScriptFacts, wrap: Wrap, node: cst.Attribute) -> bool:
         m.findall(s, m.AssignTarget(target=m.Name(name))) for s in body[start + 1:end + 1])
 
 
-def _unmoved(node: cst.BaseExpression) -> cst.BaseExpression:
-    """``model`` of ``model.cuda()``, ``model.to(device)``, ``model.cuda(gpu).to(x)``."""
+def unmoved(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``model`` of ``model.cuda()``, ``model.to(device)``, ``model.cuda(gpu).to(x)`` (Fabric places
+    the model)."""
     while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("cuda", "to"):
         node = node.func.value
     return node
