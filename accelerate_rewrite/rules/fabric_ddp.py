@@ -77,7 +77,8 @@ class FabricHandDDP(FabricRule):
     Kind: safe at 32-true: each rank trains on the batches it trained on before (tested with 2
     gloo processes, rank by rank).
 
-    Leaves alone (and says why): custom process groups, RPC, pipeline or tensor parallelism,
+    Leaves alone (and says why): custom process groups (not those a model makes of its own in
+    its methods, iBOT's SyncBatchNorm over groups of ranks), RPC, pipeline or tensor parallelism,
     `DDP(..., process_group=...)` or other DDP options; a spawned function that is a parameter
     or an import; a read of the rank where `fabric` can't be reached (in a helper called before
     the model is built); `torch.distributed` calls other than these stay as they are (Fabric
