@@ -790,3 +790,20 @@ def test_a_module_that_only_prints_prints_on_rank_zero(tmp_path):
     assert "    log = Log(fabric, every=1)\n" in two.output
     one = rewrite(LOG_SCRIPT, Options.create(), path=str(path), scope=Scope(follow=True))
     assert not any(m.changed for m in one.members)
+
+
+@pytest.mark.runs
+@pytest.mark.slow  # (CI time: two processes that each import lightning)
+def test_a_module_that_only_prints_prints_once_on_two_processes(tmp_path):
+    """The same project (SAM's shape), rewritten with ``--devices 2 --accelerator cpu`` and run
+    with plain python: every line of the table once, as one process printed it."""
+    pytest.importorskip("lightning")
+    (tmp_path / "log.py").write_text(LOG_MODULE, encoding="utf-8")
+    (tmp_path / "train.py").write_text(LOG_SCRIPT, encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "accelerate_rewrite", "train.py", "--devices", "2", "--accelerator",
+                           "cpu", "--write", "--no-cache"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = processes.run_ranks([sys.executable, "train.py"], tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line for line in run.stdout.splitlines() if line.startswith("┃")]
+    assert [row.split("┃")[1].strip() for row in rows] == ["0", "1"]
