@@ -1794,3 +1794,29 @@ def test_a_model_s_own_process_groups_are_no_reason_to_refuse():
         optimizer.step()
     """)
     assert "fabric.setup(model, optimizer)" in result.output and "dist.new_group" in result.output
+
+
+def test_model_without_ddp_is_not_assigned_twice():
+    """Issue 58's dead code, DeiT's shape: ``model_without_ddp = model`` then, under ``if
+    args.distributed:``, the wrap and ``model_without_ddp = model.module``. With the wrap gone the
+    second assignment would repeat the first: it goes, and the emptied ``if`` with it."""
+    result = convert("""
+        import os
+        import torch
+        import torch.distributed as dist
+
+        distributed = "RANK" in os.environ
+        if distributed:
+            dist.init_process_group("gloo")
+        model = torch.nn.Linear(4, 1)
+        model_without_ddp = model
+        if distributed:
+            model = torch.nn.parallel.DistributedDataParallel(model)
+            model_without_ddp = model.module
+        optimizer = torch.optim.SGD(model_without_ddp.parameters(), lr=0.1)
+        loss = model(torch.randn(2, 4)).sum()
+        loss.backward()
+        optimizer.step()
+    """)
+    assert result.output.count("model_without_ddp = model") == 1
+    assert "if distributed:\n    model" not in result.output
