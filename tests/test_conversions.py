@@ -1820,3 +1820,33 @@ def test_model_without_ddp_is_not_assigned_twice():
     """)
     assert result.output.count("model_without_ddp = model") == 1
     assert "if distributed:\n    model" not in result.output
+
+
+def test_the_process_s_device_from_the_current_accelerator_is_fabric_s():
+    """pytorch/examples' minGPT-ddp: ``torch.device(f"{acc}:{rank}")`` with ``acc`` the current
+    accelerator, annotated, and ``torch.accelerator.set_device_index(rank)``: the device is
+    Fabric's whole (``fabric.device``; ``f"{fabric.device}:{rank}"`` would read "cuda:0:0"), and the
+    index is Fabric's to set."""
+    result = convert("""
+        import os
+        import torch
+        from torch.distributed import init_process_group
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        def main():
+            acc = torch.accelerator.current_accelerator()
+            rank = int(os.environ["LOCAL_RANK"])
+            device: torch.device = torch.device(f"{acc}:{rank}")
+            init_process_group(backend="gloo")
+            torch.accelerator.set_device_index(rank)
+            model = DDP(torch.nn.Linear(4, 1).to(device), device_ids=[rank])
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            loss = model(torch.randn(2, 4, device=device)).sum()
+            loss.backward()
+            optimizer.step()
+
+        main()
+    """)
+    out = result.output
+    assert "fabric.device}:" not in out and "set_device_index" not in out
+    assert "    device: torch.device = fabric.device\n" in out

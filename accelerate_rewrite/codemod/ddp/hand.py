@@ -39,7 +39,7 @@ from accelerate_rewrite.codemod.analysis.facts import Key, ScriptFacts, code, po
 INIT = ("torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group")
 DESTROY = ("torch.distributed.destroy_process_group",
            "torch.distributed.distributed_c10d.destroy_process_group")
-SET_DEVICE = ("torch.cuda.set_device",)
+SET_DEVICE = ("torch.cuda.set_device", "torch.accelerator.set_device_index")
 SPAWN = ("torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn")
 SAMPLERS = ("torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler")
 BARRIER = ("torch.distributed.barrier", "torch.distributed.distributed_c10d.barrier")

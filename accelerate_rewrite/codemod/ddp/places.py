@@ -110,17 +110,19 @@ def places(f: ScriptFacts, d: "HandDDP", problem: Callable) -> None:
 
 def _process_devices(f: ScriptFacts, d: "HandDDP", removed: set[int]) -> None:
     """The device a process computes from its rank: nanoGPT's ``device = f'cuda:{ddp_local_rank}'``
-    under ``if ddp:``, ``torch.device("cuda", local_rank)``. Under Fabric that is the device it
+    under ``if ddp:``, ``torch.device("cuda", local_rank)``, the minGPT-ddp example's
+    ``torch.device(f"{acc}:{rank}")`` (``acc`` the current accelerator). Under Fabric that is the device it
     gives the process (the CPU with ``--accelerator cpu``, where a CUDA device would raise).
     (the value, whether it is text: ``str(fabric.device)`` then, else ``fabric.device``)."""
-    for assign in f.find(m.Assign()):
-        if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, (cst.Name, cst.Attribute)) \
-                or id(f.statement(assign)) in removed:
-            continue
+    for assign in f.find(m.Assign() | m.AnnAssign()):
+        targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
         value = assign.value
-        text = code(value)
-        if "cuda" not in text or f.find_in(value, m.Lambda()):
+        if value is None or len(targets) != 1 or not isinstance(targets[0], (cst.Name, cst.Attribute)) \
+                or id(f.statement(assign)) in removed or f.find_in(value, m.Lambda()):
             continue
+        device_call = isinstance(value, cst.Call) and f.qualname(value) == "torch.device"
+        if "cuda" not in code(value) and not device_call:
+            continue  # text that names no device: a log line, a path
         func = f.function(assign)
         cls = f.enclosing_class(func) if func is not None else None
         ranks = d.rank_names.get(id(func) if func is not None else None, set()) \
@@ -129,7 +131,7 @@ def _process_devices(f: ScriptFacts, d: "HandDDP", removed: set[int]) -> None:
         if not reads & ranks:
             continue
         calls = [c for c in f.find_in(value, m.Call())]
-        if isinstance(value, cst.Call) and f.qualname(value) == "torch.device" and len(calls) == 1:
+        if device_call and len(calls) == 1:  # ``torch.device(f"{acc}:{local_rank}")`` too
             d.process_devices.append((value, False))
         elif isinstance(value, (cst.FormattedString, cst.BinaryOperation)) \
                 and all(m.matches(c.func, m.Name("str")) for c in calls):

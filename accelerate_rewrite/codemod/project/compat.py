@@ -208,7 +208,7 @@ def _merge(old: Sequence[cst.BaseStatement], new: Sequence[cst.BaseStatement],
 
 #: what only the old code may run: the processes Fabric starts itself, the device it gives each
 #: of them (``torch.cuda.set_device``: on a CPU it raises), and the wrap it makes
-_PROCESSES = re.compile(r"\b(init_process_group|destroy_process_group|DistributedDataParallel|set_device)\b")
+_PROCESSES = re.compile(r"\b(init_process_group|destroy_process_group|DistributedDataParallel|set_device(?:_index)?)\b")
 
 
 def _changed(these: list[cst.BaseStatement], those: list[cst.BaseStatement], test: Optional[str]) -> list[cst.BaseStatement]:
