@@ -32,10 +32,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.analysis.facts import ScriptFacts, code
-
-#: calls an ``if`` that only computes the rank may make in its test: queries
-_QUERIES = ("get", "getenv", "is_available", "is_initialized")
-
+from accelerate_rewrite.codemod.edits.edit_set import only_reads
 
 class Spawned(Protocol):
     """What this module reads of the hand-made DDP found (codemod/ddp/hand.py's HandDDP and its
@@ -109,9 +106,7 @@ def _only_stores(st: cst.BaseStatement, targets: set[str]) -> bool:
         return len(st.body) == 1 and isinstance(st.body[0], cst.Assign) and len(st.body[0].targets) == 1 \
             and code(st.body[0].targets[0].target) in targets
     if isinstance(st, cst.If) and st.orelse is None and isinstance(st.body, cst.IndentedBlock):
-        calls = m.findall(st.test, m.Call())
-        return all(isinstance(c.func, (cst.Attribute, cst.Name)) and code(c.func).rsplit(".", 1)[-1] in _QUERIES
-                   for c in calls) and all(_only_stores(inner, targets) for inner in st.body.body)
+        return only_reads(st.test) and all(_only_stores(inner, targets) for inner in st.body.body)
     return False
 
 

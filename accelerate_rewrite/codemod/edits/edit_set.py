@@ -292,7 +292,7 @@ def _block_empty(block: cst.BaseSuite) -> bool:
 
 
 def _if_emptied(original: cst.If, updated: cst.If) -> bool:
-    if not _block_empty(updated.body) or not _pure(updated.test):
+    if not _block_empty(updated.body) or not only_reads(updated.test):
         return False
     orelse = updated.orelse
     if orelse is None:
@@ -319,7 +319,10 @@ _QUERIES = {"is_available", "device_count", "is_bf16_supported", "exists", "isfi
             "is_initialized"}
 
 
-def _pure(test: cst.BaseExpression) -> bool:
+def only_reads(test: cst.BaseExpression) -> bool:
+    """``test`` does nothing but read: names, attributes, comparisons, the queries of
+    ``_QUERIES`` (an emptied ``if`` may go with it; codemod/ddp/switches.py asks the same of an
+    ``if`` that only computes the rank)."""
     for call in m.findall(test, m.Call()):
         func = call.func
         name = func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)
