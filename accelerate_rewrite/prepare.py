@@ -35,6 +35,10 @@ class Prepared:
     #: the project's modules rewritten with the script (``result.members``, in order): each
     #: one's file as read and the bytes to write (None: nothing to write)
     members: list[tuple["SourceFile", Optional[bytes]]] = field(default_factory=list)
+    #: set by the run's plan (runner.py): a member's real path -> the other scripts of the run it
+    #: changes with (its versions merged), and the files written as one with other scripts'
+    also: dict = field(default_factory=dict)
+    joint: Optional[object] = None
 
 
 def needs_analysis(text: str, options: Options, rules: Sequence = ()) -> bool:

@@ -236,7 +236,7 @@ class Setups:
         (``model_without_ddp = model``, the optimizer over ``model_without_ddp.parameters()``):
         the one the script reads afterwards other than for an attribute (``model(x)``,
         ``train(model, ...)``), so the forward runs through Fabric; one read only for attributes
-        (``model_without_ddp.state_dict()``) keeps the script's own module, as it did. When that
+        (``model_without_ddp.state_dict()``, ``model_without_ddp[0].state_dict()``) keeps the script's own module, as it did. When that
         is not one name, the optimizer's."""
         f = self.f
         func, end = f.function(after), f.end_line(after)
@@ -245,7 +245,7 @@ class Setups:
             if key[0] is not model_key[0] or key[1].startswith("self.") != model_key[1].startswith("self."):
                 continue
             later = [ref for ref in f.references(key) if f.function(ref) is not func or f.line(ref) > end]
-            if any(not (isinstance(f.parent(ref), cst.Attribute) and f.parent(ref).value is ref) for ref in later):
+            if any(not _for_an_attribute(f, ref) for ref in later):
                 used.append(key)
         return used[0] if len(used) == 1 else model_key
 
@@ -301,6 +301,15 @@ class Setups:
                     found[name] = i
                     break
         return sorted(found, key=found.get)
+
+
+def _for_an_attribute(f: ScriptFacts, ref: cst.CSTNode) -> bool:
+    """Whether a read of a model is for an attribute (``m.state_dict()``), of the model or of one
+    of its items (``m[0].state_dict()``: a Sequential's first module)."""
+    parent = f.parent(ref)
+    if isinstance(parent, cst.Subscript) and parent.value is ref:
+        ref, parent = parent, f.parent(parent)
+    return isinstance(parent, cst.Attribute) and parent.value is ref
 
 
 def _keys_by_object(f: ScriptFacts) -> dict[Key, list[Key]]:

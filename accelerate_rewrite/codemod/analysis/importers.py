@@ -255,8 +255,10 @@ class Scope:
     ``writable`` (resolved paths), or any with ``follow`` (``--follow-imports``), or, with
     ``auto`` (the default), any whose changed names no other file under the script's folder
     ``root`` reads (``importers``; ``known``: the script and its modules, resolved); ``shared``: files that
-    other scripts given import too (resolved path -> their names), never changed; ``alone``: why
-    none may change."""
+    other scripts of the run import too (resolved path -> their names), changed only so that those
+    keep working (codemod/project/compat.py: the run merges what each script changes there, runner.py);
+    ``frozen``: files the run changes otherwise (resolved path -> why), never changed with this
+    script; ``alone``: why none may change."""
 
     writable: frozenset[str] = frozenset()
     follow: bool = False
@@ -267,15 +269,20 @@ class Scope:
     root: str = ""
     known: frozenset[str] = frozenset()
     script: str = ""
+    frozen: tuple[tuple[str, str], ...] = ()
 
     def compatible_change(self, path: str) -> bool:
         """Whether ``path`` may change compatibly where it may not change as the conversion
         would (codemod/project/compat.py): only where it would be refused for the other files of the
-        repository that import it (``auto``), not where the user kept to the paths given, nor
-        for a module another script given imports (converted too, it changes for that one)."""
+        repository that import it (``auto``), not where the user kept to the paths given; and a
+        module another script of the run imports too, wherever it may change at all (each script's
+        conversion changes it so, and the run merges them)."""
         real = os.path.realpath(path)
-        return self.alone is None and self.auto and not self.follow and real not in self.writable \
-            and all(shared != real for shared, _ in self.shared)
+        if self.alone is not None or any(f == real for f, _ in self.frozen):
+            return False
+        if any(shared == real for shared, _ in self.shared):
+            return self.follow or self.auto or real in self.writable
+        return self.auto and not self.follow and real not in self.writable
 
     def users(self, path: str, changed: Optional[frozenset[str]] = None) -> list[str]:
         """The files under the script's folder, other than the script and its modules, that read
@@ -290,10 +297,13 @@ class Scope:
         if self.alone is not None:
             return f"it would change {path}, and {self.alone}"
         real = os.path.realpath(path)
+        for frozen, why in self.frozen:
+            if frozen == real:
+                return f"it would change {path}, {why}"
         for shared, others in self.shared:
-            if shared == real:
-                return (f"it would change {path}, which {others} import as well: changed for one "
-                        "script, it would break the other")
+            if shared == real and (self.follow or self.auto or real in self.writable):
+                return (f"it would change {path}, which {others} import{'s' if ' and ' not in others else ''} as "
+                        "well, in a way that can't keep the old code for them")
         if self.follow or real in self.writable:
             return None
         if not self.auto:
