@@ -260,7 +260,7 @@ def plan(prepared: list[Prepared], scopes: dict[Path, "Scope"], settings: Settin
                 prepared[i].result.members[k] = replace(other, output=other.source, notes=[])
                 prepared[i].members[k] = (prepared[i].members[k][0], None)
         first.output = text
-        first.notes = sorted(dict.fromkeys(notes), key=lambda n: (n.line, n.rule))
+        first.notes = sorted(dict.fromkeys(_one_compat_note(notes)), key=lambda n: (n.line, n.rule))
         also = [prepared[i].target.path for i, _ in rest if i != i0]
         prepared[i0].also[os.path.realpath(file)] = also
         if settings.mode is Mode.WRITE:
@@ -286,6 +286,32 @@ def plan(prepared: list[Prepared], scopes: dict[Path, "Scope"], settings: Settin
                 if d is not None:
                     joint.writes[os.path.realpath(m.path)] = (Path(m.path), d, f.raw)
     return prepared
+
+
+_COMPAT = re.compile(r"changed so that (?P<users>.+?) keeps? working: (?:(?P<names>`.+?`) takes? `fabric` as a "
+                     r"last, optional parameter \(`fabric=None`\); )?each statement")
+
+
+def _one_compat_note(notes: list) -> list:
+    """The notes of a module merged from several scripts' versions, with one note of its
+    compatible change (codemod/engine.py words it) where each version had its own: the files it
+    keeps working for, and the functions that take `fabric`, of all of them."""
+    from dataclasses import replace
+
+    said = [(n, m) for n in notes if n.rule == "project" and (m := _COMPAT.match(n.message))]
+    if len(said) < 2:
+        return notes
+    users = list(dict.fromkeys(u for _, m in said for u in m["users"].split(", ")
+                               if u != "the other files that import it"))
+    names = list(dict.fromkeys(x for _, m in said if m["names"] for x in m["names"].split(", ")))
+    shown = ", ".join(users[:3]) + (f" and {len(users) - 3} more" if len(users) > 3 else "")
+    message = (f"changed so that {shown or 'the other files that import it'} keep{'s' if len(users) == 1 else ''} "
+               "working: " + (f"{', '.join(names)} take{'s' if len(names) == 1 else ''} `fabric` as a last, "
+                              "optional parameter (`fabric=None`); " if names else "")
+               + "each statement" + said[0][0].message[said[0][1].end():])
+    first = said[0][0]
+    return [replace(first, message=message) if n is first else n for n in notes
+            if not any(n is other for other, _ in said[1:])]
 
 
 def _plainly(prepared: list[Prepared], scopes: dict[Path, "Scope"], versions, result_of,

@@ -159,6 +159,43 @@ def write_projects() -> None:
             print(f"wrote fixtures/projects/{name}/expected/{option_set}")
 
 
+#: repositories converted whole (``accelerate-rewrite .``), their golden files under expected/cpu-devices-2
+REPOSITORIES = FIXTURES / "repositories"
+REPOSITORY_ARGS = ("--devices", "2", "--accelerator", "cpu")
+REPOSITORY_SET = "cpu-devices-2"
+
+
+def repository_files(name: str) -> dict[str, str]:
+    """The golden files of a repository converted whole: file name -> text, those that change."""
+    folder = REPOSITORIES / name / "expected" / REPOSITORY_SET
+    return {p.name: p.read_text(encoding="utf-8") for p in sorted(folder.glob("*.py"))}
+
+
+def write_repositories() -> None:
+    """``accelerate-rewrite . --write`` over a copy of each repository fixture: the files it
+    changed, as goldens."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    for repo in sorted(p for p in REPOSITORIES.iterdir() if p.is_dir()):
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp) / repo.name
+            shutil.copytree(repo, work, ignore=shutil.ignore_patterns("expected", "__pycache__"))
+            subprocess.run([sys.executable, "-m", "accelerate_rewrite", ".", *REPOSITORY_ARGS, "--write", "-q",
+                            "--no-cache"], cwd=work, check=True)
+            out = repo / "expected" / REPOSITORY_SET
+            out.mkdir(parents=True, exist_ok=True)
+            for old in out.glob("*.py"):
+                old.unlink()
+            for file in sorted(work.glob("*.py")):
+                if file.read_bytes() != (repo / file.name).read_bytes():
+                    (out / file.name).write_text(file.read_text(encoding="utf-8"), encoding="utf-8")
+        print(f"wrote fixtures/repositories/{repo.name}/expected/{REPOSITORY_SET}")
+
+
 if __name__ == "__main__":
     write_all()
     write_projects()
+    write_repositories()

@@ -386,13 +386,17 @@ def test_output_to_one_file_refuses_a_project(tmp_path):
     assert not (root / "new.py").exists()
 
 
-def test_a_module_two_scripts_import_changes_with_neither(tmp_path):
+def test_a_module_two_scripts_import_changes_once_for_both(tmp_path):
+    """Two scripts of the run import engine.py (issue 58): both convert, and engine.py changes
+    once, as the conversion would (no other file imports it), written with both."""
     root = _engine_driver(tmp_path)
     shutil.copy(root / "train.py", root / "train_again.py")
     result = _cli(".", cwd=root)
-    assert "+++ engine.py" not in result.output
-    assert "which train_again.py import as well" in result.output or \
-        "which train.py import as well" in result.output, result.output
+    assert result.output.count("+++ engine.py") == 1, result.output
+    assert "engine.py: would be rewritten (with train.py and train_again.py)" in result.output or \
+        "engine.py: would be rewritten (with train_again.py and train.py)" in result.output, result.output
+    assert "+++ train.py" in result.output and "+++ train_again.py" in result.output
+    assert "fabric is not None" not in result.output
 
 
 # ---- the rewritten project runs --------------------------------------------------------------

@@ -1,0 +1,124 @@
+"""Issue 58: a repository converts as one. fixtures/repositories/pretrain_finetune holds two
+training scripts (pretrain.py, finetune.py) that share utils.py and engine.py, and eval.py, a
+script that trains nothing and imports utils.py too. `accelerate-rewrite .` converts both
+training scripts; engine.py, which only they import, changes as the conversion would (once, for
+both); utils.py changes so that eval.py keeps working; the named scripts, `-j`, and the hook over
+the staged files give the same files as the folder run; and the converted repository trains on 2
+CPU processes digit for digit as the original under torchrun, script after script."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.goldens import REPOSITORIES, REPOSITORY_ARGS, repository_files
+
+FIXTURE = REPOSITORIES / "pretrain_finetune"
+FILES = ("pretrain.py", "finetune.py", "eval.py", "utils.py", "engine.py")
+
+
+def _tree(tmp_path: Path, name: str = "repo") -> Path:
+    root = tmp_path / name
+    shutil.copytree(FIXTURE, root, ignore=shutil.ignore_patterns("expected", "__pycache__"))
+    return root
+
+
+def _tool(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "accelerate_rewrite", *args, "--no-cache"], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _texts(root: Path) -> dict[str, str]:
+    return {f: (root / f).read_text(encoding="utf-8") for f in FILES}
+
+
+def test_the_folder_run_converts_both_entry_points_and_their_shared_modules_once(tmp_path):
+    root = _tree(tmp_path)
+    done = _tool(root, ".", *REPOSITORY_ARGS, "--format", "json", "-j", "1")
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    records = {r["path"]: r for r in lines}
+    assert "AR101" in records["pretrain.py"]["rules"] and "AR101" in records["finetune.py"]["rules"]
+    assert not records["eval.py"]["changed"]
+    assert [r["path"] for r in lines].count("utils.py") == 1 and [r["path"] for r in lines].count("engine.py") == 1
+    assert not any(r["dropped"] for r in lines), [r["dropped"] for r in lines]
+    compat = [c["message"] for c in records["utils.py"]["changes"] if c["rule"] == "project"]
+    assert len(compat) == 1 and compat[0].startswith("changed so that"), compat
+    written = _tool(root, ".", *REPOSITORY_ARGS, "--write", "-q")
+    assert written.returncode == 0, written.stderr
+    now = _texts(root)
+    expected = repository_files("pretrain_finetune")
+    assert sorted(expected) == ["engine.py", "finetune.py", "pretrain.py", "utils.py"]
+    for name, text in expected.items():
+        assert now[name] == text, name
+    assert now["eval.py"] == (FIXTURE / "eval.py").read_text(encoding="utf-8")
+    # engine.py: only the two converted scripts import it, so it changes as the conversion would
+    assert "def train_one_epoch(model, criterion, data_loader, optimizer, fabric, epoch" in now["engine.py"]
+    assert "fabric is not None" not in now["engine.py"]
+    # utils.py: eval.py, which trains nothing, imports it too: it keeps the old path for eval.py
+    assert "def init_distributed_mode(args, fabric=None):" in now["utils.py"]
+    assert "utils.init_distributed_mode(args, fabric=fabric)" in now["pretrain.py"]
+    assert "utils.init_distributed_mode(args, fabric=fabric)" in now["finetune.py"]
+    again = _tool(root, ".", *REPOSITORY_ARGS, "--check")
+    assert again.returncode == 0, again.stdout + again.stderr  # idempotent
+
+
+def test_named_scripts_jobs_and_the_hook_give_the_folder_run_s_files(tmp_path):
+    folder = _tree(tmp_path, "folder")
+    assert _tool(folder, ".", *REPOSITORY_ARGS, "--write", "-q", "-j", "1").returncode == 0
+    named = _tree(tmp_path, "named")
+    done = _tool(named, "pretrain.py", "finetune.py", *REPOSITORY_ARGS, "--write", "-q")
+    assert done.returncode == 0, done.stderr
+    jobs = _tree(tmp_path, "jobs")
+    assert _tool(jobs, ".", *REPOSITORY_ARGS, "--write", "-q", "-j", "2").returncode == 0
+    hook = _tree(tmp_path, "hook")
+    (hook / "pyproject.toml").write_text(
+        '[tool.accelerate-rewrite]\nselect = ["ALL"]\nbackend = "fabric"\ndevices = 2\naccelerator = "cpu"\n')
+    done = _tool(hook, "--pre-commit", *FILES)
+    assert done.returncode == 0, done.stdout + done.stderr  # pre-commit itself sees the files changed
+    assert _texts(folder) != _texts(_tree(tmp_path, "pristine"))
+    assert _texts(named) == _texts(folder)
+    assert _texts(jobs) == _texts(folder)
+    assert _texts(hook) == _texts(folder)
+
+
+def test_versions_of_a_module_merge_where_they_change_different_places():
+    from accelerate_rewrite.codemod.project.merge import merge
+
+    base = "import os\n\n\ndef f(x):\n    return x\n\n\ndef g(y):\n    return y\n"
+    ours = base.replace("def f(x):\n    return x", "def f(x, fabric=None):\n    return fabric or x")
+    theirs = base.replace("def g(y):\n    return y", "def g(y, fabric=None):\n    return fabric or y")
+    both = merge(base, ours, theirs)
+    assert "def f(x, fabric=None)" in both and "def g(y, fabric=None)" in both
+    assert merge(base, ours, ours) == ours and merge(base, base, theirs) == theirs
+    assert merge(base, ours, base.replace("return x", "return -x")) is None  # one place, two ways
+
+
+@pytest.mark.parametrize("steps", [("pretrain.py", "finetune.py", "eval.py")])
+def test_the_converted_repository_trains_every_rank_as_the_original(tmp_path, steps):
+    pytest.importorskip("torch")
+    pytest.importorskip("lightning")
+    from tests import processes
+
+    original, rewritten = _tree(tmp_path, "original"), _tree(tmp_path, "rewritten")
+    assert _tool(rewritten, ".", *REPOSITORY_ARGS, "--write", "-q").returncode == 0
+    line = re.compile(r"\[rank (\d)\] (epoch \d+ step \d+ loss \d+\.\d{6} norm \d+\.\d{6}"
+                      r"|accuracy [\d.]+ on \d+ samples|logits sum -?[\d.]+)")
+    seen = []
+    for folder, launch in ((original, lambda s: processes.torchrun(s)), (rewritten, lambda s: [sys.executable, s])):
+        out = []
+        for script in steps:
+            cmd = launch(script) if script != "eval.py" else [sys.executable, script]
+            done = processes.run_ranks(cmd, folder)
+            assert done.returncode == 0, (folder.name, script, done.stderr[-3000:])
+            out.append(sorted(line.findall(done.stdout)))
+        seen.append(out)
+    before, after = seen
+    assert [len(x) for x in before] == [32, 36, 1]  # 2 ranks x 16 steps (and 2 evaluations each), one eval
+    assert after == before
