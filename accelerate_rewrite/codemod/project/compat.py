@@ -22,6 +22,9 @@ args)``): so it changes *compatibly* instead (``compatible``):
   (``torch.cuda.set_device``), which the conversion removes, runs without `fabric` only; a
   compound statement whose header is unchanged is changed inside (its body, its ``else``, an
   ``elif``);
+- an ``if`` whose test the conversion changed keeps its blocks: its test is chosen by `fabric`
+  (``fabric.world_size > 1 if fabric is not None else "RANK" in os.environ``), and what changed
+  inside is guarded as above: no block is written twice;
 - a change that reads no `fabric` (a move Fabric makes anyway, ``torch.cuda.amp`` ->
   ``torch.amp``) can't be told from one the other files would notice: the old code stays;
 - a ``device`` parameter threaded into `fabric` stays, `fabric` comes last and optional, and the
@@ -192,6 +195,14 @@ def _merge(old: Sequence[cst.BaseStatement], new: Sequence[cst.BaseStatement],
         keys = lambda stmts: [_header(s) or _stmt_code(s.with_changes(leading_lines=())) for s in stmts]  # noqa: E731
         inner = difflib.SequenceMatcher(None, keys(these), keys(those), autojunk=False)
         for kind, a1, a2, b1, b2 in inner.get_opcodes():
+            if kind == "replace" and test is not None and a2 - a1 == b2 - b1 and all(
+                    _one_test_apart(a, b) for a, b in zip(these[a1:a2], those[b1:b2])):
+                try:  # an ``if`` whose test changed: the test chosen by `fabric`, its blocks merged
+                    out.extend(_merge_inside(_by_test(a, b, test), _by_test(b, a, test, new_side=True), test)
+                               for a, b in zip(these[a1:a2], those[b1:b2]))
+                    continue
+                except _Fail:
+                    pass
             if kind == "equal":
                 for a, b in zip(these[a1:a2], those[b1:b2]):
                     if _header(a) is None:
@@ -233,6 +244,36 @@ def _changed(these: list[cst.BaseStatement], those: list[cst.BaseStatement], tes
         raise _Fail
     return [_guard(test, [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(those)],
                    [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(these)], leading)]
+
+
+def _one_test_apart(old: cst.BaseStatement, new: cst.BaseStatement) -> bool:
+    """Two ``if`` statements whose headers differ in their tests only (an ``elif``'s too)."""
+    if not isinstance(old, cst.If) or not isinstance(new, cst.If):
+        return False
+    same = cst.Name("_")
+    return _header(old.with_changes(test=same)) == _header(new.with_changes(test=same))
+
+
+def _paren(expr: cst.BaseExpression) -> cst.BaseExpression:
+    if isinstance(expr, (cst.IfExp, cst.Lambda, cst.NamedExpr)) and not expr.lpar:
+        return expr.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return expr
+
+
+def _by_test(one: cst.If, other: cst.If, test: str, new_side: bool = False) -> cst.If:
+    """``one`` with the test that the conversion's tests chose by `fabric`: ``NEW if fabric is
+    not None else OLD`` (the same in both, so that their blocks merge inside); an ``elif`` of
+    both, in turn."""
+    old, new = (other, one) if new_side else (one, other)
+    if _stmt_code(old.test) == _stmt_code(new.test):
+        chosen = one.test
+    else:
+        chosen = cst.IfExp(test=cst.parse_expression(f"{test} is not None"), body=_paren(new.test),
+                           orelse=_paren(old.test), lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    out = one.with_changes(test=chosen)
+    if isinstance(one.orelse, cst.If) and isinstance(other.orelse, cst.If) and _one_test_apart(one.orelse, other.orelse):
+        out = out.with_changes(orelse=_by_test(one.orelse, other.orelse, test, new_side))
+    return out
 
 
 def _merge_inside(old: cst.BaseStatement, new: cst.BaseStatement, test: Optional[str]) -> cst.BaseStatement:
