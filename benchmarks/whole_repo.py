@@ -21,9 +21,9 @@ accelerate: the same with ``--backend accelerate``), with ``--format json --no-c
    checks (it parses, no undefined name the original lacks), and read for dead code and copies:
 
    - **dead statements** the rewrite made (counted in the output, less the original's):
-     ``x = x``; an ``if`` whose every branch is ``pass``; an assignment that repeats the one
-     before it in its block, or one of an enclosing block with nothing between that rebinds
-     its names (``model_without_ddp = model`` twice); a parameter ``fabric`` / ``accelerator``
+     ``x = x``; an ``if`` whose every branch is ``pass``; an assignment of a name's value
+     (``a = b``, ``a = b.c``) that repeats one in force, in its block or an enclosing one, with
+     nothing between that rebinds its names (``model_without_ddp = model`` twice); a parameter ``fabric`` / ``accelerator``
      that its function never reads.
    - **copied lines**: in each ``if fabric is not None: ... else: ...`` (``self.fabric``,
      ``accelerator`` alike) that the compatible change of a shared module makes, the lines of
@@ -60,6 +60,11 @@ GUARDS = {"fabric", "self.fabric", "accelerator", "self.accelerator"}
 def _assign_key(node: ast.stmt) -> Optional[tuple[str, frozenset[str], frozenset[str]]]:
     """An assignment's code, the names it binds and those it reads; None for other statements."""
     if not isinstance(node, (ast.Assign, ast.AnnAssign)) or getattr(node, "value", None) is None:
+        return None
+    value = node.value
+    while isinstance(value, ast.Attribute):
+        value = value.value
+    if not isinstance(value, ast.Name):  # only a name's value (``model_without_ddp = model``): no call
         return None
     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
     bound = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}

@@ -195,14 +195,9 @@ def _merge(old: Sequence[cst.BaseStatement], new: Sequence[cst.BaseStatement],
         keys = lambda stmts: [_header(s) or _stmt_code(s.with_changes(leading_lines=())) for s in stmts]  # noqa: E731
         inner = difflib.SequenceMatcher(None, keys(these), keys(those), autojunk=False)
         for kind, a1, a2, b1, b2 in inner.get_opcodes():
-            if kind == "replace" and test is not None and a2 - a1 == b2 - b1 and all(
-                    _one_test_apart(a, b) for a, b in zip(these[a1:a2], those[b1:b2])):
-                try:  # an ``if`` whose test changed: the test chosen by `fabric`, its blocks merged
-                    out.extend(_merge_inside(_by_test(a, b, test), _by_test(b, a, test, new_side=True), test)
-                               for a, b in zip(these[a1:a2], those[b1:b2]))
-                    continue
-                except _Fail:
-                    pass
+            if kind == "replace" and test is not None:
+                out.extend(_by_tests(these[a1:a2], those[b1:b2], test))
+                continue
             if kind == "equal":
                 for a, b in zip(these[a1:a2], those[b1:b2]):
                     if _header(a) is None:
@@ -244,6 +239,32 @@ def _changed(these: list[cst.BaseStatement], those: list[cst.BaseStatement], tes
         raise _Fail
     return [_guard(test, [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(those)],
                    [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(these)], leading)]
+
+
+def _by_tests(these: list[cst.BaseStatement], those: list[cst.BaseStatement], test: str) -> list[cst.BaseStatement]:
+    """A run of statements the conversion replaced, where an ``if`` among them kept its blocks'
+    shape and changed its test: that ``if`` merged inside with its test chosen by `fabric`
+    (``_by_test``), the statements around it guarded as runs (``_changed``)."""
+    def loose(stmt: cst.BaseStatement) -> str:
+        if isinstance(stmt, cst.If):
+            return "if:" + (_header(stmt.with_changes(test=cst.Name("_"))) or "")
+        return _stmt_code(stmt.with_changes(leading_lines=()))
+
+    out: list[cst.BaseStatement] = []
+    pairs = difflib.SequenceMatcher(None, [loose(s) for s in these], [loose(s) for s in those], autojunk=False)
+    for kind, a1, a2, b1, b2 in pairs.get_opcodes():
+        if kind == "equal":
+            for a, b in zip(these[a1:a2], those[b1:b2]):
+                if _stmt_code(a) == _stmt_code(b):
+                    out.append(a)
+                    continue
+                try:  # an ``if`` whose test changed: the test chosen by `fabric`, its blocks merged
+                    out.append(_merge_inside(_by_test(a, b, test), _by_test(b, a, test, new_side=True), test))
+                except _Fail:
+                    out.extend(_changed([a], [b], test))
+        else:
+            out.extend(_changed(these[a1:a2], those[b1:b2], test))
+    return out
 
 
 def _one_test_apart(old: cst.BaseStatement, new: cst.BaseStatement) -> bool:
