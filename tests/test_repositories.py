@@ -122,3 +122,25 @@ def test_the_converted_repository_trains_every_rank_as_the_original(tmp_path, st
     before, after = seen
     assert [len(x) for x in before] == [32, 36, 1]  # 2 ranks x 16 steps (and 2 evaluations each), one eval
     assert after == before
+
+
+def test_a_script_a_launcher_imports_converts_as_its_own(tmp_path):
+    """DINO's main_dino.py, which run_with_submitit.py imports to start it on a cluster: run as a
+    script of its own, it is an entry point of the folder run and converts as when named alone;
+    the launcher, which trains nothing, stays as it is."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "train.py").write_text(
+        "import torch\n\n\ndef main(epochs=2):\n    model = torch.nn.Linear(4, 2)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    for _ in range(epochs):\n"
+        "        loss = model(torch.randn(8, 4)).pow(2).mean()\n        opt.zero_grad()\n"
+        "        loss.backward()\n        opt.step()\n\n\nif __name__ == \"__main__\":\n    main()\n")
+    (root / "launcher.py").write_text(
+        "import train\n\n\nclass Job:\n    def __call__(self):\n        train.main(epochs=1)\n\n\n"
+        "if __name__ == \"__main__\":\n    Job()()\n")
+    alone = _tool(root, "train.py", "--format", "json")
+    whole = _tool(root, ".", "--format", "json", "-j", "1")
+    records = {r["path"]: r for r in map(json.loads, whole.stdout.splitlines())}
+    assert "AR101" in records["train.py"]["rules"], whole.stdout
+    assert not records["launcher.py"]["changed"]
+    assert json.loads(alone.stdout.splitlines()[0])["rules"] == records["train.py"]["rules"]
