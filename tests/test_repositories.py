@@ -144,3 +144,18 @@ def test_a_script_a_launcher_imports_converts_as_its_own(tmp_path):
     assert "AR101" in records["train.py"]["rules"], whole.stdout
     assert not records["launcher.py"]["changed"]
     assert json.loads(alone.stdout.splitlines()[0])["rules"] == records["train.py"]["rules"]
+
+
+def test_the_hook_over_some_of_the_files_names_the_one_it_would_change(tmp_path):
+    """Staged: the two scripts and engine.py, not utils.py, which their conversions change: each
+    is left as it is, and the reason names utils.py as not among the paths given (the first rule
+    whose edits change it, not a shorter prefix of the rules that fails otherwise)."""
+    root = _tree(tmp_path)
+    (root / "pyproject.toml").write_text(
+        '[tool.accelerate-rewrite]\nselect = ["ALL"]\nbackend = "fabric"\ndevices = 2\naccelerator = "cpu"\n')
+    done = _tool(root, "--pre-commit", "-v", "pretrain.py", "finetune.py", "engine.py")
+    assert done.returncode == 0, done.stderr
+    assert _texts(root) == _texts(_tree(tmp_path, "pristine"))
+    assert done.stdout.count("AR105 fabric-device: dropped for this project: it would change utils.py, which is "
+                             "not among the paths given") == 2, done.stdout
+    assert "no longer defined" not in done.stdout

@@ -293,6 +293,7 @@ def _rewrite(
     #: of the last attempt: unit -> its compatible change (codemod/project/compat.py), and the files
     #: that import what changes there
     compats: dict[int, tuple[Compatible, list[str]]] = {}
+    refusals: set[str] = set()  # the problems that are a file which may not change
 
     def attempt(chosen: Sequence[Rule]) -> tuple[list[str], list[str]]:
         splices.clear()
@@ -321,6 +322,7 @@ def _rewrite(
                               unit.layout if same else None) if unit.compatible else None
             if made is None:
                 refused[unit.index] = why
+                refusals.add(why)
                 continue
             # a module other files import changes so that they keep working (codemod/project/compat.py)
             compats[unit.index] = (made, unit.users(unit.source, code))
@@ -379,10 +381,15 @@ def _rewrite(
         # the first rule whose edits break the result (the shortest failing prefix, found by
         # bisection), dropped with what relies on it
         tried: dict[int, list[str]] = {len(active): problems}
+        # where every problem is a file that may not change, the rule to drop is the first whose
+        # edits change it: a shorter prefix that fails otherwise (a rule without those it relies
+        # on) is not the cause, and would be named as one
+        wanted = set(problems) if set(problems) <= refusals else None
         low, high = 1, len(active)
         while low < high:
             middle = (low + high) // 2
-            tried[middle] = attempt(active[:middle])[1]
+            found = attempt(active[:middle])[1]
+            tried[middle] = found if wanted is None else [p for p in found if p in wanted]
             if tried[middle]:
                 high = middle
             else:
