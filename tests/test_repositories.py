@@ -9,6 +9,7 @@ CPU processes digit for digit as the original under torchrun, script after scrip
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -31,7 +32,7 @@ def _tree(tmp_path: Path, name: str = "repo") -> Path:
 
 def _tool(root: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "accelerate_rewrite", *args, "--no-cache"], cwd=root,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "1000"})
 
 
 def _texts(root: Path) -> dict[str, str]:
