@@ -161,9 +161,11 @@ def projects(targets: Sequence[Target], settings: Settings) -> tuple[dict[Path, 
         for f in files:
             importers.setdefault(f, []).append(path)
     scopes = {}
-    for path, files in drivers.items():
+    # every file of the run gets its scope: a module a script imports is rewritten on its own too
+    # where the script's program does not follow it (codemod/project/program.py says why)
+    for path, files in imports.items():
         shared = tuple((f, " and ".join(str(p) for p in importers[f] if p != path))
-                       for f in files if len(importers[f]) > 1)
+                       for f in files if len(importers[f]) > 1) if path in drivers else ()
         follow = settings.follow_imports
         if follow is None:
             try:
@@ -198,6 +200,7 @@ def plan(prepared: list[Prepared], scopes: dict[Path, "Scope"], settings: Settin
     file (``again``), and says why. Scripts that share a changed file are written as one."""
     from dataclasses import replace
 
+    from accelerate_rewrite.codemod.analysis.importers import Scope
     from accelerate_rewrite.codemod.project.merge import merge
 
     def versions() -> dict[str, list[tuple[int, int]]]:
@@ -239,7 +242,7 @@ def plan(prepared: list[Prepared], scopes: dict[Path, "Scope"], settings: Settin
             break
         i, file, owner = conflict
         target = prepared[i].target
-        scope = scopes[target.path]
+        scope = scopes.get(target.path) or Scope()
         scope = replace(scope, frozen=scope.frozen + (
             (file, f"which {owner}'s conversion changes in the same place otherwise"),))
         scopes[target.path] = scope
