@@ -161,3 +161,51 @@ def test_the_hook_over_some_of_the_files_names_the_one_it_would_change(tmp_path)
     assert said.count("AR105 fabric-device: dropped for this project: it would change utils.py, which is "
                       "not among the paths given") == 2, said
     assert "no longer defined" not in said
+
+
+# ---- no dead code: what the rewrite empties goes ---------------------------------------------------
+
+_SSD = '''import torch
+import torch.nn as nn
+
+
+def main(args):
+    ssd_net = nn.Linear(4, 2)
+    net = ssd_net
+    if args.cuda:
+        net = torch.nn.DataParallel(ssd_net)
+        torch.backends.cudnn.benchmark = True
+    if args.half:
+        net = net.half()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(2):
+        x = torch.randn(8, 4)
+        if args.half:
+            x = x.half()
+        loss = net(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
+
+def test_a_wrap_or_a_cast_the_rewrite_removes_leaves_no_statement_that_repeats_another():
+    """SSD's ``net = ssd_net`` then ``if args.cuda: net = DataParallel(ssd_net)``: the wrap goes
+    whole, not ``net = ssd_net`` twice; akamaster's ``if args.half: x = x.half()`` under
+    bf16-mixed goes whole, not ``x = x`` (nor an ``if`` left with nothing in it)."""
+    import ast
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from whole_repo import dead_statements
+
+    from accelerate_rewrite.api import rewrite
+    from accelerate_rewrite.options import Options
+
+    result = rewrite(_SSD, Options.create(precision="bf16-mixed"))
+    assert result.changed and not result.dropped, result.dropped
+    ast.parse(result.output)
+    assert result.output.count("net = ssd_net") == 1, result.output
+    assert "x = x\n" not in result.output and "if args.half" not in result.output, result.output
+    assert "torch.backends.cudnn.benchmark = True" in result.output
+    assert dead_statements(result.output) == []

@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.ddp.wraps import unmoved
+from accelerate_rewrite.codemod.ddp.wraps import repeated_assignment, unmoved
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.rules._fabric import FabricRule, core_except, code
 from accelerate_rewrite.rules._fabric_plan import plan
@@ -13,8 +13,8 @@ class FabricDataParallel(FabricRule):
     """Remove `nn.DataParallel`: Fabric's strategy takes its place.
 
     What it does: drops `model = nn.DataParallel(model)` (and the `if torch.cuda.device_count()
-    > 1:` around it when nothing else is left in it); elsewhere `nn.DataParallel(m, ...)` becomes
-    `m`. `model.module` keeps working on a model set up by Fabric.
+    > 1:` around it when nothing else is left in it), and `net = nn.DataParallel(m)` that would
+    repeat an earlier `net = m`; elsewhere `nn.DataParallel(m, ...)` becomes `m`. `model.module` keeps working on a model set up by Fabric.
 
     Why: DataParallel is single-process and slower than DDP; `--devices N` (and `--strategy`)
     give Fabric's DDP (or FSDP, DeepSpeed) instead. Wrapping a model twice breaks set-up.
@@ -49,6 +49,9 @@ class FabricDataParallel(FabricRule):
                     and code(s.body[0].targets[0].target) == code(unmoved(inner)):
                 # ``model = nn.DataParallel(model)``, ``model = nn.DataParallel(model).cuda()``,
                 # ``model = nn.DataParallel(model.cuda())`` (not ``model = model``)
+                ctx.edits.remove(s)
+            elif repeated_assignment(f, call, set()) is not None:
+                # ``net = ssd_net`` before ``if args.cuda: net = nn.DataParallel(ssd_net)``
                 ctx.edits.remove(s)
             else:
                 ctx.edits.replace(call, lambda updated: updated.args[0].value)

@@ -7,6 +7,7 @@ import libcst.matchers as m
 
 from accelerate_rewrite.codemod.ddp.hand import DESTROY
 from accelerate_rewrite.codemod.ddp.places import PLACE_CALLS, strict_env_read
+from accelerate_rewrite.codemod.ddp.wraps import repeated_assignment
 from accelerate_rewrite.codemod.analysis.facts import code
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.rules._fabric import NAME, FabricRule, core_except, expr, insert_at_top, short, stmt
@@ -127,6 +128,13 @@ class FabricHandDDP(FabricRule):
         for wrap in d.wraps:
             if wrap.rebinds:
                 continue  # ``model = DDP(model)`` goes with the removals
+            earlier = repeated_assignment(f, wrap.call, {id(s) for s in d.removed})
+            if earlier is not None:  # ``net = ssd_net`` then ``net = DataParallel(ssd_net)``
+                ctx.edits.remove(f.statement(wrap.call))
+                ctx.change(wrap.call, f"removed `{short(f.statement(wrap.call))}`: fabric.setup wraps the model "
+                                      f"in DistributedDataParallel, and without the wrap it would repeat "
+                                      f"`{short(earlier)}` (line {f.line(earlier)})")
+                continue
             ctx.edits.replace(wrap.call, lambda u: u.args[0].value)
             ctx.change(wrap.call, f"`{short(wrap.call)}` became `{code(wrap.inner)}`: fabric.setup wraps "
                                   "the model in DistributedDataParallel")
@@ -203,7 +211,7 @@ class FabricHandDDP(FabricRule):
             if loader.set_up:
                 ctx.change(loader.loader.stmt, loader.why)
         for use in d.unwrapped_uses:
-            earlier = _repeated(f, use, {id(s) for s in d.removed})
+            earlier = repeated_assignment(f, use, {id(s) for s in d.removed})
             if earlier is not None:
                 ctx.edits.remove(f.statement(use))
                 ctx.change(use, f"removed `{short(f.statement(use))}`: with the DistributedDataParallel wrap gone "
@@ -307,34 +315,6 @@ class FabricHandDDP(FabricRule):
         if new:
             first = insert_at_top(ctx.edits, worker, new)
             ctx.change(first, "read back from Fabric: " + ", ".join(f"`{short(s)}`" for s in new))
-
-
-def _repeated(f, use: cst.Attribute, removed: set[int]) -> Optional[cst.BaseStatement]:
-    """DeiT's ``model_without_ddp = model`` before ``if args.distributed: model = DDP(model);
-    model_without_ddp = model.module``: with the wrap gone, the second assignment would be the
-    first again. The earlier statement, where nothing between them assigns either name (the
-    removed wrap aside), else None."""
-    stmt_ = f.statement(use)
-    assign = stmt_.body[0] if isinstance(stmt_, cst.SimpleStatementLine) and len(stmt_.body) == 1 else None
-    if not (isinstance(assign, cst.Assign) and assign.value is use and len(assign.targets) == 1):
-        return None
-    wanted = f"{code(assign.targets[0].target)} = {code(use.value)}"
-    names = {code(assign.targets[0].target), code(use.value)}
-    node: cst.CSTNode = stmt_
-    while True:
-        block = f.block(node)
-        body = list(block.body)
-        for before in reversed(body[:body.index(node)]):
-            if id(before) in removed:
-                continue
-            if isinstance(before, cst.SimpleStatementLine) and code(before).strip() == wanted:
-                return before
-            if any(code(t.target) in names for t in f.find_in(before, m.AssignTarget())):
-                return None
-        owner = f.parent(block)
-        if not isinstance(owner, cst.If) or owner.body is not block:
-            return None
-        node = owner
 
 
 def _reached(ctx: RuleContext, p, node: cst.CSTNode, why: str):

@@ -5,7 +5,7 @@ import libcst.matchers as m
 
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import MIXED_PRECISIONS, Options
-from accelerate_rewrite.rules._fabric import short
+from accelerate_rewrite.rules._fabric import code, short
 from accelerate_rewrite.rules._half import low_casts, strip_half
 
 class HalfToMixed(Rule):
@@ -49,6 +49,10 @@ class HalfToMixed(Rule):
             if m.matches(statement, m.SimpleStatementLine(body=[m.Expr(value=m.Call())])) \
                     and statement.body[0].value is call and isinstance(strip_half(call), (cst.Name, cst.Attribute)):
                 ctx.edits.remove(statement)  # ``model.half()``
+            elif m.matches(statement, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget()])])) \
+                    and statement.body[0].value is call \
+                    and code(statement.body[0].targets[0].target) == code(strip_half(call)):
+                ctx.edits.remove(statement)  # ``input_var = input_var.half()``: not ``x = x``
             else:
                 ctx.edits.replace(call, strip_half)
             what = "the model's" if call is casts.model_cast else "a batch's"

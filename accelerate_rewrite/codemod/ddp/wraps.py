@@ -7,7 +7,7 @@ wrapped model's ``.module``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol, Union
 
 import libcst as cst
 import libcst.matchers as m
@@ -191,3 +191,35 @@ def wrapped_states(f: ScriptFacts) -> set:
         bound.discard(None)
         return {f.key_of(call.func.value) for _, call in f.attribute_calls_of("state_dict")} & bound
     return f.memo("wrapped-states", compute)
+
+
+def repeated_assignment(f: ScriptFacts, use: Union[cst.Attribute, cst.Call], removed: set[int]) -> Optional[cst.BaseStatement]:
+    """DeiT's ``model_without_ddp = model`` before ``if args.distributed: model = DDP(model);
+    model_without_ddp = model.module`` (``use``: the ``.module``), or SSD's ``net = ssd_net``
+    before ``if args.cuda: net = DataParallel(ssd_net)`` (``use``: the wrap): with the wrap
+    gone, the second assignment would be the first again. The earlier statement, where nothing
+    between them assigns either name (the removed wrap aside), else None."""
+    stmt_ = f.statement(use)
+    assign = stmt_.body[0] if isinstance(stmt_, cst.SimpleStatementLine) and len(stmt_.body) == 1 else None
+    if not (isinstance(assign, cst.Assign) and assign.value is use and len(assign.targets) == 1):
+        return None
+    inner = use.value if isinstance(use, cst.Attribute) else use.args[0].value if use.args else None
+    if inner is None:
+        return None
+    wanted = f"{code(assign.targets[0].target)} = {code(inner)}"
+    names = {code(assign.targets[0].target), code(inner)}
+    node: cst.CSTNode = stmt_
+    while True:
+        block = f.block(node)
+        body = list(block.body)
+        for before in reversed(body[:body.index(node)]):
+            if id(before) in removed:
+                continue
+            if isinstance(before, cst.SimpleStatementLine) and code(before).strip() == wanted:
+                return before
+            if any(code(t.target) in names for t in f.find_in(before, m.AssignTarget())):
+                return None
+        owner = f.parent(block)
+        if not isinstance(owner, cst.If) or owner.body is not block:
+            return None
+        node = owner
