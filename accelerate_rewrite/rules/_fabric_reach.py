@@ -147,7 +147,8 @@ class Reach:
         Fabric a global (``setups=False``), this is for the project's other files, whose
         optimizers are set up where the driver receives them."""
         f, p = self.f, self.p
-        needs = [s.call for s in f.backward_sites if s.library is None] + [o.stmt for o in f.optimizers if setups] \
+        needs = [s.call for s in f.backward_sites if s.library is None] \
+            + [o.stmt for o in f.optimizers if setups and not _handed_back(f, o)] \
             + ([n for n, _ in p.ddp.reads] if p.ddp else []) + (self._side_effects() if self.o.many_devices else [])
         # a print's function needs `fabric` however deep it is: its callers that can't reach it
         # need it in turn (``validate`` builds the ProgressMeter that prints); the other needs
@@ -239,3 +240,17 @@ def _plain(method: cst.FunctionDef) -> bool:
     """A method that takes ``self`` first, with no decorator (not static, not a class method)."""
     params = positional_params(method)
     return not method.decorators and bool(params) and params[0].name.value == "self"
+
+
+def _handed_back(f, opt) -> bool:
+    """Whether the function that builds the optimizer returns it (minGPT's ``create_optimizer``:
+    ``optimizer = torch.optim.AdamW(...)``, ``return optimizer``): it is set up where its caller
+    receives it, so building it needs no `fabric`, and the function gets no parameter it would
+    never read."""
+    func = f.function(opt.stmt)
+    if func is None:
+        return False
+    if isinstance(opt.stmt, cst.SimpleStatementLine) and isinstance(opt.stmt.body[0], cst.Return):
+        return True
+    returned = [r.value for r in f.find_in(func, m.Return()) if r.value is not None]
+    return bool(returned) and all(isinstance(v, cst.Name) and v.value == opt.path for v in returned)

@@ -196,8 +196,9 @@ def wrapped_states(f: ScriptFacts) -> set:
 def repeated_assignment(f: ScriptFacts, use: Union[cst.Attribute, cst.Call], removed: set[int]) -> Optional[cst.BaseStatement]:
     """DeiT's ``model_without_ddp = model`` before ``if args.distributed: model = DDP(model);
     model_without_ddp = model.module`` (``use``: the ``.module``), or SSD's ``net = ssd_net``
-    before ``if args.cuda: net = DataParallel(ssd_net)`` (``use``: the wrap): with the wrap
-    gone, the second assignment would be the first again. The earlier statement, where nothing
+    before ``if args.cuda: net = DataParallel(ssd_net)`` (``use``: the wrap), the DDP tutorial's
+    ``self.model = model.to(gpu_id)`` before ``self.model = DDP(model, ...)``: with the wrap
+    gone (and Fabric placing the model), the second assignment would be the first again. The earlier statement, where nothing
     between them assigns either name (the removed wrap aside), else None."""
     stmt_ = f.statement(use)
     assign = stmt_.body[0] if isinstance(stmt_, cst.SimpleStatementLine) and len(stmt_.body) == 1 else None
@@ -215,8 +216,10 @@ def repeated_assignment(f: ScriptFacts, use: Union[cst.Attribute, cst.Call], rem
         for before in reversed(body[:body.index(node)]):
             if id(before) in removed:
                 continue
-            if isinstance(before, cst.SimpleStatementLine) and code(before).strip() == wanted:
-                return before
+            if isinstance(before, cst.SimpleStatementLine) and len(before.body) == 1 \
+                    and isinstance(before.body[0], cst.Assign) and len(before.body[0].targets) == 1 \
+                    and f"{code(before.body[0].targets[0].target)} = {code(unmoved(before.body[0].value))}" == wanted:
+                return before  # (``self.model = model.to(gpu_id)``: a module's move returns the module)
             if any(code(t.target) in names for t in f.find_in(before, m.AssignTarget())):
                 return None
         owner = f.parent(block)
