@@ -209,3 +209,35 @@ def test_a_wrap_or_a_cast_the_rewrite_removes_leaves_no_statement_that_repeats_a
     assert "x = x\n" not in result.output and "if args.half" not in result.output, result.output
     assert "torch.backends.cudnn.benchmark = True" in result.output
     assert dead_statements(result.output) == []
+
+
+def test_a_function_that_builds_and_returns_the_optimizer_gets_no_fabric_it_would_not_read():
+    """minGPT-ddp's ``create_optimizer(model, config)`` returns the optimizer it builds, which is
+    set up where its caller receives it: the function keeps its signature."""
+    from accelerate_rewrite.api import rewrite
+    from accelerate_rewrite.options import Options
+
+    source = '''import torch
+
+
+def create_optimizer(model, lr):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    return optimizer
+
+
+def main():
+    model = torch.nn.Linear(4, 2)
+    optimizer = create_optimizer(model, 1e-3)
+    for _ in range(2):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+'''
+    result = rewrite(source, Options.create())
+    assert "def create_optimizer(model, lr):" in result.output and "create_optimizer(model, 1e-3)" in result.output
+    assert "model, optimizer = fabric.setup(model, optimizer)" in result.output
