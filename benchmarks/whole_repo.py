@@ -29,6 +29,10 @@ accelerate: the same with ``--backend accelerate``), with ``--format json --no-c
      ``accelerator`` alike) that the compatible change of a shared module makes, the lines of
      the two branches that are the same (kept without change, yet written twice).
 
+With ``--alone-outputs`` each alone run that changes something is also written (on a tree of
+hard links to the pristine one) and its files read for dead code and copies as the whole run's
+are; ``--alone-only`` does that and no whole run.
+
 A listed script whose alone run converts and whose whole run doesn't is a **loss**, named with
 the whole run's reason. CI has no mirrors: this is a benchmark, not a test.
 """
@@ -39,6 +43,7 @@ import argparse
 import ast
 import difflib
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -187,16 +192,38 @@ def entry_points(pristine: Path, listed: list[str]) -> list[str]:
     return out
 
 
-def run_repo(tool: rc.Tool, entries: list[rc.Entry], pristine: Path, work: Path) -> dict:
+def run_repo(tool: rc.Tool, entries: list[rc.Entry], pristine: Path, work: Path, outputs: bool = False,
+             whole_too: bool = True) -> dict:
     scripts = entry_points(pristine, [e.script for e in entries])
     out: dict = {"repo": entries[0].repo, "scripts": scripts, "backends": {}}
     for backend, args in BACKENDS.items():
         full = args + rc.COMMON
         alone = {}
+        alone_dead, alone_copies = [], []
         for name in scripts:
             script = Path(name)
             done = tool.run(script.name, pristine / script.parent, full)
             alone[name] = rc.verdict(done, "AR101", "AR1")
+            if outputs and any(r.get("changed") for r in done["records"]):
+                # the files it writes, read as the whole run's are (a tree of hard links: the
+                # rewrite replaces a file it writes, it never writes into one)
+                if work.exists():
+                    shutil.rmtree(work)
+                subprocess.run(["cp", "-al", str(pristine), str(work)], check=True)
+                wrote = tool.run(script.name, work / script.parent, full + ["--write"])
+                for r in wrote["records"]:
+                    if r.get("changed"):
+                        rel = str((script.parent / r["path"]))
+                        before = (pristine / rel).read_text(errors="replace")
+                        after = (work / rel).read_text(errors="replace")
+                        alone_dead += [f"{name}: {rel}:{d}" for d in new_items(dead_statements(before),
+                                                                               dead_statements(after))]
+                        alone_copies += [f"{name}: {rel}:{c}" for c in new_items(copied_lines(before),
+                                                                                 copied_lines(after))]
+        if whole_too is False:
+            out["backends"][backend] = {"alone": alone, "whole": dict(alone), "converted_files": [], "checks": [],
+                                        "dead": alone_dead, "copied": alone_copies, "seconds": 0.0}
+            continue
         if work.exists():
             shutil.rmtree(work)
         shutil.copytree(pristine, work, symlinks=True)
@@ -239,7 +266,8 @@ def run_repo(tool: rc.Tool, entries: list[rc.Entry], pristine: Path, work: Path)
                 if r.get("changed"):
                     checks.append(f"{r['path']}: not idempotent")
         out["backends"][backend] = {"alone": alone, "whole": whole, "converted_files": converted_files,
-                                    "checks": checks, "dead": dead, "copied": copies, "seconds": seconds}
+                                    "checks": checks, "dead": dead + alone_dead, "copied": copies + alone_copies,
+                                    "seconds": seconds}
     return out
 
 
@@ -288,6 +316,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--at", metavar="REV")
     parser.add_argument("--markdown", type=Path, metavar="PATH")
     parser.add_argument("--label", default="Whole repositories")
+    parser.add_argument("--alone-outputs", action="store_true",
+                        help="also write each script's alone conversion and read it for dead code and copies")
+    parser.add_argument("--alone-only", action="store_true",
+                        help="only the alone runs, their outputs read for dead code and copies (no whole run)")
     args = parser.parse_args(argv)
     if rc.pyflakes is None:
         sys.exit("pip install pyflakes first")
@@ -307,7 +339,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             pristine = (args.keep or scratch) / "trees" / group[0].key
             if not pristine.exists():
                 rc.extract(rc.git_dir(args.mirrors, repo), commit, pristine)
-            results.append(run_repo(tool, group, pristine, scratch / "work"))
+            results.append(run_repo(tool, group, pristine, scratch / "work",
+                                    outputs=args.alone_outputs or args.alone_only, whole_too=not args.alone_only))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     t = totals(results)
