@@ -237,8 +237,49 @@ def _changed(these: list[cst.BaseStatement], those: list[cst.BaseStatement], tes
                        [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(these)], leading)]
     if test is None:
         raise _Fail
+    if len(these) == len(those) == 1:
+        one = _one_point(these[0], those[0], test)
+        if one is not None:
+            return [one]
     return [_guard(test, [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(those)],
                    [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(these)], leading)]
+
+
+def _differing(old: cst.CSTNode, new: cst.CSTNode) -> Optional[tuple[cst.CSTNode, cst.CSTNode]]:
+    """The one place where two trees of the same shape differ: the deepest node of ``old``, and
+    ``new``'s there, whose code differs while everything around them is the same; None where
+    their shapes differ."""
+    if type(old) is not type(new):
+        return None
+    a, b = old.children, new.children
+    if len(a) != len(b):
+        return None
+    apart = [(x, y) for x, y in zip(a, b) if _stmt_code(x) != _stmt_code(y)]
+    if len(apart) != 1:
+        return (old, new) if apart else None
+    deeper = _differing(*apart[0])
+    return deeper if deeper is not None else apart[0]
+
+
+def _one_point(old: cst.BaseStatement, new: cst.BaseStatement, test: str) -> Optional[cst.BaseStatement]:
+    """A statement the conversion changed in one expression only (``print(...)`` ->
+    ``fabric.print(...)``, ``x.to(device)`` -> ``x.to(fabric.device)``): the old statement
+    with that expression chosen by `fabric`, ``(fabric.print if fabric is not None else
+    print)(...)``, so that nothing around it is written twice. None where the change is not one
+    expression's, or where it is the statement's whole value (a guard reads better)."""
+    if not isinstance(old, cst.SimpleStatementLine) or not isinstance(new, cst.SimpleStatementLine) \
+            or len(old.body) != 1 or len(new.body) != 1:
+        return None
+    found = _differing(old.body[0], new.body[0])
+    if found is None:
+        return None
+    a, b = found
+    if not isinstance(a, cst.BaseExpression) or not isinstance(b, cst.BaseExpression) or not _reads_fabric(b) \
+            or a is getattr(old.body[0], "value", None) or _PROCESSES.search(_stmt_code(a)):
+        return None
+    chosen = cst.IfExp(test=cst.parse_expression(f"{test} is not None"), body=_paren(b), orelse=_paren(a),
+                       lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return old.deep_replace(a, chosen)
 
 
 def _by_tests(these: list[cst.BaseStatement], those: list[cst.BaseStatement], test: str) -> list[cst.BaseStatement]:
@@ -310,8 +351,12 @@ def _merge_inside(old: cst.BaseStatement, new: cst.BaseStatement, test: Optional
                 merged.append(None)
             elif _header(old.orelse) == _header(new.orelse):
                 merged.append(_merge_inside(old.orelse, new.orelse, test))  # an ``elif`` changed inside
+            elif test is not None and _one_test_apart(old.orelse, new.orelse):
+                # an ``elif`` whose test changed (MAE's ``elif 'RANK' in os.environ ...``): chosen by `fabric`
+                merged.append(_merge_inside(_by_test(old.orelse, new.orelse, test),
+                                            _by_test(new.orelse, old.orelse, test, new_side=True), test))
             else:
-                raise _Fail  # an ``elif`` whose test changed
+                raise _Fail
             continue
         if not isinstance(a, cst.IndentedBlock) or not isinstance(b, cst.IndentedBlock):
             raise _Fail
