@@ -175,7 +175,8 @@ def projects(targets: Sequence[Target], settings: Settings) -> tuple[dict[Path, 
         # not told either way: a module may change with the script when no other file under its
         # folder reads what changes; never for -o (one file written) or the hook (files staged)
         auto = follow is None and settings.mode is not Mode.OUTPUT and not settings.hook
-        scopes[path] = Scope(writable=writable, follow=bool(follow), shared=shared, auto=auto,
+        scripts = frozenset(f for f in files if f != os.path.realpath(path) and _MAIN.search(text_of(Path(f)) or ""))
+        scopes[path] = Scope(writable=writable, follow=bool(follow), shared=shared, auto=auto, scripts=scripts,
                              root=os.path.commonpath([os.path.realpath(path.parent),
                                                       *(os.path.dirname(f) for f in files)]),
                              known=frozenset({os.path.realpath(path), *files}),

@@ -241,3 +241,35 @@ if __name__ == "__main__":
     result = rewrite(source, Options.create())
     assert "def create_optimizer(model, lr):" in result.output and "create_optimizer(model, 1e-3)" in result.output
     assert "model, optimizer = fabric.setup(model, optimizer)" in result.output
+
+
+def test_a_module_that_runs_as_a_script_of_its_own_keeps_its_own_code_working(tmp_path):
+    """YOLOv3's test.py: train.py imports its ``_evaluate``, and its own ``run()`` calls it too.
+    Converted with train.py, it changes so that its own code keeps working (``fabric=None``), and
+    ``python metrics.py`` runs as before."""
+    pytest.importorskip("torch")
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "metrics.py").write_text(
+        "import torch\n\n\n@torch.no_grad()\ndef evaluate(model, loader, device):\n    total = 0.0\n"
+        "    for x, y in loader:\n        x, y = x.to(device), y.to(device)\n"
+        "        total += (model(x) - y).pow(2).mean().item()\n    print(f\"eval {total:.4f}\")\n    return total\n\n\n"
+        "def run():\n    model = torch.nn.Linear(4, 2)\n    data = [(torch.ones(2, 4), torch.zeros(2, 2))]\n"
+        "    evaluate(model, data, \"cpu\")\n\n\nif __name__ == \"__main__\":\n    torch.manual_seed(0)\n    run()\n")
+    (root / "train.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\nfrom metrics import evaluate\n\n\n"
+        "def main():\n    device = torch.device(\"cuda\" if torch.cuda.is_available() else \"cpu\")\n    model = torch.nn.Linear(4, 2).to(device)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 2)), batch_size=4)\n"
+        "    for x, y in loader:\n        x, y = x.to(device), y.to(device)\n"
+        "        loss = (model(x) - y).pow(2).mean()\n        opt.zero_grad()\n        loss.backward()\n"
+        "        opt.step()\n    evaluate(model, loader, device)\n\n\nif __name__ == \"__main__\":\n    main()\n")
+    before = subprocess.run([sys.executable, "metrics.py"], cwd=root, capture_output=True, text=True, timeout=120)
+    done = _tool(root, ".", *REPOSITORY_ARGS, "--write", "-q")
+    assert done.returncode == 0, done.stderr
+    text = (root / "metrics.py").read_text()
+    assert "def evaluate(model, loader, device, fabric=None):" in text, text
+    assert "Fabric(" in (root / "train.py").read_text()
+    after = subprocess.run([sys.executable, "metrics.py"], cwd=root, capture_output=True, text=True, timeout=120)
+    assert before.returncode == after.returncode == 0, after.stderr
+    assert after.stdout == before.stdout

@@ -270,6 +270,10 @@ class Scope:
     known: frozenset[str] = frozenset()
     script: str = ""
     frozen: tuple[tuple[str, str], ...] = ()
+    #: the script's modules that run as scripts of their own too (``if __name__ == "__main__":``,
+    #: resolved): their own code calls what the conversion would change there, so they change
+    #: only so that it keeps working (YOLOv3's test.py, whose ``run()`` calls ``_evaluate``)
+    scripts: frozenset[str] = frozenset()
 
     def compatible_change(self, path: str) -> bool:
         """Whether ``path`` may change compatibly where it may not change as the conversion
@@ -280,7 +284,7 @@ class Scope:
         real = os.path.realpath(path)
         if self.alone is not None or any(f == real for f, _ in self.frozen):
             return False
-        if any(shared == real for shared, _ in self.shared):
+        if any(shared == real for shared, _ in self.shared) or real in self.scripts:
             return self.follow or self.auto or real in self.writable
         return self.auto and not self.follow and real not in self.writable
 
@@ -304,6 +308,9 @@ class Scope:
             if shared == real and (self.follow or self.auto or real in self.writable):
                 return (f"it would change {path}, which {others} import{'s' if ' and ' not in others else ''} as "
                         "well, in a way that can't keep the old code for them")
+        if real in self.scripts and (self.follow or self.auto or real in self.writable):
+            return (f"it would change {path}, which runs as a script of its own too, in a way that can't "
+                    "keep its own code working")
         if self.follow or real in self.writable:
             return None
         if not self.auto:
