@@ -22,6 +22,8 @@ args)``): so it changes *compatibly* instead (``compatible``):
   (``torch.cuda.set_device``), which the conversion removes, runs without `fabric` only; a
   compound statement whose header is unchanged is changed inside (its body, its ``else``, an
   ``elif``);
+- a statement the conversion changed in one expression keeps the rest, that expression chosen
+  by `fabric`: ``(fabric.print if fabric is not None else print)(log_msg.format(...))``;
 - an ``if`` whose test the conversion changed keeps its blocks: its test is chosen by `fabric`
   (``fabric.world_size > 1 if fabric is not None else "RANK" in os.environ``), and what changed
   inside is guarded as above: no block is written twice;
