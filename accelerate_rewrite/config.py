@@ -246,7 +246,7 @@ class Choice:
     rules: tuple
     excluded: bool = False
     #: the project's modules the file imports may change with it (``follow-imports``): True,
-    #: False, or None (not configured: those that no other file imports, runner.projects)
+    #: False, or None (not configured: those that no other file imports, plan.projects)
     follow_imports: Optional[bool] = None
 
 

@@ -411,7 +411,7 @@ def profile(top: int, mirrors: Path = DEFAULT_MIRRORS, keep: Optional[Path] = No
             "accelerate_rewrite/codemod/reading.py:_project",
         "  sibling reading (analysis/siblings.py: candidates)": "accelerate_rewrite/codemod/analysis/siblings.py:candidates",
         "  the project's analysis (project/program.py: analyse)": "accelerate_rewrite/codemod/project/program.py:analyse",
-        "the CLI's project scan (runner.projects)": "accelerate_rewrite/runner.py:projects",
+        "the CLI's project scan (plan.projects)": "accelerate_rewrite/plan.py:projects",
         "the checks (checks.py: check)": "accelerate_rewrite/codemod/checks.py:check",
         "the facts (analysis/facts.py: ScriptFacts.__init__)": "accelerate_rewrite/codemod/analysis/facts.py:__init__",
         "LibCST's parse (tree/parse.py: parse_module)": "accelerate_rewrite/codemod/tree/parse.py:parse_module",

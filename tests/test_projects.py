@@ -682,7 +682,8 @@ def test_a_transformer_along_the_paths_gives_the_tree_it_gives_through_every_nod
 
     import libcst as cst
 
-    from accelerate_rewrite.codemod.project.compat import Taken, _ByKeyword
+    from accelerate_rewrite.codemod.project.compat import Taken
+    from accelerate_rewrite.codemod.project.keywords import _ByKeyword
     from accelerate_rewrite.codemod.project.names import Realias, _Dealias
 
     checked = changed = 0

@@ -292,7 +292,8 @@ def test_a_conditional_wrap_and_a_config_s_local_rank_train_every_rank_as_before
 # ---- codemod/project/compat.py: a module other files import, changed compatibly -------------------------
 
 def test_a_shared_function_takes_fabric_last_and_optional_and_guards_what_changed():
-    from accelerate_rewrite.codemod.project.compat import Taken, calls_by_keyword, compatible
+    from accelerate_rewrite.codemod.project.compat import Taken, compatible
+    from accelerate_rewrite.codemod.project.keywords import calls_by_keyword
 
     old = ("import torch.distributed as dist\n\n\n"
            "def reduce(t, *rest, op=None):\n    # sum over the processes\n    dist.all_reduce(t)\n"
@@ -318,7 +319,8 @@ def test_a_shared_function_takes_fabric_last_and_optional_and_guards_what_change
 
 
 def test_a_change_that_reads_no_fabric_stays_out_and_one_that_can_t_keep_its_callers_is_none():
-    from accelerate_rewrite.codemod.project.compat import calls_by_keyword, compatible
+    from accelerate_rewrite.codemod.project.compat import compatible
+    from accelerate_rewrite.codemod.project.keywords import calls_by_keyword
 
     # a change that reads no `fabric` (an API's new spelling, a move Fabric makes anyway) can't be
     # told from one the other callers would notice: the old code stays

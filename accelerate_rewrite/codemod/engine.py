@@ -22,7 +22,8 @@ from accelerate_rewrite.codemod.tree.layout import Splice
 from accelerate_rewrite.codemod.result import Kind, Result  # noqa: F401 (plain data: codemod/result.py)
 from accelerate_rewrite.codemod.collector import GC_THRESHOLDS, fewer_collections  # noqa: F401 (benchmarks, tests read them here)
 from accelerate_rewrite.codemod.claims import true_claims
-from accelerate_rewrite.codemod.project.compat import Compatible, calls_by_keyword, compatible
+from accelerate_rewrite.codemod.project.compat import Compatible, compatible
+from accelerate_rewrite.codemod.project.keywords import calls_by_keyword
 from accelerate_rewrite.codemod.project.names import Realias
 from accelerate_rewrite.codemod.project.program import Scope, analyse
 from accelerate_rewrite.codemod.project.units import Unit, relocate, units_of
