@@ -159,6 +159,15 @@ def plan(prepared: list[Prepared], scopes: dict[Path, "Scope"], settings: Settin
     else:  # pragma: no cover - each conflict freezes a file more: it ends
         return prepared
 
+    # a script of the run that another one's program holds as a module (DINO's main_dino.py in
+    # run_with_submitit.py's) is said once, as its own: the other's notes of it are of its reading
+    scripts = {os.path.realpath(p.target.path) for p in prepared}
+    for i, p in enumerate(prepared):
+        if p.result is None or p.error is not None:
+            continue
+        for k, m in enumerate(p.result.members):
+            if os.path.realpath(m.path) in scripts and not m.changed and m.notes:
+                p.result.members[k] = replace(m, notes=[])
     joints: list[tuple[set[int], Joint]] = []
     for file, holders in versions().items():
         text = merged[file]

@@ -132,16 +132,19 @@ def test_a_script_a_launcher_imports_converts_as_its_own(tmp_path):
     root = tmp_path / "repo"
     root.mkdir()
     (root / "train.py").write_text(
-        "import torch\n\n\ndef main(epochs=2):\n    model = torch.nn.Linear(4, 2)\n"
-        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    for _ in range(epochs):\n"
-        "        loss = model(torch.randn(8, 4)).pow(2).mean()\n        opt.zero_grad()\n"
-        "        loss.backward()\n        opt.step()\n\n\nif __name__ == \"__main__\":\n    main()\n")
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\ndef main(epochs=2):\n"
+        "    model = torch.nn.Linear(4, 2)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4)\n    for _ in range(epochs):\n"
+        "        for (x,) in loader:\n            loss = model(x).pow(2).mean()\n            opt.zero_grad()\n"
+        "            loss.backward()\n            opt.step()\n\n\nif __name__ == \"__main__\":\n    main()\n")
     (root / "launcher.py").write_text(
         "import train\n\n\nclass Job:\n    def __call__(self):\n        train.main(epochs=1)\n\n\n"
         "if __name__ == \"__main__\":\n    Job()()\n")
     alone = _tool(root, "train.py", "--format", "json")
     whole = _tool(root, ".", "--format", "json", "-j", "1")
-    records = {r["path"]: r for r in map(json.loads, whole.stdout.splitlines())}
+    lines = [json.loads(line) for line in whole.stdout.splitlines()]
+    assert [r["path"] for r in lines].count("train.py") == 1, whole.stdout  # said once, as its own
+    records = {r["path"]: r for r in lines}
     assert "AR101" in records["train.py"]["rules"], whole.stdout
     assert not records["launcher.py"]["changed"]
     assert json.loads(alone.stdout.splitlines()[0])["rules"] == records["train.py"]["rules"]
