@@ -151,6 +151,10 @@ def _header(node: cst.BaseStatement) -> Optional[str]:
         return None
     empty = cst.IndentedBlock(body=[cst.SimpleStatementLine([cst.Pass()])])
     changes: dict = {"body": empty, "leading_lines": ()}
+    if isinstance(node, cst.Try):  # its handlers' and ``finally``'s blocks, emptied too
+        changes["handlers"] = [h.with_changes(body=empty) for h in node.handlers]
+        if node.finalbody is not None:
+            changes["finalbody"] = node.finalbody.with_changes(body=empty)
     if getattr(node, "orelse", None) is not None:
         orelse = node.orelse
         changes["orelse"] = orelse.with_changes(body=empty) if isinstance(orelse, cst.Else) \
@@ -339,6 +343,8 @@ def _by_test(one: cst.If, other: cst.If, test: str, new_side: bool = False) -> c
 
 
 def _merge_inside(old: cst.BaseStatement, new: cst.BaseStatement, test: Optional[str]) -> cst.BaseStatement:
+    if isinstance(old, cst.Try) and isinstance(new, cst.Try):
+        return _merge_try(old, new, test)
     old_blocks, new_blocks = _blocks_of(old), _blocks_of(new)
     if len(old_blocks) != len(new_blocks):
         raise _Fail
@@ -366,6 +372,29 @@ def _merge_inside(old: cst.BaseStatement, new: cst.BaseStatement, test: Optional
         node = node.with_changes(orelse=merged[1] if isinstance(merged[1], cst.If)
                                  else old.orelse.with_changes(body=merged[1]))
     return node
+
+
+def _merge_try(old: cst.Try, new: cst.Try, test: Optional[str]) -> cst.Try:
+    """A ``try`` the conversion changed inside (DINO's ``load_state_dict`` attempts, whose
+    handlers print): each of its blocks merged (its body, each handler's, ``else``, ``finally``)."""
+    def block(a: Optional[cst.BaseSuite], b: Optional[cst.BaseSuite]) -> Optional[cst.BaseSuite]:
+        if a is None or b is None:
+            if (a is None) != (b is None):
+                raise _Fail
+            return None
+        if not isinstance(a, cst.IndentedBlock) or not isinstance(b, cst.IndentedBlock):
+            raise _Fail
+        return a.with_changes(body=_merge(a.body, b.body, test))
+
+    if len(old.handlers) != len(new.handlers):
+        raise _Fail
+    orelse = old.orelse.with_changes(body=block(old.orelse.body, new.orelse.body)) \
+        if old.orelse is not None and new.orelse is not None else block(old.orelse, new.orelse)
+    finalbody = old.finalbody.with_changes(body=block(old.finalbody.body, new.finalbody.body)) \
+        if old.finalbody is not None and new.finalbody is not None else block(old.finalbody, new.finalbody)
+    return old.with_changes(body=block(old.body, new.body),
+                            handlers=[h.with_changes(body=block(h.body, g.body)) for h, g in zip(old.handlers, new.handlers)],
+                            orelse=orelse, finalbody=finalbody)
 
 
 def _function(old: cst.FunctionDef, new: cst.FunctionDef, test: Optional[str]) -> tuple[cst.FunctionDef, Optional[Taken]]:
