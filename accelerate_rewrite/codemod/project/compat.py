@@ -245,8 +245,42 @@ def _changed(these: list[cst.BaseStatement], those: list[cst.BaseStatement], tes
         one = _one_point(these[0], those[0], test)
         if one is not None:
             return [one]
+        if _passes_it_on(these[0], those[0], test):
+            return [those[0].with_changes(leading_lines=these[0].leading_lines)]
+    if len(those) == 1 and isinstance(those[0], cst.If) and those[0].orelse is None \
+            and isinstance(those[0].body, cst.IndentedBlock) \
+            and [_stmt_code(x.with_changes(leading_lines=())) for x in those[0].body.body] \
+            == [_stmt_code(x.with_changes(leading_lines=())) for x in these]:
+        # the old statements under a new test (``if fabric.is_global_zero:``): run where it holds,
+        # or without `fabric`
+        held = _stmt_code(those[0].test)
+        held = held if isinstance(those[0].test, (cst.Name, cst.Attribute, cst.Call)) else f"({held})"
+        return [those[0].with_changes(test=cst.parse_expression(f"{test} is None or {held}"), leading_lines=leading)]
     return [_guard(test, [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(those)],
                    [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(these)], leading)]
+
+
+def _passes_it_on(old: cst.BaseStatement, new: cst.BaseStatement, test: str) -> bool:
+    """Whether the conversion changed the statement only by passing `fabric` on by keyword
+    (``MetricLogger(delimiter="  ", fabric=fabric)``), to a function or class of the project that
+    takes it last and optional: without `fabric` it gets None, as it did."""
+    found = _differing(old, new)
+    if found is None or not isinstance(found[0], cst.Call) or not isinstance(found[1], cst.Call):
+        return False
+    a, b = found
+    if len(b.args) != len(a.args) + 1 or _stmt_code(b.func) != _stmt_code(a.func):
+        return False
+
+    def same(xs, ys) -> bool:
+        return all(_stmt_code(x.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+                   == _stmt_code(y.with_changes(comma=cst.MaybeSentinel.DEFAULT)) for x, y in zip(xs, ys))
+
+    first, last = b.args[0], b.args[-1]
+    # ``f(fabric, ...)`` as the conversion spells it (keywords.py moves it last, by keyword), or
+    # ``f(..., fabric=fabric)``
+    return (first.keyword is None and not first.star and _stmt_code(first.value) == test and same(a.args, b.args[1:])) \
+        or (last.keyword is not None and last.keyword.value == NAME and _stmt_code(last.value) == test
+            and same(a.args, b.args[:-1]))
 
 
 def _differing(old: cst.CSTNode, new: cst.CSTNode) -> Optional[tuple[cst.CSTNode, cst.CSTNode]]:
@@ -307,9 +341,36 @@ def _by_tests(these: list[cst.BaseStatement], those: list[cst.BaseStatement], te
                     out.append(_merge_inside(_by_test(a, b, test), _by_test(b, a, test, new_side=True), test))
                 except _Fail:
                     out.extend(_changed([a], [b], test))
+        elif a2 - a1 == b2 - b1 and all(isinstance(a, (cst.For, cst.While, cst.With)) and type(a) is type(b)
+                                        for a, b in zip(these[a1:a2], those[b1:b2])):
+            for a, b in zip(these[a1:a2], those[b1:b2]):
+                try:  # a loop or ``with`` whose header changed in one expression: chosen by `fabric`
+                    out.append(_by_header(a, b, test))
+                except _Fail:
+                    out.extend(_changed([a], [b], test))
         else:
             out.extend(_changed(these[a1:a2], those[b1:b2], test))
     return out
+
+
+def _by_header(old: cst.BaseStatement, new: cst.BaseStatement, test: str) -> cst.BaseStatement:
+    """A ``for``, ``while`` or ``with`` whose header the conversion changed in one expression
+    that reads `fabric` (``with fabric.autocast():``): that expression chosen by `fabric`, the
+    blocks merged inside (``_merge_inside``), so that the block is not written twice."""
+    if type(old) is not type(new) or not isinstance(old, (cst.For, cst.While, cst.With)):
+        raise _Fail
+    empty = cst.IndentedBlock(body=[cst.SimpleStatementLine([cst.Pass()])])
+    bare = {"body": empty, **({"orelse": None} if hasattr(old, "orelse") else {})}
+    found = _differing(old.with_changes(**bare), new.with_changes(**bare))
+    if found is None:
+        raise _Fail
+    a, b = found
+    if not isinstance(a, cst.BaseExpression) or not isinstance(b, cst.BaseExpression) or not _reads_fabric(b) \
+            or _PROCESSES.search(_stmt_code(a)):
+        raise _Fail
+    chosen = cst.IfExp(test=cst.parse_expression(f"{test} is not None"), body=_paren(b), orelse=_paren(a),
+                       lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return _merge_inside(old.deep_replace(a, chosen), new.deep_replace(b, chosen), test)
 
 
 def _one_test_apart(old: cst.BaseStatement, new: cst.BaseStatement) -> bool:
