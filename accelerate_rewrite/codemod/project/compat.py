@@ -315,9 +315,7 @@ def _one_point(old: cst.BaseStatement, new: cst.BaseStatement, test: str) -> Opt
     if not isinstance(a, cst.BaseExpression) or not isinstance(b, cst.BaseExpression) or not _reads_fabric(b) \
             or a is getattr(old.body[0], "value", None) or _PROCESSES.search(_stmt_code(a)):
         return None
-    chosen = cst.IfExp(test=cst.parse_expression(f"{test} is not None"), body=_paren(b), orelse=_paren(a),
-                       lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    return old.deep_replace(a, chosen)
+    return old.deep_replace(a, _chosen(test, b, a))
 
 
 def _by_tests(these: list[cst.BaseStatement], those: list[cst.BaseStatement], test: str) -> list[cst.BaseStatement]:
@@ -368,8 +366,7 @@ def _by_header(old: cst.BaseStatement, new: cst.BaseStatement, test: str) -> cst
     if not isinstance(a, cst.BaseExpression) or not isinstance(b, cst.BaseExpression) or not _reads_fabric(b) \
             or _PROCESSES.search(_stmt_code(a)):
         raise _Fail
-    chosen = cst.IfExp(test=cst.parse_expression(f"{test} is not None"), body=_paren(b), orelse=_paren(a),
-                       lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    chosen = _chosen(test, b, a)
     return _merge_inside(old.deep_replace(a, chosen), new.deep_replace(b, chosen), test)
 
 
@@ -379,6 +376,13 @@ def _one_test_apart(old: cst.BaseStatement, new: cst.BaseStatement) -> bool:
         return False
     same = cst.Name("_")
     return _header(old.with_changes(test=same)) == _header(new.with_changes(test=same))
+
+
+def _chosen(test: str, new: cst.BaseExpression, old: cst.BaseExpression) -> cst.IfExp:
+    """``(NEW if fabric is not None else OLD)``: the expression the conversion changed, chosen by
+    `fabric` (``test``: `fabric`, or ``self.fabric``)."""
+    return cst.IfExp(test=cst.parse_expression(f"{test} is not None"), body=_paren(new), orelse=_paren(old),
+                     lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
 
 def _paren(expr: cst.BaseExpression) -> cst.BaseExpression:
@@ -395,8 +399,7 @@ def _by_test(one: cst.If, other: cst.If, test: str, new_side: bool = False) -> c
     if _stmt_code(old.test) == _stmt_code(new.test):
         chosen = one.test
     else:
-        chosen = cst.IfExp(test=cst.parse_expression(f"{test} is not None"), body=_paren(new.test),
-                           orelse=_paren(old.test), lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        chosen = _chosen(test, new.test, old.test)
     out = one.with_changes(test=chosen)
     if isinstance(one.orelse, cst.If) and isinstance(other.orelse, cst.If) and _one_test_apart(one.orelse, other.orelse):
         out = out.with_changes(orelse=_by_test(one.orelse, other.orelse, test, new_side))
