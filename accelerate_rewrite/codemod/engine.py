@@ -71,8 +71,10 @@ def _nothing_to_do(code: str, facts: ScriptFacts, options: Options, catalogue: M
     return not ctx.edits and not ctx.edits.unused_imports and not ctx.notes
 
 
-def _dependents(dropped: str, rules: Sequence[Rule], options: Options) -> set[str]:
-    """``dropped`` and every rule that relies on it, directly or not."""
+def _dependents(dropped: str, rules: Sequence[Rule], options: Options,
+                contexts: Optional[Mapping[str, RuleContext]] = None) -> set[str]:
+    """``dropped`` and every rule that relies on it, directly or not: by ``requires``, and (given
+    the rules' ``contexts``) by a premise that only the rules dropped gave."""
     out = {dropped}
     grew = True
     while grew:
@@ -81,6 +83,26 @@ def _dependents(dropped: str, rules: Sequence[Rule], options: Options) -> set[st
             if rule.code not in out and out.intersection(rule.requirements(options)):
                 out.add(rule.code)
                 grew = True
+        if contexts is not None:
+            left = [r for r in rules if r.code not in out]
+            for code in _groundless(left, contexts, options):
+                out.add(code)
+                grew = True
+    return out
+
+
+def _groundless(rules: Sequence[Rule], contexts: Mapping[str, RuleContext], options: Options) -> dict[str, str]:
+    """The rules among ``rules`` with a premise (``Rule.premises``) that none of ``rules`` gives
+    the file: code -> the ground missing. A rule with nothing to do stands on nothing."""
+    given = {g for r in rules if r.code in contexts for g in contexts[r.code].provided}
+    out: dict[str, str] = {}
+    for rule in rules:
+        ctx = contexts.get(rule.code)
+        if ctx is None or not (ctx.edits or ctx.notes):
+            continue
+        missing = [g for g in rule.premises(options) if g not in given]
+        if missing:
+            out[rule.code] = missing[0]
     return out
 
 
@@ -239,6 +261,17 @@ def _rewrite(
                        "a rule it relies on did not run")
             result.dropped.append(f"{code}: not applied: {why}")
     active = [r for r in active if r.code not in gone]
+    # a rule whose change stands on what no rule made here (AR209's removed ``.half()`` needs an
+    # autocast to take over): dropped, with what stood on it, and the reason
+    groundless = _groundless(active, contexts, options)
+    while groundless:
+        code, ground = next(iter(groundless.items()))
+        gone = _dependents(code, active, options, contexts)
+        others = sorted(gone - {code})
+        result.dropped.append(f"{code}: not applied: its change stands on {ground}, which no rule made in this "
+                              "file" + (f" (and with it {', '.join(others)}, which rely on it)" if others else ""))
+        active = [r for r in active if r.code not in gone]
+        groundless = _groundless(active, contexts, options)
 
     #: of the last apply_to: unit -> the tree its text was printed from (None where the text is not
     #: that tree's code): what the compatible change reads instead of parsing the text again
@@ -278,7 +311,7 @@ def _rewrite(
                         for c in [applies_to(protected, n, rule.code)] if c is not None), None)
             if hit is None:
                 continue
-            gone = _dependents(rule.code, active, options)
+            gone = _dependents(rule.code, active, options, contexts)
             others = sorted(gone - {rule.code})
             of = f" of {unit.path}" if unit.index else ""
             result.dropped.append(
@@ -396,7 +429,7 @@ def _rewrite(
             else:
                 low = middle + 1
         culprit, problems = active[low - 1], tried.get(low) or problems
-        gone = _dependents(culprit.code, active, options)
+        gone = _dependents(culprit.code, active, options, contexts)
         others = sorted(gone - {culprit.code})
         result.dropped.append(
             f"{culprit.code} {culprit.name}: dropped for this {'project' if several else 'file'}: "

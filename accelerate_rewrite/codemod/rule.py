@@ -48,6 +48,14 @@ class RuleContext:
         self.notes: list[Note] = []
         #: id(note) -> id of the node a change note is about: the engine checks the claim there
         self.about: dict[int, int] = {}
+        #: what this rule's edits give the file, that another rule's change stands on
+        #: (``Rule.premises``): the engine drops a rule none of whose grounds was given
+        self.provided: set[str] = set()
+
+    def provide(self, ground: str) -> None:
+        """Record that this rule's edits (or the script as it is, read by this rule) give the
+        file ``ground``: e.g. an autocast that computes in the precision asked for."""
+        self.provided.add(ground)
 
     def change(self, node: Optional[cst.CSTNode], message: str, kind: Optional[Kind] = None) -> None:
         kind = kind if kind is not None else self.rule.kind_for(self.options)  # read by Note.kind_with
@@ -95,6 +103,13 @@ class Rule:
     def requirements(self, options: Options) -> tuple[str, ...]:
         """The rules this one relies on with these options (by default, ``requires``)."""
         return self.requires
+
+    def premises(self, options: Options) -> tuple[str, ...]:
+        """What this rule's change stands on, with these options: grounds that another rule
+        gives the file (``RuleContext.provide``). Where no rule that stays gives one of them, the
+        engine drops this rule, with the reason; and where the rule that gave it is dropped, this
+        one goes with it. (``requires`` names rules; a premise names what a rule must have done.)"""
+        return ()
 
     def applies(self, options: Options) -> bool:
         """Whether the rule runs at all with these options."""

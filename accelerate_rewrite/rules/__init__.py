@@ -36,6 +36,7 @@ from accelerate_rewrite.rules.native_autocast import NativeAutocast
 from accelerate_rewrite.rules.native_grad_scaler import NativeGradScaler
 from accelerate_rewrite.rules.native_half_weights import NativeHalfWeights
 from accelerate_rewrite.rules.optimizer_8bit import Optimizer8bit
+from accelerate_rewrite.rules.own_precision import OwnPrecision
 
 ALL_RULES: tuple[Rule, ...] = (
     FabricLaunch(),
@@ -50,6 +51,7 @@ ALL_RULES: tuple[Rule, ...] = (
     FabricRankZero(),
     FabricHandDDP(),
     AmpApiMigration(),
+    OwnPrecision(),
     UnscaleBeforeClip(),
     ScalerOnce(),
     Float32MatmulPrecision(),

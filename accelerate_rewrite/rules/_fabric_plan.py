@@ -231,7 +231,7 @@ class _Planner(Home, Loaders, Reach, Devices, Setups, WrappedReads):
                 own[0].call,
                 f"precision {p.precision} not set on Fabric: the script runs its own "
                 f"{own[0].qualname.rsplit('.', 1)[-1]}, and Fabric's on top would apply it twice; "
-                "leave the script's mixed precision as it is, or remove it and rerun",
+                "AR213 (own-mixed-precision) sets the script's own to it",
             )
             return
         library = [s for s in f.backward_sites if s.library is not None]

@@ -12,6 +12,10 @@ import libcst.matchers as m
 from accelerate_rewrite.codemod.analysis.facts import MODEL, ScriptFacts, unwrap_moves
 from accelerate_rewrite.codemod.analysis.index import matching
 
+#: what a mixed precision stands on (``Rule.premises``): given by AR101 (Fabric's precision),
+#: AR207 (the torch backend's autocast) and AR213 (the script's own autocast, in that precision)
+MIXED_GROUND = ("an autocast that computes in the mixed precision asked for (Fabric's precision, AR207's "
+                "torch.autocast, or the script's own autocast set to it by AR213)")
 
 
 def _cast(*dtypes: str):

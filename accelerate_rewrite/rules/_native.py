@@ -19,13 +19,13 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.analysis.facts import (
-    DEVICE,
     MODEL,
     OPTIMIZER,
     ScriptFacts,
     bce_calls,
     code,
 )
+from accelerate_rewrite.codemod.analysis.devices import device_type_at
 from accelerate_rewrite.options import MIXED_PRECISIONS, TRUE_HALF_PRECISIONS, Options
 from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.rules._fabric import short
@@ -35,7 +35,6 @@ from accelerate_rewrite.rules._native_scaler import SCALER, Scaler, Site  # noqa
 AUTOCAST_DTYPES = dict(zip(MIXED_PRECISIONS, ("torch.float16", "torch.bfloat16")))
 #: the true half precisions: the model's weights cast to that dtype (AR210)
 TRUE_HALF = dict(zip(TRUE_HALF_PRECISIONS, ("torch.float16", "torch.bfloat16")))
-_DEVICE_CALLS = ("torch.device", "torch.accelerator.current_accelerator")
 
 Refusal = tuple[Optional[cst.CSTNode], str]
 #: autocast, the scaler and the apex migration stand or fall together: a scaled backward with
@@ -133,7 +132,8 @@ class _Planner(Scaler):
         own = f.uses_autocast()
         if own:
             return self.refuse(own[0].call, f"the script runs its own "
-                               f"{own[0].qualname.rsplit('.', 1)[-1]}: nothing is wrapped twice")
+                               f"{own[0].qualname.rsplit('.', 1)[-1]}: nothing is wrapped twice (AR213, "
+                               "own-mixed-precision, sets the script's own to the precision asked for)")
         if not f.backward_sites:
             return self.refuse(None, "no training found (no backward call); nothing to do")
         library = [s for s in f.backward_sites if s.library is not None]
@@ -352,63 +352,7 @@ class _Planner(Scaler):
                 return f"next({code(func)}.parameters()).device.type"
         return None
 
-    # -- the script's own device --
-    def _cuda_flag(self, node: cst.CSTNode) -> Optional[str]:
-        """``cuda = torch.cuda.is_available()`` (PyTorch-GAN's), visible at ``node``, when every
-        ``.cuda()`` of the script is under ``if cuda:``: the flag's name."""
-        f = self.f
-        moves = [mv for mv in f.device_moves if mv.device_arg is None]
-        if not moves:
-            return None
-        tests = {id(mv.call): [a.test for a in f.ancestors(mv.call) if isinstance(a, cst.If)] for mv in moves}
-        for name in {t.value for ts in tests.values() for t in ts if isinstance(t, cst.Name)}:
-            key = f.key_for_name(node, name)
-            value = f.assigned_value(next(t for ts in tests.values() for t in ts
-                                          if isinstance(t, cst.Name) and t.value == name))
-            if key is None or value is None or not any(
-                    f.qualname(c) == "torch.cuda.is_available" for c in m.findall(value, m.Call())):
-                continue
-            if all(any(isinstance(t, cst.Name) and t.value == name and f.key_of(t) == key for t in ts)
-                   for ts in tests.values()):
-                return name
-        return None
-
+    # -- the script's own device (codemod/analysis/devices.py) --
     def device_type(self, node: cst.CSTNode) -> Optional[str]:
         """An expression for the type of the script's device where ``node`` stands."""
-        f = self.f
-        func = f.function(node)
-        cls = f.enclosing_class(func) if func is not None else None
-        visible = []
-        for key, kinds in f.kinds.items():
-            if DEVICE not in kinds:
-                continue
-            owner, path = key
-            if path.startswith("self."):
-                if owner is cls:
-                    visible.append((key, path))
-            elif f.key_for_name(node, path) == key:
-                visible.append((key, path))
-        if visible:
-            visible.sort(key=lambda kp: (kp[1].rsplit(".", 1)[-1] != "device", kp[1]))
-            key, name = visible[0]
-            values = [b.value for b in f.device_defs if f.same_object(b.key, key)]
-            if values and all(isinstance(v, cst.Call) and f.qualname(v) in _DEVICE_CALLS for v in values):
-                return f"{name}.type"
-            return f"torch.device({name}).type"
-        for mv in f.device_moves:  # ``rank, device = setup()``: the name the script moves to
-            arg = mv.device_arg.value if mv.device_arg is not None else None
-            if isinstance(arg, cst.Name) and f.key_of(arg) is not None \
-                    and f.key_for_name(node, arg.value) == f.key_of(arg):
-                return f"torch.device({arg.value}).type"
-            # ``t.to(args.device)``: an attribute of a name seen here too (``args``, a parameter)
-            if m.matches(arg, m.Attribute(value=m.Name(), attr=m.Name("device"))) \
-                    and f.key_of(arg.value) is not None and f.key_for_name(node, arg.value.value) == f.key_of(arg.value):
-                return f"torch.device({code(arg)}).type"
-        flag = self._cuda_flag(node)
-        if flag is not None:
-            return f'"cuda" if {flag} else "cpu"'  # ``if cuda: model.cuda()``: CUDA only when there is one
-        if any(mv.device_arg is None or "cuda" in code(mv.device_arg.value) for mv in f.device_moves):
-            return '"cuda"'  # ``.cuda()`` / ``.to("cuda")``: the script needs CUDA anyway
-        if not f.device_moves and not f.device_defs:
-            return '"cpu"'  # a script that never leaves the CPU
-        return None
+        return device_type_at(self.f, node)

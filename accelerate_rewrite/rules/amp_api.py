@@ -6,6 +6,7 @@ import libcst as cst
 
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.rules._fabric import code, expr
+from accelerate_rewrite.rules.own_precision import own_precision_plan
 
 #: old API -> (new API, device type, the old signature's positional parameters)
 MIGRATIONS = {
@@ -53,6 +54,9 @@ class AmpApiMigration(Rule):
 
     Kind: safe (the same autocast and scaler: the default dtypes are the same).
 
+    Leaves to AR213 (own-mixed-precision) the autocasts and GradScalers it sets to the mixed
+    precision asked for: it writes them in `torch.amp` too.
+
     Leaves alone (and says why): calls with `*args` / `**kwargs`, and references that are not
     called (`ctx = torch.cuda.amp.autocast if amp else nullcontext`).
     """
@@ -67,9 +71,11 @@ class AmpApiMigration(Rule):
         f, e = ctx.facts, ctx.edits
         changed = False
         decorated = {id(d.decorator) for d in f.decorators}
+        own = own_precision_plan(f, ctx.options)
+        taken = own.taken if own is not None else set()  # AR213 writes these in the precision asked for
         for site in f.calls:
             migration = MIGRATIONS.get(site.qualname)
-            if migration is None:
+            if migration is None or id(site.call) in taken:
                 continue
             call = site.call
             if any(a.star for a in call.args):
@@ -93,6 +99,8 @@ class AmpApiMigration(Rule):
             ctx.change(decorator, f"`@{code(target)}` became `@torch.amp.{name}(device_type=\"{device}\")`")
             changed = True
         for site in _uncalled_references(f, decorated):
+            if id(site) in taken or id(f.parent(f.parent(site))) in taken:
+                continue
             ctx.skip(site, f"`{code(site)}` is used without being called: move it to torch.amp by hand")
         if changed:
             e.add_import("torch")

@@ -5,7 +5,9 @@ import libcst as cst
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.codemod.analysis.facts import code
 from accelerate_rewrite.rules._fabric import FabricRule, core_except, NAME, expr, short, stmt
+from accelerate_rewrite.options import MIXED_PRECISIONS
 from accelerate_rewrite.rules._fabric_plan import plan
+from accelerate_rewrite.rules._half import MIXED_GROUND
 
 
 class _Code(str):
@@ -60,6 +62,8 @@ class FabricLaunch(FabricRule):
         if p.omit_precision is not None:
             kwargs.pop("precision", None)
             ctx.skip(*p.omit_precision)
+        if kwargs.get("precision") in MIXED_PRECISIONS:
+            ctx.provide(MIXED_GROUND)
         ddp = p.ddp
         if ddp is not None:
             self._hand_ddp(ctx, p, kwargs)

@@ -6,7 +6,7 @@ import libcst.matchers as m
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import MIXED_PRECISIONS, Options
 from accelerate_rewrite.rules._fabric import code, short
-from accelerate_rewrite.rules._half import low_casts, strip_half
+from accelerate_rewrite.rules._half import MIXED_GROUND, low_casts, strip_half
 
 class HalfToMixed(Rule):
     """Pure half training becomes mixed precision: with `--precision 16-mixed` or `bf16-mixed`,
@@ -28,6 +28,10 @@ class HalfToMixed(Rule):
     Kind: approximate (the weights become fp32: training is more precise than before; the
     original, with Adam, produced NaN).
 
+    Stands on: an autocast in the precision asked for (Fabric's precision, AR207's, or the
+    script's own set by AR213). Where none of them was made in the file (the Fabric conversion
+    refused, say), the engine drops this rule and says so: the casts stay.
+
     Leaves alone: `.half()` outside the training loops on something other than the trained
     model, and any `.half()` after the last backward outside them (a smaller checkpoint,
     inference). To keep pure half, use `--precision 16-true` (AR206 then fixes Adam's eps).
@@ -40,6 +44,11 @@ class HalfToMixed(Rule):
 
     def applies(self, options: Options) -> bool:
         return options.precision in MIXED_PRECISIONS
+
+    def premises(self, options: Options) -> tuple[str, ...]:
+        """Removing the half casts is right only where an autocast takes over: without one the
+        script would train in fp32 (and a half cast left alone would make `x = x`)."""
+        return (MIXED_GROUND,)
 
     def rewrite(self, ctx: RuleContext) -> None:
         f = ctx.facts

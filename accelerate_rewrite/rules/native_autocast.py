@@ -5,6 +5,7 @@ from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules._fabric import short, stmt
 from accelerate_rewrite.rules._native import AUTOCAST_DTYPES, TRUE_HALF, core_except, native_plan
+from accelerate_rewrite.rules._half import MIXED_GROUND
 
 
 class NativeAutocast(Rule):
@@ -73,3 +74,5 @@ class NativeAutocast(Rule):
             ctx.change(region.stmts[0], f"{what} from `{short(region.stmts[0])}` under "
                                         f"torch.autocast({region.device_type}, {dtype})")
         ctx.edits.add_import("torch")
+        if p.regions:
+            ctx.provide(MIXED_GROUND)
