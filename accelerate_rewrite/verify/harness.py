@@ -309,6 +309,9 @@ class Recorder:
         self.clip_max: Optional[float] = None  # the norm the last clip clipped to
         self._stepped = False
         self.autocast: list[list] = []  # [device_type, dtype, enabled]
+        #: what the training forwards computed in, read inside them: [device_type, dtype] of each
+        #: autocast enabled where a module's forward began with gradients on ([None, "float32"]: none)
+        self.forward_autocast: list[list] = []
         self.grad_scaler: list[list] = []  # [device, enabled]
         self.device: Optional[str] = None
         self.param_dtype: Optional[str] = None
@@ -367,6 +370,7 @@ class Recorder:
         register_optimizer_step_pre_hook(self._before_step)
         register_optimizer_step_post_hook(self._on_step)
         self._hook_autocast(torch)
+        self._hook_forward_autocast(torch)
         self._hook_grad_scaler(torch)
         self._hook_distributed_sampler(torch)
         self._hook_data_loader(torch)
@@ -475,6 +479,29 @@ class Recorder:
             return result
 
         cls.__enter__ = __enter__
+
+    def _hook_forward_autocast(self, torch) -> None:
+        """The autocast in force inside the training forwards (issue 59): read where each module's
+        forward begins with gradients on, for the first calls only (a hook on every call of every
+        module would weigh on the step times the verifier compares)."""
+        recorder = self
+        calls = [0]
+        get_dtype = getattr(torch, "get_autocast_dtype", None)
+
+        def hook(module, args):
+            if not torch.is_grad_enabled():
+                return
+            calls[0] += 1
+            if calls[0] > 256:
+                handle.remove()
+                return
+            entries = [[device, str(get_dtype(device) if get_dtype is not None else "?").replace("torch.", "")]
+                       for device in ("cpu", "cuda") if torch.is_autocast_enabled(device)]
+            for entry in entries or [[None, "float32"]]:
+                if entry not in recorder.forward_autocast:
+                    recorder.forward_autocast.append(entry)
+
+        handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
 
     def _hook_distributed_sampler(self, torch) -> None:
         """A DistributedSampler (Fabric's setup_dataloaders under ddp puts one in, even on one
@@ -857,6 +884,7 @@ class Recorder:
             "device": self.device,
             "param_dtype": self.param_dtype,
             "autocast": self.autocast,
+            "forward_autocast": self.forward_autocast,
             "grad_scaler": self.grad_scaler,
             # Fabric ran the precision (its set-up modules' forwards), not the script's own autocast
             "fabric": any(name in sys.modules for name in ("lightning.fabric", "lightning_fabric")),

@@ -61,6 +61,7 @@ def render(console, v: Verification) -> None:
                   _loss(r.losses[-1] if r.losses else None))
     table.add_row("device", f"{o.device or '-'} x{o.world_size}", f"{r.device or '-'} x{r.world_size}")
     table.add_row("precision used", *(run.precision if ran(run) else "-" for run in (o, r)))
+    table.add_row("forward computed in", *(run.computed_in if ran(run) else "-" for run in (o, r)))
     table.add_row("peak memory", _memory(o), _memory(r))
     table.add_section()
     tol, basis = c["tolerance"], c.get("basis", c["tolerance"]["kind"])

@@ -108,6 +108,8 @@ class RunRecord:
     device: Optional[str] = None
     param_dtype: Optional[str] = None
     autocast: list[list] = field(default_factory=list)
+    #: [device_type, dtype] of the autocast in force inside the training forwards ([None, "float32"]: none)
+    forward_autocast: list[list] = field(default_factory=list)
     grad_scaler: list[list] = field(default_factory=list)
     fabric: bool = False  # lightning's Fabric was imported (it ran the precision, if one ran)
     world_size: int = 1
@@ -166,6 +168,15 @@ class RunRecord:
         return "32-true"
 
     @property
+    def computed_in(self) -> str:
+        """What the training forwards computed in, read inside them: "bfloat16 (cpu autocast)",
+        or the weights' dtype where no autocast was in force ("-": not read)."""
+        if not self.forward_autocast:
+            return "-"
+        half = [f"{dtype} ({device} autocast)" for device, dtype in self.forward_autocast if device is not None]
+        return ", ".join(half) if half else (self.param_dtype or "float32")
+
+    @property
     def precision_notes(self) -> list[str]:
         """Autocast that asked for something and got nothing (autocast("cuda") without CUDA)."""
         notes = []
@@ -195,6 +206,7 @@ class RunRecord:
             "device": self.device,
             "precision": self.precision,
             "precision_notes": self.precision_notes,
+            "computed_in": self.computed_in,
             "world_size": self.world_size,
             "half_dtypes_per_step": self.step_half_dtypes,
             "distributed_samplers": self.distributed_samplers,
@@ -523,6 +535,7 @@ def _merge(record: RunRecord, out_dir: Path) -> None:
     record.device = main["device"]
     record.param_dtype = main["param_dtype"]
     record.autocast = main["autocast"]
+    record.forward_autocast = main.get("forward_autocast", [])
     record.grad_scaler = main["grad_scaler"]
     record.fabric = bool(main.get("fabric"))
     record.backward_calls = sum(r["backward_calls"] for r in ranks)
