@@ -11,6 +11,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
+from accelerate_rewrite.codemod.analysis.amp import own_amp
 from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
 from accelerate_rewrite.codemod.ddp.hand import hand_ddp
 from accelerate_rewrite.codemod.ddp.places import PLACE_CALLS, strict_env_read
@@ -227,11 +228,15 @@ class _Planner(Home, Loaders, Reach, Devices, Setups, WrappedReads):
             return
         own = f.uses_autocast()
         if own:
+            autocasts = [a for a in own_amp(f).autocasts if not a.off]
+            site = autocasts[0].node if autocasts else own[0].call
+            what = "autocast" if autocasts else own[0].qualname.rsplit('.', 1)[-1]
             p.omit_precision = (
-                own[0].call,
-                f"precision {p.precision} not set on Fabric: the script runs its own "
-                f"{own[0].qualname.rsplit('.', 1)[-1]}, and Fabric's on top would apply it twice; "
-                "AR213 (own-mixed-precision) sets the script's own to it",
+                site,
+                f"precision {p.precision} not set on Fabric: the script runs its own {what}, and Fabric's "
+                "on top would apply it twice; " + ("AR213 (own-mixed-precision) sets the script's own to it"
+                                                   if autocasts else "leave the script's mixed precision as it "
+                                                   "is, or remove it and rerun"),
             )
             return
         library = [s for s in f.backward_sites if s.library is not None]

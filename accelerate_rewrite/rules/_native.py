@@ -25,6 +25,7 @@ from accelerate_rewrite.codemod.analysis.facts import (
     bce_calls,
     code,
 )
+from accelerate_rewrite.codemod.analysis.amp import own_amp
 from accelerate_rewrite.codemod.analysis.devices import device_type_at
 from accelerate_rewrite.options import MIXED_PRECISIONS, TRUE_HALF_PRECISIONS, Options
 from accelerate_rewrite.rules._apex import apex_use
@@ -131,9 +132,13 @@ class _Planner(Scaler):
             return self.refuse(node, f"already uses {label}; left alone")
         own = f.uses_autocast()
         if own:
+            autocasts = [a for a in own_amp(f).autocasts if not a.off]
+            if autocasts:
+                return self.refuse(autocasts[0].node, "the script runs its own autocast: nothing is wrapped twice "
+                                                      "(AR213, own-mixed-precision, sets the script's own to the "
+                                                      "precision asked for)")
             return self.refuse(own[0].call, f"the script runs its own "
-                               f"{own[0].qualname.rsplit('.', 1)[-1]}: nothing is wrapped twice (AR213, "
-                               "own-mixed-precision, sets the script's own to the precision asked for)")
+                               f"{own[0].qualname.rsplit('.', 1)[-1]}: nothing is wrapped twice")
         if not f.backward_sites:
             return self.refuse(None, "no training found (no backward call); nothing to do")
         library = [s for s in f.backward_sites if s.library is not None]

@@ -207,7 +207,8 @@ def _autocast(f: ScriptFacts, made: Made, device: str, want: str) -> Optional[cs
         func = code(call.args[0].value) if made.qualname in _DEVICE_FIRST else "torch.autocast"
         return expr(f"{code(call.func)}({func}, " + ", ".join([f"device_type={where}", dtype, *rest]) + ")")
     func = code(made.node.func) if made.qualname in _DEVICE_FIRST else "torch.autocast"
-    return expr(f"{func}(" + ", ".join([where, dtype, *rest]) + ")")
+    by_keyword = any(a.keyword is not None and a.keyword.value == "device_type" for a in made.node.args)
+    return expr(f"{func}(" + ", ".join([f"device_type={where}" if by_keyword else where, dtype, *rest]) + ")")
 
 
 def _scaler(made: Made) -> Optional[cst.BaseExpression]:
