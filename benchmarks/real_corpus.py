@@ -39,7 +39,7 @@ For each script:
    a sibling module not named), the same three runs are made again with ``--follow-imports``,
    and the table gives that verdict beside the headline one (the counts are the headline's).
 3. Verdict of a run: **converted** (fabric and accelerate: a record's rules hold AR101, the
-   conversion; torch: AR207, native autocast), **partial** (some rule changed a file, not that one),
+   conversion; torch: AR207, native autocast, or AR213, the script's own set to the precision), **partial** (some rule changed a file, not that one),
    **refused** (nothing changed), **error** (exit status 2, a record with an error, output that
    isn't json, or a timeout). For partial and refused, the reason is the first place left alone
    by the conversion's rule (AR101; then the other AR1xx; torch: AR207, then AR2xx), else the
@@ -97,7 +97,7 @@ REASON_CHARS = 120
 #: the prefix of the rules that stand for the conversion's reasons)
 OPTION_SETS: dict[str, tuple[list[str], str, str]] = {
     "fabric": (["--precision", "bf16-mixed", "--devices", "4"], "AR101", "AR1"),
-    "torch": (["--backend", "torch", "--precision", "bf16-mixed"], "AR207", "AR2"),
+    "torch": (["--backend", "torch", "--precision", "bf16-mixed"], "AR207|AR213", "AR2"),
     "accelerate": (["--backend", "accelerate", "--precision", "bf16-mixed", "--devices", "4"], "AR101", "AR1"),
 }
 #: each option set's column, in the document and on stdout
@@ -255,7 +255,7 @@ def shorten(text: str, limit: int = REASON_CHARS) -> str:
 def first_reason(records: list[dict], prefix: str, rule: str) -> str:
     places = [(p.get("rule", ""), p.get("message", ""), r.get("path", "")) for r in records
               for p in r.get("left_alone") or []]
-    for pick in (lambda code: code == rule, lambda code: code.startswith(prefix)):
+    for pick in (lambda code: code in rule.split("|"), lambda code: code.startswith(prefix)):
         for code, message, _ in places:
             if pick(code):
                 return f"{code} {message}"
@@ -289,7 +289,7 @@ def verdict(result: dict, rule: str, prefix: str) -> tuple[str, str]:
         return "error", " ".join(problem.split())
     records = result["records"]
     rules = {code for r in records if r.get("changed") for code in r.get("rules") or []}
-    if rule in rules:
+    if rules & set(rule.split("|")):
         return "converted", ""
     return ("partial" if rules else "refused"), " ".join(first_reason(records, prefix, rule).split())
 

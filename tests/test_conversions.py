@@ -716,7 +716,9 @@ def test_grad_scaler_backward_and_own_autocast():
     out = result.output
     assert "fabric = Fabric(devices=1)\n" in out  # the script's own AMP stays; no second one on top
     assert "fabric.backward(scaler.scale(loss))" in out
-    assert any("GradScaler" in m for m in skips(result, "AR101"))
+    assert any("runs its own autocast" in m for m in skips(result, "AR101"))
+    assert "torch.autocast(fabric.device.type, dtype=torch.bfloat16)" in out  # AR213: the precision asked for
+    assert 'torch.amp.GradScaler(enabled=False)' in out
 
 
 def test_clip_grad_value_and_norm():

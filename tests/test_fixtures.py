@@ -22,10 +22,10 @@ LEFT_ALONE = {
 }
 #: fixtures the native (--backend torch) mixed precision leaves alone, and the reason it gives
 NATIVE_LEFT_ALONE = {
-    "already_autocast": "runs its own GradScaler: nothing is wrapped twice",
+    "already_autocast": "runs its own autocast: nothing is wrapped twice",
     "already_fabric": "already uses Lightning Fabric",
     "conditional_optimizer": "is built only under `if args.use_optimizer:`",
-    "cuda_amp": "runs its own GradScaler",
+    "cuda_amp": "runs its own autocast",
     "gan_bce": "CUDA refuses for BCELoss",
     "lbfgs": "can't step an LBFGS closure",
     "manual_sgd": "no `optimizer.step()` found for a GradScaler to step (the parameters are updated by hand",

@@ -65,7 +65,7 @@ def test_every_backend_sets_the_script_s_own_autocast_to_bf16_and_turns_its_scal
 
 @pytest.mark.parametrize("autocast,expected", [
     ('torch.autocast("cuda", dtype=torch.float16)', "torch.autocast(device.type, dtype=torch.bfloat16)"),
-    ('torch.amp.autocast(device_type="cuda")', "torch.amp.autocast(device.type, dtype=torch.bfloat16)"),
+    ('torch.amp.autocast(device_type="cuda")', "torch.amp.autocast(device_type=device.type, dtype=torch.bfloat16)"),
     ("torch.autocast(device.type, dtype=torch.bfloat16)", None),  # as asked already: left
 ])
 def test_autocast_spellings_compute_in_bf16_on_the_run_s_device(autocast, expected):
@@ -297,3 +297,19 @@ def test_verify_names_the_precision_the_research_shape_computed_in(tmp_path):
     assert v.verdict.verdict == "pass", v.verdict.reason
     assert v.rewritten.precision == "bf16-mixed" and v.original.precision == "32-true"
     assert v.rewritten.computed_in == "bfloat16 (cpu autocast)"
+
+
+def test_a_compatible_change_makes_the_changes_without_fabric_in_definitions_no_other_file_reads():
+    """research_engine's utils.py changes compatibly (eval.py imports it): its loss-scaler class,
+    which only train.py uses, gets AR213's scaler turned off in the first run, as a second run
+    would make it (idempotence); `init_distributed_mode`, which eval.py reads, keeps its old code."""
+    from accelerate_rewrite.codemod.project.compat import compatible
+
+    old = ("import torch\n\n\ndef shared():\n    return torch.cuda.amp.GradScaler()\n\n\n"
+           "class Mine:\n    def __init__(self):\n        self.s = torch.cuda.amp.GradScaler()\n")
+    new = old.replace("torch.cuda.amp.GradScaler()", 'torch.amp.GradScaler("cuda", enabled=False)')
+    kept = compatible(old, new)
+    assert kept is not None and kept.code == old
+    made = compatible(old, new, free=frozenset({"Mine"}))
+    assert made.code == old.replace("        self.s = torch.cuda.amp.GradScaler()",
+                                    '        self.s = torch.amp.GradScaler("cuda", enabled=False)')

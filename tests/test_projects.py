@@ -32,7 +32,7 @@ from tests.goldens import (FIXTURES, OPTION_SETS, PROJECT_SETS, PROJECTS, projec
 CASES = [(name, option_set) for name in project_names() for option_set in PROJECT_SETS]
 #: projects whose loop is in a module of their own: it changes with the script (the native
 #: backend may change one file only); in ``sam`` the module is the optimizer, read, not changed
-MODULES_CHANGE = {"engine_driver", "ddp_tutorial", "scaler_class", "research_engine"}
+MODULES_CHANGE = {"engine_driver", "ddp_tutorial", "scaler_class", "research_engine", "research_amp"}
 
 
 def test_there_are_project_fixtures():

@@ -353,7 +353,8 @@ def _rewrite(
                 continue
             same = unit.printed_as_read  # the view is the file's tree
             made = compatible(unit.head, head_code, unit.view if same else None, made_trees.get(unit.index),
-                              unit.layout if same else None) if unit.compatible else None
+                              unit.layout if same else None, free=unit.free(unit.source, code)) \
+                if unit.compatible else None
             if made is None:
                 refused[unit.index] = why
                 refusals.add(why)

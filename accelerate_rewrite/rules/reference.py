@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from accelerate_rewrite.codemod.rule import Rule
+from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules import ALL_RULES, find
 
 DOCS = Path(__file__).resolve().parent.parent.parent / "docs" / "rules.md"
@@ -48,6 +49,10 @@ def section(rule: Rule, level: int = 2) -> str:
         relied = ", ".join(f"{c} ({find(c).name})" for c in rule.requires)
         out.append(f"Relies on: {relied} (a rule it relies on that has nothing to do in a file need "
                    "not be selected).")
+    grounds = rule.premises(Options.create())
+    if grounds:
+        out.append(f"Stands on: {'; '.join(grounds)} (where no rule made it in a file, this rule is dropped "
+                   "there, with the reason).")
     out += ["", rule.documentation().strip()]
     for number, example in enumerate(rule.examples, 1):
         title = "Example" if len(rule.examples) == 1 else f"Example {number}"

@@ -121,8 +121,9 @@ NOISE_LABEL = "original under {precision}"
 #: torch.autocast (the torch backend), whose region takes in the loss as well
 NOISE_PRECISIONS = ("bf16-mixed",)
 #: the rules whose changes are the precision itself: Fabric(precision=...), torch.autocast, the
-#: GradScaler; what they write is switched off in the structure run
-PRECISION_RULES = ("AR101", "AR207", "AR208")
+#: GradScaler, the script's own autocast and scaler set to it; what they write is switched off in
+#: the structure run
+PRECISION_RULES = ("AR101", "AR207", "AR208", "AR213")
 
 
 def _with_structure(precision: Verdict, structure: Verdict, run: RunRecord, notes: list[str]) -> Verdict:
@@ -275,6 +276,7 @@ def verify(
     rule_kinds: list[str] = []
     structure_kinds: set[str] = set()
     changing_rules: list[str] = []
+    own_precision = False  # AR213 set the script's own autocast: Fabric ran no precision of its own
     if against is not None:
         if not Path(against).is_file():
             raise VerifyError(f"{against}: no such file")
@@ -299,6 +301,7 @@ def verify(
         structure_kinds = {n.kind_with(options).value for n in changes
                            if n.rule in BY_CODE and n.rule not in PRECISION_RULES}
         rule_kinds = sorted({n.kind_with(options).value for n in changes if n.rule in BY_CODE})
+        own_precision = any(n.rule == "AR213" for n in changes)
         changing_rules = sorted({f"{n.rule} ({BY_CODE[n.rule].name})" for n in changes
                                  if n.rule in BY_CODE and n.rule not in _OPTION_RULES
                                  and n.kind_with(options).value == CHANGES_TRAINING})
@@ -389,7 +392,7 @@ def verify(
 
     structure_verdict = compare(original, structure, replace(tol, kind=EXACT)) if structure is not None else None
     if (structure_verdict is not None and structure_verdict.verdict == PASS and rewritten.fabric
-            and rewritten.precision in NOISE_PRECISIONS):
+            and not own_precision and rewritten.precision in NOISE_PRECISIONS):
         # the noise run (issue 27.1): the original once more, its modules' forwards run as Fabric
         # runs a set-up module under the precision the rewritten run used (16-mixed is bf16 on a CPU)
         key = f"noise {rewritten.precision}"

@@ -29,6 +29,8 @@ args)``): so it changes *compatibly* instead (``compatible``):
   inside is guarded as above: no block is written twice;
 - a change that reads no `fabric` (a move Fabric makes anyway, ``torch.cuda.amp`` ->
   ``torch.amp``) can't be told from one the other files would notice: the old code stays;
+  but in a definition no other file reads (``free``: AR213's ``GradScaler(enabled=False)`` in
+  the loss-scaler class only the converted script uses) it is made, as a second run would;
 - a ``device`` parameter threaded into `fabric` stays, `fabric` comes last and optional, and the
   converted callers pass ``fabric.device`` in its place (``Taken.instead``);
 - imports it no longer reads stay: the old code still reads them.
@@ -41,6 +43,7 @@ says which files import it.
 
 from __future__ import annotations
 
+import contextvars
 import difflib
 import re
 from dataclasses import dataclass, field
@@ -51,6 +54,8 @@ import libcst as cst
 from accelerate_rewrite.codemod.tree.parse import parse_module
 
 NAME = "fabric"
+#: whether the definition being merged is one no other file reads (``compatible``'s ``free``)
+_FREE: contextvars.ContextVar[bool] = contextvars.ContextVar("free", default=False)
 
 
 @dataclass(frozen=True)
@@ -233,7 +238,7 @@ def _changed(these: list[cst.BaseStatement], those: list[cst.BaseStatement], tes
     leading = these[0].leading_lines if these else those[0].leading_lines
     if not any(_reads_fabric(t) for t in those):
         if not any(_PROCESSES.search(_stmt_code(t)) for t in these):
-            return these
+            return those if _FREE.get() else these
         if test is None:
             raise _Fail
         those = [s for s in those if not _PROCESSES.search(_stmt_code(s))] if those else []
@@ -516,12 +521,15 @@ def _class(old: cst.ClassDef, new: cst.ClassDef) -> tuple[cst.ClassDef, Optional
 
 
 def compatible(old_code: str, new_code: str, old: Optional[cst.Module] = None, new: Optional[cst.Module] = None,
-               layout=None) -> Optional[Compatible]:
+               layout=None, free: frozenset[str] = frozenset()) -> Optional[Compatible]:
     """The text of a module that keeps working for the files that import it, with the
     conversion's changes in it (see the module's docstring), or None. ``old`` and ``new``: the
     trees the texts are the code of, where the caller has them (else the texts are parsed; a
     statement both share is the same: its code is not compared); ``layout``: ``old``'s
-    (codemod/tree/layout.py), whose statements' code the result's kept statements reuse."""
+    (codemod/tree/layout.py), whose statements' code the result's kept statements reuse;
+    ``free``: the top-level definitions no other file reads, whose changes that read no `fabric`
+    (``GradScaler(enabled=False)``) are made, not kept as they were (a second run, which finds no
+    other change there, would make them)."""
     try:
         old = old if old is not None else parse_module(old_code)
         new = new if new is not None else parse_module(new_code)
@@ -553,8 +561,12 @@ def compatible(old_code: str, new_code: str, old: Optional[cst.Module] = None, n
                 other = new_named[stmt.name.value]
                 if type(other) is not type(stmt):
                     return None
-                merged, index = _function(stmt, other, None) if isinstance(stmt, cst.FunctionDef) \
-                    else _class(stmt, other)
+                token = _FREE.set(stmt.name.value in free)
+                try:
+                    merged, index = _function(stmt, other, None) if isinstance(stmt, cst.FunctionDef) \
+                        else _class(stmt, other)
+                finally:
+                    _FREE.reset(token)
                 if index is not None:
                     out.keyword_calls[stmt.name.value] = index
                 out.changed.append(stmt.name.value)

@@ -41,6 +41,9 @@ class Unit:
     #: that import what would change there
     compatible: bool = False
     users: Callable[[str, str], list[str]] = lambda before, after: []
+    #: of the top-level names whose definitions differ between two texts of the file, those no
+    #: other file reads (they may change as the conversion would, in a compatible change too)
+    free: Callable[[str, str], frozenset[str]] = lambda before, after: frozenset()
     aliases: dict[str, str] = field(default_factory=dict)  # Part.aliases
     renames: dict[str, str] = field(default_factory=dict)  # Part.renames
     first_read: Callable[[str], Optional[int]] = lambda name: None
@@ -92,7 +95,10 @@ def units_of(facts: "ScriptFacts", project: Project, scope: Scope) -> list[Unit]
             unbound=(part.head, lambda head=part.head: maybe_unbound(head)), where=where, index=p,
             refusal=(lambda before, after, path=part.path: scope.refusal(path, changed_names(before, after)))
             if p else None, compatible=bool(p) and scope.compatible_change(part.path),
-            users=lambda before, after, path=part.path: scope.users(path, changed_names(before, after)), aliases=part.aliases, renames=part.renames,
+            users=lambda before, after, path=part.path: scope.users(path, changed_names(before, after)),
+            free=lambda before, after, path=part.path: frozenset(
+                n for n in (changed_names(before, after) or ()) if scope.refusal(path, frozenset({n})) is None),
+            aliases=part.aliases, renames=part.renames,
             parent=facts.parent)
         unit.first_read = lambda name, u=unit: (lambda line: u.local(line) if line is not None else None)(
             facts.first_read(name))
