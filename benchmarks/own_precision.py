@@ -10,7 +10,7 @@ The scripts are those of benchmarks/real_corpus.py's lists and benchmarks/real-c
 (``--tsv`` as there), each at its commit, from the git mirrors (``--mirrors``), in a scratch
 copy of its tree. A script is one **with its own mixed precision** where its repository's Python
 names autocast or a GradScaler and the tool's records for it say the script runs its own
-autocast (an AR213 note, or AR101's / AR207's "runs its own autocast"). Each such script is
+autocast or GradScaler (an AR213 note, or AR101's / AR207's "runs its own autocast" or "GradScaler"). Each such script is
 rewritten with ``--precision bf16-mixed --write --format json --no-cache -j 1`` by each backend
 (fabric and accelerate with ``--devices 4``; ``--follow-imports`` again where the run says a
 rule needed it), and every file of its records (the script and the project's modules it reads)
@@ -55,7 +55,7 @@ BACKENDS = {"fabric": ["--precision", "bf16-mixed", "--devices", "4"],
 AUTOCASTS = ("torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast",
              "torch.amp.autocast_mode.autocast", "torch.cuda.amp.autocast_mode.autocast")
 SCALERS = ("torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.cpu.amp.GradScaler")
-OWN = re.compile(r"runs its own autocast")
+OWN = re.compile(r"runs its own (?:autocast|GradScaler)")
 HALF = re.compile(r"\.half\(\)|\.to\(\s*(?:dtype\s*=\s*)?torch\.(?:float16|half)\s*\)")
 PRECISION_SET = re.compile(r"precision=\"bf16-mixed\"|mixed_precision=\"bf16\"")
 

@@ -313,3 +313,38 @@ def test_a_compatible_change_makes_the_changes_without_fabric_in_definitions_no_
     made = compatible(old, new, free=frozenset({"Mine"}))
     assert made.code == old.replace("        self.s = torch.cuda.amp.GradScaler()",
                                     '        self.s = torch.amp.GradScaler("cuda", enabled=False)')
+
+
+def test_the_device_of_a_trainer_class_is_read_from_its_own_attribute_and_never_from_a_later_tensor():
+    """SimCLR's trainer moves its batches with `.to(self.args.device)`; iBOT's loop moves labels
+    to `pred1.device`, a tensor computed after the autocast: the device type is read from what
+    is bound where the autocast stands."""
+    trainer = ("import torch\nimport torch.nn as nn\n\n\nclass Trainer:\n"
+               "    def __init__(self, args, model, optimizer):\n"
+               "        self.args, self.model, self.optimizer = args, model, optimizer\n"
+               "        self.scaler = torch.cuda.amp.GradScaler(enabled=args.fp16)\n\n"
+               "    def train(self, loader):\n        for x, y in loader:\n"
+               "            x, y = x.to(self.args.device), y.to(self.args.device)\n"
+               "            with torch.cuda.amp.autocast(enabled=self.args.fp16):\n"
+               "                loss = nn.functional.cross_entropy(self.model(x), y)\n"
+               "            self.optimizer.zero_grad()\n            self.scaler.scale(loss).backward()\n"
+               "            self.scaler.step(self.optimizer)\n            self.scaler.update()\n")
+    result = rewrite(trainer, Options.create(precision="bf16-mixed", backend="torch"))
+    assert "torch.autocast(torch.device(self.args.device).type, dtype=torch.bfloat16, enabled=self.args.fp16)" \
+        in result.output, result.output
+    later = _amp_script("torch.cuda.amp.autocast()").replace(
+        "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n", "").replace(
+        ".to(device)", ".cuda()").replace("x, y = x.to(device), y.to(device)", "x, y = x.cuda(), y.cuda()") + \
+        "    pred = model(x)\n    y = y.to(pred.device)\n"
+    result = rewrite(later, Options.create(precision="bf16-mixed", backend="torch"))
+    assert 'torch.autocast("cuda", dtype=torch.bfloat16)' in result.output, result.output
+    assert not result.dropped
+
+
+def test_a_gradscaler_without_an_autocast_it_can_read_is_left_and_said():
+    source = _script("scaler = torch.cuda.amp.GradScaler()\n" + _LOOP.format(
+        inner="    with library_autocast():\n        loss = nn.functional.cross_entropy(model(x), y)\n"))
+    result = rewrite("from somelib import library_autocast\n" + source,
+                     Options.create(precision="bf16-mixed", backend="torch"))
+    assert "enabled=False" not in result.output
+    assert any("enters no autocast this rule can read" in m for m in _notes(result, "AR213"))

@@ -115,11 +115,18 @@ def own_precision_plan(facts: ScriptFacts, options: Options) -> Optional[OwnPlan
 
 def _plan(f: ScriptFacts, o: Options) -> Optional[OwnPlan]:
     own = own_amp(f)
-    if not own.found:
+    if not own.found and not own.scalers:
         return None
     out = OwnPlan()
     computing = [a for a in own.autocasts if not a.off]
     if not computing:
+        if own.scalers and o.precision in MIXED_PRECISIONS:
+            made = own.scalers[0]
+            out.skips.append((made.node, f"the script creates a GradScaler (`{short(made.node)}`) but enters no "
+                                         "autocast this rule can read (a library's, or one reached through a "
+                                         f"name it can't follow): its mixed precision is left as it is, not set to "
+                                         f"{o.precision}"))
+            return out
         return None
     first = computing[0].node
     what = f"the script's own autocast (`{short(first)}`)"
@@ -146,6 +153,7 @@ def _plan(f: ScriptFacts, o: Options) -> Optional[OwnPlan]:
                                      "precision is left as it is"))
         return out
     devices: list[str] = []
+    fabric = o.fabric and plan(f, o).refusal is None
     for made in computing:
         device = _device_type(f, o, made.node)
         if device is None:
@@ -157,7 +165,7 @@ def _plan(f: ScriptFacts, o: Options) -> Optional[OwnPlan]:
         devices.append(device)
     out.grounded = True
     for made, device in zip(computing, devices):
-        new = _autocast(f, made, device, want)
+        new = _autocast(f, made, device, want, fabric)
         if new is not None:
             dtype = made.dtype(f) or "its dtype"
             out.changes.append((made, new, f"`{short(made.node)}` became `{short(new)}`: the script's own autocast "
@@ -190,17 +198,19 @@ def _keywords(made: Made, leave: tuple[str, ...]) -> list[str]:
     return [f"{k}={code(v)}" for k, v in made.args.items() if k not in leave]
 
 
-def _autocast(f: ScriptFacts, made: Made, device: str, want: str) -> Optional[cst.BaseExpression]:
-    """The autocast ``made`` computing in ``want`` on ``device``; None where it does already."""
+def _autocast(f: ScriptFacts, made: Made, device: str, want: str, fabric: bool) -> Optional[cst.BaseExpression]:
+    """The autocast ``made`` computing in ``want`` on ``device`` (``fabric``: the conversion's
+    device); None where it does already."""
     given = made.args.get("device_type")
     literal = made.device_literal
-    if made.dtype(f) == want and given is not None and literal is None:
+    if made.dtype(f) == want and given is not None and literal is None and (not fabric or code(given) == device):
         return None  # ``torch.autocast(device.type, dtype=torch.bfloat16)``: as asked already
     dtype = f"dtype=torch.{want}"
     if made.form == "reference":
         return expr(f"functools.partial(torch.autocast, {device}, {dtype})")
-    # a device type the script computes (not a literal, not the API's) stays its own
-    where = code(given) if given is not None and literal is None else device
+    # a device type the script computes (not a literal, not the API's) stays its own, unless the
+    # conversion places the model (``fabric.device.type``: the script's device decides no more)
+    where = code(given) if given is not None and literal is None and not fabric else device
     rest = _keywords(made, ("device_type", "dtype"))
     if made.form == "partial":
         call = made.node

@@ -41,9 +41,18 @@ def device_type_at(f: ScriptFacts, node: cst.CSTNode) -> Optional[str]:
         if isinstance(arg, cst.Name) and f.key_of(arg) is not None \
                 and f.key_for_name(node, arg.value) == f.key_of(arg):
             return f"torch.device({arg.value}).type"
-        # ``t.to(args.device)``: an attribute of a name seen here too (``args``, a parameter)
+        # ``t.to(args.device)``: an attribute of a name seen here too (``args``, a parameter), bound
+        # before it (not ``labels.to(pred1.device)``, whose ``pred1`` comes later); or of
+        # ``self.args`` in a method of the same class
         if m.matches(arg, m.Attribute(value=m.Name(), attr=m.Name("device"))) \
-                and f.key_of(arg.value) is not None and f.key_for_name(node, arg.value.value) == f.key_of(arg.value):
+                and f.key_of(arg.value) is not None and f.key_for_name(node, arg.value.value) == f.key_of(arg.value) \
+                and all(isinstance(bound, cst.Param) or f.line(bound) < f.line(node)
+                        for bound, _ in f.assignments(arg.value)):
+            return f"torch.device({code(arg)}).type"
+        if m.matches(arg, m.Attribute(value=m.Attribute(value=m.Name("self"), attr=m.Name()), attr=m.Name("device"))) \
+                and f.function(node) is not None and f.function(mv.call) is not None \
+                and f.enclosing_class(f.function(node)) is not None \
+                and f.enclosing_class(f.function(node)) is f.enclosing_class(f.function(mv.call)):
             return f"torch.device({code(arg)}).type"
     flag = cuda_flag(f, node)
     if flag is not None:
