@@ -348,3 +348,15 @@ def test_a_gradscaler_without_an_autocast_it_can_read_is_left_and_said():
                      Options.create(precision="bf16-mixed", backend="torch"))
     assert "enabled=False" not in result.output
     assert any("enters no autocast this rule can read" in m for m in _notes(result, "AR213"))
+
+
+def test_a_library_s_autocast_is_read_as_data_and_set_too():
+    """YOLOv5's `smart_amp_autocast(amp)` is ultralytics' `autocast(enabled, device="cuda")`
+    (codemod/analysis/libraries.py, LIBRARY_AUTOCASTS): it computes in float16 on CUDA, and
+    becomes torch's autocast in bf16 on the run's device."""
+    source = "from ultralytics.utils.torch_utils import autocast as smart_amp_autocast\n" + _amp_script(
+        "smart_amp_autocast(True)")
+    result = rewrite(source, Options.create(precision="bf16-mixed", backend="torch"))
+    assert "with torch.autocast(device.type, dtype=torch.bfloat16, enabled=True):" in result.output, result.output
+    fp16 = rewrite(source, Options.create(precision="16-mixed", backend="torch"))
+    assert "computes in float16 already" in " ".join(_notes(fp16, "AR213"))

@@ -5,7 +5,7 @@ from typing import Optional
 import libcst as cst
 
 from accelerate_rewrite.codemod.analysis.amp import AUTOCASTS, Made, own_amp
-from accelerate_rewrite.codemod.analysis.devices import device_type_at
+from accelerate_rewrite.codemod.analysis.devices import device_type_at, model_device_type_at
 from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
 from accelerate_rewrite.codemod.rule import Example, Kind, Rule, RuleContext
 from accelerate_rewrite.options import MIXED_PRECISIONS, Options
@@ -31,8 +31,9 @@ class OwnPrecision(Rule):
     `torch.autocast(<the run's device type>, dtype=torch.bfloat16, ...)`, keeping its other
     arguments (its `enabled=` flag: the script's `--amp` still decides). The device type is
     `fabric.device.type` (Accelerate: `accelerator.device.type`) where the conversion reaches
-    `fabric`, else the script's own device (`device.type`), never a literal "cuda" that a CPU
-    run would switch off. Every GradScaler the script creates, in the script or in a loss-scaler
+    `fabric`, else the script's own device (`device.type`), or where none is in reach the device
+    of a model's parameters (`next(model.parameters()).device.type`); never a literal "cuda"
+    that a CPU run would switch off. Every GradScaler the script creates, in the script or in a loss-scaler
     class of its own, becomes `torch.amp.GradScaler(..., enabled=False)`: bf16 needs no loss
     scaling, and a scaler turned off still answers `scale`, `unscale_`, `step`, `update`,
     `state_dict()` and `load_state_dict()` (it ignores the original's saved state, so its
@@ -190,8 +191,10 @@ def _device_type(f: ScriptFacts, o: Options, node: cst.CSTNode) -> Optional[str]
         p = plan(f, o)
         if p.refusal is None:
             ref = p.ref_at(f, node)
-            return f"{ref}.device.type" if ref is not None and p.after_creation(f, node) else None
-    return device_type_at(f, node)
+            if ref is not None and p.after_creation(f, node):
+                return f"{ref}.device.type"
+            return model_device_type_at(f, node)  # the script's device decides no more
+    return device_type_at(f, node) or model_device_type_at(f, node)
 
 
 def _keywords(made: Made, leave: tuple[str, ...]) -> list[str]:

@@ -1,4 +1,5 @@
-"""The script's own mixed precision: every autocast it enters (called, kept in a name as
+"""The script's own mixed precision: every autocast it enters (called, a library's that returns
+one (libraries.py's ``LIBRARY_AUTOCASTS``), kept in a name as
 ``amp_autocast = torch.cuda.amp.autocast``, or bound by ``functools.partial(torch.autocast, ...)``),
 the arguments each is given by parameter, the dtype it computes in, and every GradScaler it
 creates, in the script or in a class of its own (a loss scaler), and the library loss scalers
@@ -13,7 +14,11 @@ from typing import Optional
 import libcst as cst
 
 from accelerate_rewrite.codemod.analysis.facts import ScriptFacts, code
-from accelerate_rewrite.codemod.analysis.libraries import LOSS_SCALERS
+from accelerate_rewrite.codemod.analysis.libraries import (
+    LIBRARY_AUTOCAST_KEYWORDS,
+    LIBRARY_AUTOCASTS,
+    LOSS_SCALERS,
+)
 
 _AUTOCAST_PARAMS = ("device_type", "dtype", "enabled", "cache_enabled")
 _DEVICE_AUTOCAST_PARAMS = ("enabled", "dtype", "cache_enabled")
@@ -56,6 +61,8 @@ class Made:
     device: Optional[str]  # the device type its name says (torch.cuda.amp.*), else None
     args: dict[str, cst.BaseExpression] = field(default_factory=dict)
     starred: bool = False  # given *args or **kwargs: its arguments are not known
+    #: the device type where none is given (a library's autocast: ultralytics' says "cuda")
+    default_device: Optional[str] = None
 
     @property
     def device_literal(self) -> Optional[str]:
@@ -65,7 +72,7 @@ class Made:
         given = self.args.get("device_type", self.args.get("device"))
         if isinstance(given, cst.SimpleString):
             return given.evaluated_value if isinstance(given.evaluated_value, str) else None
-        return None
+        return self.default_device if given is None else None
 
     @property
     def off(self) -> bool:
@@ -99,7 +106,8 @@ def own_amp(facts: ScriptFacts) -> OwnAmp:
     return facts.memo("own-amp", lambda: _find(facts))
 
 
-def _arguments(call: cst.Call, params: tuple[str, ...], skip: int = 0) -> tuple[dict, bool]:
+def _arguments(call: cst.Call, params: tuple[str, ...], skip: int = 0, renamed: Optional[dict] = None
+               ) -> tuple[dict, bool]:
     args: dict[str, cst.BaseExpression] = {}
     starred = False
     position = 0
@@ -107,7 +115,7 @@ def _arguments(call: cst.Call, params: tuple[str, ...], skip: int = 0) -> tuple[
         if arg.star:
             starred = True
         elif arg.keyword is not None:
-            args[arg.keyword.value] = arg.value
+            args[(renamed or {}).get(arg.keyword.value, arg.keyword.value)] = arg.value
         else:
             if position < len(params):
                 args[params[position]] = arg.value
@@ -129,6 +137,12 @@ def _find(f: ScriptFacts) -> OwnAmp:
             called.add(id(site.call.func))
         if site.qualname in LOSS_SCALERS:
             out.library_scalers.append((site.call, site.qualname))
+        library = LIBRARY_AUTOCASTS.get(site.qualname)
+        if library is not None:
+            args, starred = _arguments(site.call, library.params, renamed=LIBRARY_AUTOCAST_KEYWORDS)
+            out.autocasts.append(Made(site.call, "call", site.qualname, None, args, starred,
+                                      default_device=library.device_type))
+            called.add(id(site.call.func))
     decorated = {id(d.decorator) for d in f.decorators}
     for node, qualname in f.qualified_refs:
         spec = AUTOCASTS.get(qualname)

@@ -9,7 +9,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.analysis.facts import DEVICE, ScriptFacts, code
+from accelerate_rewrite.codemod.analysis.facts import DEVICE, MODEL, ScriptFacts, code
 
 #: calls whose result is a torch.device (its ``.type`` is the device type)
 DEVICE_CALLS = ("torch.device", "torch.accelerator.current_accelerator")
@@ -82,3 +82,15 @@ def cuda_flag(f: ScriptFacts, node: cst.CSTNode) -> Optional[str]:
                for ts in tests.values()):
             return name
     return None
+
+
+def model_device_type_at(f: ScriptFacts, node: cst.CSTNode) -> Optional[str]:
+    """Where no device is in reach (a helper given only the model): the type of the device of the
+    parameters of a model visible at ``node`` (``next(model.parameters()).device.type``), which is
+    where its forward runs."""
+    func = f.function(node)
+    cls = f.enclosing_class(func) if func is not None else None
+    visible = sorted(path for (owner, path), kinds in f.kinds.items() if MODEL in kinds and (
+        (path.startswith("self.") and owner is cls and cls is not None)
+        or (not path.startswith("self.") and "." not in path and f.key_for_name(node, path) == (owner, path))))
+    return f"next({visible[0]}.parameters()).device.type" if visible else None

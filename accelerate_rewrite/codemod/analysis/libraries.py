@@ -94,6 +94,27 @@ LOSS_SCALERS: dict[str, LossScaler] = {
     "timm.utils.cuda.ApexScaler": _TIMM_APEX,
 }
 
+@dataclass(frozen=True)
+class LibraryAutocast:
+    """A function that returns ``torch.autocast`` for the device type it is given (or
+    ``device_type``, its default): ``params``, its parameters in order, named as torch.autocast
+    names them (``enabled``, ``device_type``, ``dtype``)."""
+
+    params: tuple[str, ...]
+    device_type: str
+    source: str
+
+
+_ULTRALYTICS = LibraryAutocast(("enabled", "device_type"), "cuda",
+                               "ultralytics 8.3 (ultralytics/ultralytics), ultralytics/utils/torch_utils.py: "
+                               "autocast(enabled, device=\"cuda\") returns torch.amp.autocast(device, enabled=enabled)")
+#: qualified name -> the autocast it returns (YOLOv5 imports ultralytics' as smart_amp_autocast)
+LIBRARY_AUTOCASTS: dict[str, LibraryAutocast] = {
+    "ultralytics.utils.torch_utils.autocast": _ULTRALYTICS,
+}
+#: a library autocast's parameter -> torch.autocast's name for it
+LIBRARY_AUTOCAST_KEYWORDS = {"device": "device_type"}
+
 _TIMM_OPTIM = "timm 1.0.29 (pytorch-image-models aa4b585), timm/optim/_optim_factory.py"
 #: qualified name -> where the model goes
 OPTIMIZER_FACTORIES: dict[str, OptimizerFactory] = {
