@@ -9,8 +9,11 @@ check of the rewritten files, script by script and backend by backend.
 The scripts are those of benchmarks/real_corpus.py's lists and benchmarks/real-corpus-unseen.tsv
 (``--tsv`` as there), each at its commit, from the git mirrors (``--mirrors``), in a scratch
 copy of its tree. A script is one **with its own mixed precision** where its repository's Python
-names autocast or a GradScaler and the tool's records for it say the script runs its own
-autocast or GradScaler (an AR213 note, or AR101's / AR207's "runs its own autocast" or "GradScaler"). Each such script is
+names autocast or a GradScaler and either a file of the tool's records for it (the script and
+the project's modules it reads) creates a GradScaler or enters an autocast that computes, as it
+was before the rewrite (the check below, on the original), or the records say the script runs
+its own autocast or GradScaler (an AR213 note, or AR101's / AR207's "runs its own autocast" or
+"GradScaler"): the same scripts whatever version of the tool runs. Each such script is
 rewritten with ``--precision bf16-mixed --write --format json --no-cache -j 1`` by each backend
 (fabric and accelerate with ``--devices 4``; ``--follow-imports`` again where the run says a
 rule needed it), and every file of its records (the script and the project's modules it reads)
@@ -159,6 +162,7 @@ def run(tool: rc.Tool, entry: rc.Entry, pristine: Path, work: Path, args: list[s
         before = (pristine_cwd / path).read_text(encoding="utf-8", errors="replace") \
             if (pristine_cwd / path).is_file() else after
         result["files"][path] = autocasts(after)
+        result["own"] |= any(k in ("fp16", "bf16") or k == "scaler on" for _, k, _ in autocasts(before))
         result["precision_set"] |= bool(PRECISION_SET.search(after))
         if len(HALF.findall(after)) < len(HALF.findall(before)):
             result["half_removed"].append(path)
@@ -177,7 +181,7 @@ def verdict(result: dict) -> str:
         return "fp16 left"
     if "bf16" in kinds or result["precision_set"]:
         return "bf16"
-    return "no autocast"
+    return "not set"  # its autocast is none this check reads (a library's), left as it was
 
 
 def half_problem(result: dict) -> bool:
