@@ -26,15 +26,16 @@ class OwnPrecision(Rule):
 
     What it does: where the script runs its own autocast (research code's engine:
     `with torch.cuda.amp.autocast(enabled=args.amp):`, `torch.autocast("cuda", ...)`, a name
-    that holds it, `amp_autocast = torch.cuda.amp.autocast`, or
-    `functools.partial(torch.autocast, ...)`), each becomes
+    that holds it, `amp_autocast = torch.cuda.amp.autocast`, `functools.partial(torch.autocast,
+    ...)`, or a library's function that returns one, read as data: ultralytics' `autocast`),
+    each becomes
     `torch.autocast(<the run's device type>, dtype=torch.bfloat16, ...)`, keeping its other
     arguments (its `enabled=` flag: the script's `--amp` still decides). The device type is
     `fabric.device.type` (Accelerate: `accelerator.device.type`) where the conversion reaches
     `fabric`, else the script's own device (`device.type`), or where none is in reach the device
     of a model's parameters (`next(model.parameters()).device.type`); never a literal "cuda"
-    that a CPU run would switch off. Every GradScaler the script creates, in the script or in a loss-scaler
-    class of its own, becomes `torch.amp.GradScaler(..., enabled=False)`: bf16 needs no loss
+    that a CPU run would switch off. Every GradScaler the script creates, in the script or in a
+    loss-scaler class of its own, becomes `torch.amp.GradScaler(..., enabled=False)`: bf16 needs no loss
     scaling, and a scaler turned off still answers `scale`, `unscale_`, `step`, `update`,
     `state_dict()` and `load_state_dict()` (it ignores the original's saved state, so its
     checkpoints keep loading both ways). Fabric's own precision is not set on top (AR101 says
@@ -69,20 +70,20 @@ class OwnPrecision(Rule):
         return options.precision is not None
 
     def rewrite(self, ctx: RuleContext) -> None:
-        plan = own_precision_plan(ctx.facts, ctx.options)
-        if plan is None:
+        own = own_precision_plan(ctx.facts, ctx.options)
+        if own is None:
             return
-        for node, message in plan.skips:
+        for node, message in own.skips:
             ctx.skip(node, message)
-        if plan.grounded:
+        if own.grounded:
             ctx.provide(MIXED_GROUND)
         e = ctx.edits
-        for made, new, message in plan.changes:
+        for made, new, message in own.changes:
             e.replace(made.node, new)
             ctx.change(made.node, message)
-        if plan.changes:
+        if own.changes:
             e.add_import("torch")
-            if any(made.form == "reference" for made, _, _ in plan.changes):
+            if any(made.form == "reference" for made, _, _ in own.changes):
                 e.add_import("functools")
             for module, obj in (("torch.cuda.amp", "autocast"), ("torch.cuda.amp", "GradScaler"),
                                 ("torch.cpu.amp", "autocast"), ("torch.cpu.amp", "GradScaler"),
