@@ -295,6 +295,7 @@ def test_verify_names_the_precision_the_research_shape_computed_in(tmp_path):
     finally:
         os.chdir(old)
     assert v.verdict.verdict == "pass", v.verdict.reason
+    assert v.verdict.reason.startswith("structure: exact at 32-true")  # AR213's precision switched off: exact
     assert v.rewritten.precision == "bf16-mixed" and v.original.precision == "32-true"
     assert v.rewritten.computed_in == "bfloat16 (cpu autocast)"
 
