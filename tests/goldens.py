@@ -140,6 +140,32 @@ def project_notes(result: Result) -> str:
     return "\n".join(out) + "\n"
 
 
+def project_trees(tmp_path: Path, name: str, options: Options, files: tuple[str, ...], shape=None):
+    """fixtures/projects/NAME copied twice under ``tmp_path``, ``original`` and ``rewritten``,
+    the second rewritten as ``accelerate-rewrite train.py`` does there (``files``: the files of
+    the run; the others that import its modules keep working), written; ``shape(folder)`` changes
+    both copies first. Returns both folders and the result (no rule dropped)."""
+    import os
+    import shutil
+
+    from accelerate_rewrite.codemod.project.program import Scope
+
+    original, rewritten = tmp_path / "original", tmp_path / "rewritten"
+    for folder in (original, rewritten):
+        shutil.copytree(PROJECTS / name, folder, ignore=shutil.ignore_patterns("expected"))
+        if shape is not None:
+            shape(folder)
+    path = rewritten / "train.py"
+    scope = Scope(auto=True, root=str(rewritten.resolve()), script=os.path.realpath(path),
+                  known=frozenset(os.path.realpath(rewritten / f) for f in files))
+    result = rewrite(path.read_text(encoding="utf-8"), options, path=str(path), scope=scope)
+    assert not result.dropped, result.dropped
+    path.write_text(result.output, encoding="utf-8")
+    for member in result.members:
+        Path(member.path).write_text(member.output, encoding="utf-8")
+    return original, rewritten, result
+
+
 def project_outputs(result: Result) -> dict[str, str]:
     """file name -> rewritten text, for the files that change."""
     return {Path(one.path).name: one.output for one in (result, *result.members) if one.changed}

@@ -219,20 +219,9 @@ atexit.register(lambda: json.dump(seen, open(os.environ["FORWARD_RECORD"], "w"))
 
 
 def _trees(tmp_path, options):
-    from accelerate_rewrite.codemod.project.program import Scope
+    from tests.goldens import project_trees
 
-    original, rewritten = tmp_path / "original", tmp_path / "rewritten"
-    for folder in (original, rewritten):
-        shutil.copytree(FIXTURE, folder, ignore=shutil.ignore_patterns("expected"))
-    path = rewritten / "train.py"
-    scope = Scope(auto=True, root=str(rewritten.resolve()), script=os.path.realpath(path),
-                  known=frozenset(os.path.realpath(rewritten / f) for f in ("train.py", "engine.py", "utils.py")))
-    result = rewrite(path.read_text(encoding="utf-8"), options, path=str(path), scope=scope)
-    assert not result.dropped, result.dropped
-    path.write_text(result.output, encoding="utf-8")
-    for member in result.members:
-        Path(member.path).write_text(member.output, encoding="utf-8")
-    return original, rewritten
+    return project_trees(tmp_path, "research_amp", options, ("train.py", "engine.py", "utils.py"))[:2]
 
 
 def _run(folder, tmp_path, *args):

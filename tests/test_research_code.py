@@ -183,28 +183,9 @@ def _research_trees(tmp_path, options, shape=None):
     """The original project and its rewrite (``accelerate-rewrite train.py`` as its user runs it:
     eval.py, another script of the repository, imports utils.py too), each in a folder;
     ``shape(folder)`` changes both copies first."""
-    import os
-    import shutil
-    from pathlib import Path
+    from tests.goldens import project_trees
 
-    from accelerate_rewrite.api import rewrite
-    from accelerate_rewrite.codemod.project.program import Scope
-    from tests.goldens import PROJECTS
-
-    original, rewritten = tmp_path / "original", tmp_path / "rewritten"
-    for folder in (original, rewritten):
-        shutil.copytree(PROJECTS / "research_engine", folder, ignore=shutil.ignore_patterns("expected"))
-        if shape is not None:
-            shape(folder)
-    path = rewritten / "train.py"
-    scope = Scope(auto=True, root=str(rewritten.resolve()), script=os.path.realpath(path),
-                  known=frozenset(os.path.realpath(rewritten / f) for f in ("train.py", "engine.py", "utils.py")))
-    result = rewrite(path.read_text(encoding="utf-8"), options, path=str(path), scope=scope)
-    assert not result.dropped, result.dropped
-    path.write_text(result.output, encoding="utf-8")
-    for member in result.members:
-        Path(member.path).write_text(member.output, encoding="utf-8")
-    return original, rewritten, result
+    return project_trees(tmp_path, "research_engine", options, ("train.py", "engine.py", "utils.py"), shape)
 
 
 def test_research_engine_trains_every_rank_as_before_and_its_other_script_still_runs(tmp_path):
