@@ -195,7 +195,7 @@ def test_a_dropped_provider_takes_the_rules_that_stand_on_it():
     contexts = {}
     for rule in rules:
         ctx = RuleContext(rule, None, options)
-        ctx.notes.append(object())
+        ctx.edits.add_import("torch")  # a change of its own
         contexts[rule.code] = ctx
     contexts["AR101"].provide(MIXED_GROUND)
     assert "AR209" in _dependents("AR101", rules, options, contexts)

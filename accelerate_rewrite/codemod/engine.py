@@ -93,12 +93,13 @@ def _dependents(dropped: str, rules: Sequence[Rule], options: Options,
 
 def _groundless(rules: Sequence[Rule], contexts: Mapping[str, RuleContext], options: Options) -> dict[str, str]:
     """The rules among ``rules`` with a premise (``Rule.premises``) that none of ``rules`` gives
-    the file: code -> the ground missing. A rule with nothing to do stands on nothing."""
+    the file: code -> the ground missing. A rule that changes nothing stands on nothing (what it
+    says of the places it left alone stays)."""
     given = {g for r in rules if r.code in contexts for g in contexts[r.code].provided}
     out: dict[str, str] = {}
     for rule in rules:
         ctx = contexts.get(rule.code)
-        if ctx is None or not (ctx.edits or ctx.notes):
+        if ctx is None or not ctx.edits:
             continue
         missing = [g for g in rule.premises(options) if g not in given]
         if missing:
