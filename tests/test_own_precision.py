@@ -329,6 +329,13 @@ def test_the_device_of_a_trainer_class_is_read_from_its_own_attribute_and_never_
     result = rewrite(later, Options.create(precision="bf16-mixed", backend="torch"))
     assert 'torch.autocast("cuda", dtype=torch.bfloat16)' in result.output, result.output
     assert not result.dropped
+    # a script that needs CUDA anyway keeps "cuda", and a second run changes nothing (poolformer's
+    # `amp_autocast = torch.cuda.amp.autocast` became a partial with "cuda" in it)
+    named = later.replace("    with torch.cuda.amp.autocast():", "    with amp_autocast():").replace(
+        "for x, y in", "amp_autocast = torch.cuda.amp.autocast\nfor x, y in")
+    once = rewrite(named, Options.create(precision="bf16-mixed", backend="torch"))
+    assert 'amp_autocast = functools.partial(torch.autocast, "cuda", dtype=torch.bfloat16)' in once.output
+    assert rewrite(once.output, Options.create(precision="bf16-mixed", backend="torch")).output == once.output
 
 
 def test_a_gradscaler_without_an_autocast_it_can_read_is_left_and_said():

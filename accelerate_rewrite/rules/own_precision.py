@@ -207,7 +207,7 @@ def _autocast(f: ScriptFacts, made: Made, device: str, want: str, fabric: bool) 
     device); None where it does already."""
     given = made.args.get("device_type")
     literal = made.device_literal
-    if made.dtype(f) == want and given is not None and literal is None and (not fabric or code(given) == device):
+    if made.dtype(f) == want and given is not None and (code(given) == device or (literal is None and not fabric)):
         return None  # ``torch.autocast(device.type, dtype=torch.bfloat16)``: as asked already
     dtype = f"dtype=torch.{want}"
     if made.form == "reference":
