@@ -15,6 +15,19 @@ from accelerate_rewrite.codemod.analysis.facts import DEVICE, MODEL, ScriptFacts
 DEVICE_CALLS = ("torch.device", "torch.accelerator.current_accelerator")
 
 
+def _bound_in_its_file(f: ScriptFacts, node: cst.CSTNode, key) -> bool:
+    """Whether a global ``key`` visible at ``node`` is bound in the file ``node`` comes from: in a
+    project's program, the script's globals are no globals of its modules."""
+    owner, path = key
+    if not isinstance(owner, cst.Module) or f.body_parts is None:
+        return True
+    scope = f.scope_of_owner(owner)
+    if scope is None:
+        return False
+    part = f.part_of(node)
+    return any(f.part_of(a.node) == part for a in scope[path.split(".")[0]] if getattr(a, "node", None) is not None)
+
+
 def device_type_at(f: ScriptFacts, node: cst.CSTNode) -> Optional[str]:
     """An expression for the type of the script's device where ``node`` stands, or None."""
     func = f.function(node)
@@ -27,7 +40,7 @@ def device_type_at(f: ScriptFacts, node: cst.CSTNode) -> Optional[str]:
         if path.startswith("self."):
             if owner is cls:
                 visible.append((key, path))
-        elif f.key_for_name(node, path) == key:
+        elif f.key_for_name(node, path) == key and _bound_in_its_file(f, node, key):
             visible.append((key, path))
     if visible:
         visible.sort(key=lambda kp: (kp[1].rsplit(".", 1)[-1] != "device", kp[1]))
@@ -92,5 +105,6 @@ def model_device_type_at(f: ScriptFacts, node: cst.CSTNode) -> Optional[str]:
     cls = f.enclosing_class(func) if func is not None else None
     visible = sorted(path for (owner, path), kinds in f.kinds.items() if MODEL in kinds and (
         (path.startswith("self.") and owner is cls and cls is not None)
-        or (not path.startswith("self.") and "." not in path and f.key_for_name(node, path) == (owner, path))))
+        or (not path.startswith("self.") and "." not in path and f.key_for_name(node, path) == (owner, path)
+            and _bound_in_its_file(f, node, (owner, path)))))
     return f"next({visible[0]}.parameters()).device.type" if visible else None
