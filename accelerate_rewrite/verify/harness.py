@@ -495,8 +495,12 @@ class Recorder:
             if calls[0] > 256:
                 handle.remove()
                 return
-            entries = [[device, str(get_dtype(device) if get_dtype is not None else "?").replace("torch.", "")]
-                       for device in ("cpu", "cuda") if torch.is_autocast_enabled(device)]
+            try:  # (torch.is_autocast_enabled(device_type): torch 2.4 and later)
+                entries = [[device, str(get_dtype(device) if get_dtype is not None else "?").replace("torch.", "")]
+                           for device in ("cpu", "cuda") if torch.is_autocast_enabled(device)]
+            except (TypeError, RuntimeError):
+                handle.remove()
+                return
             for entry in entries or [[None, "float32"]]:
                 if entry not in recorder.forward_autocast:
                     recorder.forward_autocast.append(entry)
