@@ -33,10 +33,10 @@ class OwnPrecision(Rule):
     arguments (its `enabled=` flag: the script's `--amp` still decides). The device type is
     `fabric.device.type` (Accelerate: `accelerator.device.type`) where the conversion reaches
     `fabric`, else the script's own device (`device.type`), or where none is in reach the device
-    of a model's parameters (`next(model.parameters()).device.type`); never a literal "cuda"
-    that a CPU run would switch off. Every GradScaler the script creates, in the script or in a
-    loss-scaler class of its own, becomes `torch.amp.GradScaler(..., enabled=False)`: bf16 needs no loss
-    scaling, and a scaler turned off still answers `scale`, `unscale_`, `step`, `update`,
+    of a model's parameters (`next(model.parameters()).device.type`); a literal "cuda", which a
+    CPU run would switch off, only where the script needs CUDA anyway (`.cuda()` moves). Every
+    GradScaler the script creates, in the script or in a loss-scaler class of its own, becomes
+    `torch.amp.GradScaler(..., enabled=False)`: bf16 needs no loss scaling, and a scaler turned off still answers `scale`, `unscale_`, `step`, `update`,
     `state_dict()` and `load_state_dict()` (it ignores the original's saved state, so its
     checkpoints keep loading both ways). Fabric's own precision is not set on top (AR101 says
     so), nor is AR207's autocast: one autocast, never two.
