@@ -369,3 +369,12 @@ def test_a_library_s_autocast_is_read_as_data_and_set_too():
     assert "with torch.autocast(device.type, dtype=torch.bfloat16, enabled=True):" in result.output, result.output
     fp16 = rewrite(source, Options.create(precision="16-mixed", backend="torch"))
     assert "computes in float16 already" in " ".join(_notes(fp16, "AR213"))
+
+
+def test_a_refusal_names_the_backend_asked_for():
+    """Issue 60: under --backend accelerate a refusal of a file that nothing changed says
+    "Accelerate conversion", as the notes of the files it writes do."""
+    source = (Path(__file__).resolve().parent.parent / "fixtures" / "hogwild" / "input.py").read_text()
+    result = rewrite(source, Options.create(precision="bf16-mixed", backend="accelerate"))
+    said = [n.message for n in result.notes if n.rule == "AR101"]
+    assert said and said[0].startswith("Accelerate conversion: ") and "Fabric's" not in said[0], said

@@ -474,11 +474,10 @@ def _rewrite(
                 Note("comment", line, f"the comment `{text}` went with the statement it stood over, which the "
                                       "rewrite removed", kind=Kind.SAFE)
                 for line, text in removed_in(unit, outputs[unit.index], splices.get(unit.index))]
-    if spelling is not None:  # the notes of a file it wrote say what was written
+    if spelling is not None:  # the notes of a file say what was written, and refusals name the backend asked for
         for unit in units:
-            if outputs[unit.index] != unit.source:
-                per_unit[unit.index] = [replace(n, message=spelling.said(n.message, outputs[unit.index]))
-                                        for n in per_unit[unit.index]]
+            per_unit[unit.index] = [replace(n, message=spelling.said(n.message, outputs[unit.index]))
+                                    for n in per_unit[unit.index]]
     for unit in units:  # a note claims only what the file as written holds (codemod/claims.py)
         if outputs[unit.index] != unit.source:
             per_unit[unit.index] = true_claims(per_unit[unit.index], unit.source, outputs[unit.index])
