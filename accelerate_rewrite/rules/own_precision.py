@@ -55,9 +55,9 @@ class OwnPrecision(Rule):
     Leaves alone (and says why): everything, where one autocast that computes can't be given the
     run's device (a helper given only tensors, with no device, model or `fabric` in reach) or is
     called with `*args` / `**kwargs`: a scaler turned off under an autocast left in fp16 would
-    let gradients underflow. An autocast turned off (`enabled=False`) is left as it is. A library's loss
-    scaler (timm's `NativeScaler`) keeps its GradScaler: over bf16 it scales the loss and
-    unscales the gradients by the same power of two, which changes no update.
+    let gradients underflow. An autocast turned off (`enabled=False`) is left as it is. A
+    library's loss scaler (timm's `NativeScaler`) keeps its GradScaler: over bf16 it scales the
+    loss and unscales the gradients by the same power of two, which changes no update.
     """
 
     code = "AR213"
