@@ -75,7 +75,8 @@ def _names(tree: ast.AST) -> dict[str, str]:
                 out[alias.asname or alias.name] = f"{node.module}.{alias.name}"
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                out[alias.asname or alias.name.split(".")[0]] = alias.asname and alias.name or alias.name.split(".")[0]
+                local = alias.asname or alias.name.split(".")[0]
+                out[local] = alias.name if alias.asname else local
     return out
 
 

@@ -228,7 +228,7 @@ class _Planner(Home, Loaders, Reach, Devices, Setups, WrappedReads):
             return
         own = f.uses_autocast()
         if own:
-            autocasts = [a for a in own_amp(f).autocasts if not a.off]
+            autocasts = own_amp(f).computing
             site = autocasts[0].node if autocasts else own[0].call
             what = "autocast" if autocasts else own[0].qualname.rsplit('.', 1)[-1]
             p.omit_precision = (

@@ -132,7 +132,7 @@ class _Planner(Scaler):
             return self.refuse(node, f"already uses {label}; left alone")
         own = f.uses_autocast()
         if own:
-            autocasts = [a for a in own_amp(f).autocasts if not a.off]
+            autocasts = own_amp(f).computing
             if autocasts:
                 return self.refuse(autocasts[0].node, "the script runs its own autocast: nothing is wrapped twice "
                                                       "(AR213, own-mixed-precision, sets the script's own to the "

@@ -117,19 +117,18 @@ def own_precision_plan(facts: ScriptFacts, options: Options) -> Optional[OwnPlan
 
 def _plan(f: ScriptFacts, o: Options) -> Optional[OwnPlan]:
     own = own_amp(f)
-    if not own.found and not own.scalers:
+    computing = own.computing
+    if not computing and not own.scalers:
         return None
     out = OwnPlan()
-    computing = [a for a in own.autocasts if not a.off]
     if not computing:
-        if own.scalers and o.precision in MIXED_PRECISIONS:
+        if o.precision in MIXED_PRECISIONS:  # (a GradScaler, then)
             made = own.scalers[0]
             out.skips.append((made.node, f"the script creates a GradScaler (`{short(made.node)}`) but enters no "
                                          "autocast this rule can read (a library's, or one reached through a "
                                          f"name it can't follow): its mixed precision is left as it is, not set to "
                                          f"{o.precision}"))
-            return out
-        return None
+        return out
     first = computing[0].node
     what = f"the script's own autocast (`{short(first)}`)"
     if o.precision not in MIXED_PRECISIONS:

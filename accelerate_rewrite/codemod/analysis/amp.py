@@ -97,8 +97,9 @@ class OwnAmp:
     library_scalers: list[tuple[cst.Call, str]] = field(default_factory=list)
 
     @property
-    def found(self) -> bool:
-        return bool(self.autocasts)
+    def computing(self) -> list[Made]:
+        """The autocasts that compute (not those that switch autocast off)."""
+        return [a for a in self.autocasts if not a.off]
 
 
 def own_amp(facts: ScriptFacts) -> OwnAmp:

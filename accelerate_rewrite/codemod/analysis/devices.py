@@ -28,20 +28,27 @@ def _bound_in_its_file(f: ScriptFacts, node: cst.CSTNode, key) -> bool:
     return any(f.part_of(a.node) == part for a in scope[path.split(".")[0]] if getattr(a, "node", None) is not None)
 
 
-def device_type_at(f: ScriptFacts, node: cst.CSTNode) -> Optional[str]:
-    """An expression for the type of the script's device where ``node`` stands, or None."""
+def _visible(f: ScriptFacts, node: cst.CSTNode, kind: str) -> list[tuple]:
+    """The keys of objects of ``kind`` that code at ``node`` reads by their path: ``self.<attr>``
+    in a method of their class, a name in scope (bound in the same file), with their paths."""
     func = f.function(node)
     cls = f.enclosing_class(func) if func is not None else None
     visible = []
     for key, kinds in f.kinds.items():
-        if DEVICE not in kinds:
+        if kind not in kinds:
             continue
         owner, path = key
         if path.startswith("self."):
-            if owner is cls:
+            if owner is cls and cls is not None:
                 visible.append((key, path))
         elif f.key_for_name(node, path) == key and _bound_in_its_file(f, node, key):
             visible.append((key, path))
+    return visible
+
+
+def device_type_at(f: ScriptFacts, node: cst.CSTNode) -> Optional[str]:
+    """An expression for the type of the script's device where ``node`` stands, or None."""
+    visible = _visible(f, node, DEVICE)
     if visible:
         visible.sort(key=lambda kp: (kp[1].rsplit(".", 1)[-1] != "device", kp[1]))
         key, name = visible[0]
@@ -101,10 +108,5 @@ def model_device_type_at(f: ScriptFacts, node: cst.CSTNode) -> Optional[str]:
     """Where no device is in reach (a helper given only the model): the type of the device of the
     parameters of a model visible at ``node`` (``next(model.parameters()).device.type``), which is
     where its forward runs."""
-    func = f.function(node)
-    cls = f.enclosing_class(func) if func is not None else None
-    visible = sorted(path for (owner, path), kinds in f.kinds.items() if MODEL in kinds and (
-        (path.startswith("self.") and owner is cls and cls is not None)
-        or (not path.startswith("self.") and "." not in path and f.key_for_name(node, path) == (owner, path)
-            and _bound_in_its_file(f, node, (owner, path)))))
+    visible = sorted(path for _, path in _visible(f, node, MODEL) if path.startswith("self.") or "." not in path)
     return f"next({visible[0]}.parameters()).device.type" if visible else None
