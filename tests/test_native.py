@@ -335,3 +335,80 @@ def test_an_inference_helper_with_no_device_in_reach_autocasts_on_its_models_dev
         assert run.returncode == 0, run.stderr[-2000:]
         printed.append(float(run.stdout.split()[-1]))
     assert abs(printed[0] - printed[1]) <= 0.125  # at most 8 of 64 predictions differ under bf16
+
+
+def test_a_backward_in_a_branch_has_its_forward_found_in_the_block_around_it():
+    """Issue 60: ``if args.amp: with amp.scale_loss(loss, opt) as s: s.backward() else:
+    loss.backward()`` (FixMatch, TransFG, SimMIM): the forward is before the ``if``, by where
+    ``loss`` is bound; a loss summed in a ``for`` over the outputs of a model the rewrite can't
+    tell is one (deeplab) is read by data flow too. Both backwards share one region."""
+    result = native("""
+    import argparse
+    from apex import amp
+    from nets import build
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--amp", action="store_true")
+    args = parser.parse_args()
+    device = torch.device("cpu")
+    net = build().to(device)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    if args.amp:
+        net, optimizer = amp.initialize(net, optimizer, opt_level="O1")
+    for x, y in [(torch.randn(8, 4), torch.randint(0, 2, (8,)))]:
+        logits = net(x.to(device))
+        loss = 0
+        for part in logits.split(2):
+            loss += F.cross_entropy(part, y[: part.shape[0]])
+        if args.amp:
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+        else:
+            loss.backward()
+        optimizer.step()
+    """)
+    assert result.output.count("torch.autocast") == 1
+    assert ("    with torch.autocast(device_type=device.type, dtype=torch.float16):\n"
+            "        logits = net(x.to(device))\n        loss = 0\n        for part in logits.split(2):\n"
+            "            loss += F.cross_entropy(part, y[: part.shape[0]])\n    if args.amp:\n"
+            "        scaler.scale(loss).backward()\n    else:\n        scaler.scale(loss).backward()\n"
+            "    scaler.step(optimizer)\n") in result.output
+
+
+def test_a_backward_in_a_sibling_block_takes_the_forward_of_the_block_before():
+    """Issue 60: ``with timer("fprop"): <forward>`` then ``with timer("grads"): (loss /
+    k).backward()``: the forward's block goes under autocast, the backward's stays out."""
+    result = native("""
+    import contextlib
+
+    timer = contextlib.nullcontext
+    device = torch.device("cpu")
+    model = torch.nn.Linear(4, 2).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in [(torch.randn(8, 4), torch.randint(0, 2, (8,)))]:
+        with timer("fprop"):
+            loss = F.cross_entropy(model(x), y)
+        with timer("grads"):
+            (loss / 2).backward()
+        optimizer.step()
+    """, precision="bf16-mixed")
+    assert ("    with torch.autocast(device_type=device.type, dtype=torch.bfloat16):\n"
+            "        with timer(\"fprop\"):\n            loss = F.cross_entropy(model(x), y)\n"
+            "    with timer(\"grads\"):\n        (loss / 2).backward()\n") in result.output
+
+
+def test_a_forward_outside_the_loop_of_its_backward_is_not_taken():
+    """A loop is a boundary: a forward computed once and a backward run in a loop are not one
+    step (the refusal stands)."""
+    result = native("""
+    from nets import build
+
+    net = build()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    loss = F.mse_loss(net(torch.randn(8, 4)), torch.zeros(8, 2))
+    for _ in range(2):
+        loss.backward(retain_graph=True)
+        optimizer.step()
+    """, precision="bf16-mixed")
+    assert not result.changed
+    assert "no forward pass found" in reasons(result)

@@ -23,6 +23,7 @@ from accelerate_rewrite.codemod.analysis.facts import (
 from accelerate_rewrite.codemod.analysis.kinds import hand_updated
 from accelerate_rewrite.codemod.analysis.hints import model_hint
 from accelerate_rewrite.codemod.analysis.returns import _returns
+from accelerate_rewrite.codemod.analysis.syntax import passed_at, positional_params
 from accelerate_rewrite.rules._fabric import SetupGroup, common_after, short
 from accelerate_rewrite.rules._fabric_home import trains
 
@@ -144,7 +145,29 @@ class Setups:
                         and isinstance(assign.targets[0].target, cst.Name)):
             return opt
         key = f.key_of(assign.targets[0].target)
-        return replace(opt, key=key, stmt=f.statement(assign)) if key is not None else opt
+        models = self._models_passed(opt.models, func, fn.calls[0])
+        if key is None or models is None:
+            return opt
+        return replace(opt, key=key, stmt=f.statement(assign), models=models)
+
+    def _models_passed(self, models: list[Key], func: cst.FunctionDef, call: cst.Call) -> Optional[list[Key]]:
+        """The models of an optimizer a helper builds over its parameters (``def
+        set_optimizer(model): ...``), as the caller names them (``set_optimizer(net)``: ``net``);
+        None where a parameter's argument is not a name the analysis knows."""
+        f = self.f
+        params = positional_params(func)
+        out = []
+        for key in models:
+            param = next((p for p in params if key[0] is func and p.name.value == key[1]), None)
+            if param is None:
+                out.append(key)
+                continue
+            value = passed_at(call, params.index(param), param.name.value)
+            given = f.key_of(value) if isinstance(value, (cst.Name, cst.Attribute)) else None
+            if given is None:
+                return None
+            out.append(given)
+        return out
 
     def _hand_updated(self, by_model: dict[Key, list[Optimizer]]) -> None:
         """A model no optimizer trains, whose parameters the script updates by hand (``p.data.add_(

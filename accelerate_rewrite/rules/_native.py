@@ -160,6 +160,8 @@ class _Planner(Scaler):
             if isinstance(stmts, str):
                 return self.refuse(site.call, f"`{short(site.call)}`: {stmts}, so no step was "
                                               "put under autocast")
+            if stmts and any(r.stmts[0] is stmts[0] for r in self.p.regions):
+                continue  # ``if amp: <scaled backward> else: loss.backward()``: one forward pass
             if stmts and not self._add_region(stmts, training=True):
                 return self.p
         self._eval_regions()
@@ -225,44 +227,62 @@ class _Planner(Scaler):
         return False
 
     def _training_region(self, site: Site):
-        """The statements before the backward, in its block, from the first that runs a model;
-        a str says why there are none."""
+        """The statements that compute the loss the backward takes, from the first that runs a
+        model: in the backward's own block, or, where the backward sits in a branch or a ``with``
+        (``if args.amp: with amp.scale_loss(loss, opt) as s: s.backward()``, ``with
+        timer("grads"): loss.backward()``), in the block around it, by where the loss's names
+        are bound; a str says why there are none."""
         f = self.f
         if self._calls_model(site.stmt):
             return "the forward pass and the backward are one statement (split them)"
-        body = list(f.block(site.stmt).body)
-        index = body.index(site.stmt)
-        start = index
-        while start > 0 and id(body[start - 1]) not in self.boundaries:
-            start -= 1
-        candidates = body[start:index]
-        first = next((i for i, s in enumerate(candidates) if self._calls_model(s)), None)
-        if first is None:
+        stmt, needed = site.stmt, {n.value for n in m.findall(site.loss, m.Name())}
+        while True:
+            body = list(f.block(stmt).body)
+            index = body.index(stmt)
+            start = index
+            while start > 0 and id(body[start - 1]) not in self.boundaries:
+                start -= 1
+            candidates = body[start:index]
+            first = next((i for i, s in enumerate(candidates) if self._calls_model(s)), None)
+            if first is not None:
+                return self._uses_of_forward(candidates[first:])
             if start > 0 and self._backward_not_step(body[start - 1]):
                 return []  # a second loss of the same forward pass (apex's num_losses, retain_graph)
-            traced = self._computing_the_loss(site, candidates)
+            traced = self._computing_the_loss(needed, candidates)
             if traced:
                 return traced
-            return ("no forward pass found before it in the same block: neither a model of the script "
-                    "nor a call that computes the loss")
-        return self._uses_of_forward(candidates[first:])
+            for s in reversed(candidates):  # what the loss is computed from, above this block
+                bound = _bound(s)
+                if bound & needed:
+                    needed = (needed - bound) | {n.value for n in m.findall(s, m.Name())}
+            outer = self._statement_around(stmt)
+            if outer is None or not needed:
+                return ("no forward pass found before it in the same block: neither a model of the script "
+                        "nor a call that computes the loss")
+            stmt = outer
+
+    def _statement_around(self, stmt: cst.BaseStatement) -> Optional[cst.BaseStatement]:
+        """The ``if``/``with``/``try`` statement whose block holds ``stmt``; None at a loop, a
+        function, a class or the module (a forward outside a loop is not this step's)."""
+        f = self.f
+        for node in f.ancestors(stmt):
+            parent = f.parent(node)
+            if isinstance(node, cst.BaseStatement) and isinstance(parent, (cst.Module, cst.IndentedBlock)):
+                return node if isinstance(node, (cst.If, cst.With, cst.Try)) else None
+        return None
 
     @staticmethod
-    def _computing_the_loss(site: Site, candidates: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    def _computing_the_loss(needed: set[str], candidates: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """The forward found from the loss back (``output = self.model(source)``; ``loss =
         F.mse_loss(output, targets)``, where the rewrite can't tell ``self.model`` is a model):
-        the statements of the block that compute the loss's names, from the first of them that
-        calls something, through the last. Empty when the loss is not computed there by a call."""
-        needed = {n.value for n in m.findall(site.loss, m.Name())}
+        the statements of the block that compute the loss's names (``for`` and ``if`` statements
+        too, by the names bound anywhere in them), from the first of them that calls something,
+        through the last. Empty when the loss is not computed there by a call."""
+        needed = set(needed)
         used: list[int] = []
         for i in range(len(candidates) - 1, -1, -1):
             s = candidates[i]
-            if not isinstance(s, cst.SimpleStatementLine):
-                continue
-            bound = {n.value for small in s.body if isinstance(small, (cst.Assign, cst.AnnAssign, cst.AugAssign))
-                     for target in ([t.target for t in small.targets] if isinstance(small, cst.Assign)
-                                    else [small.target])
-                     for n in m.findall(target, m.Name())}
+            bound = _bound(s)
             if bound & needed:
                 used.append(i)
                 needed |= {n.value for n in m.findall(s, m.Name())} - bound
@@ -361,3 +381,10 @@ class _Planner(Scaler):
     def device_type(self, node: cst.CSTNode) -> Optional[str]:
         """An expression for the type of the script's device where ``node`` stands."""
         return device_type_at(self.f, node)
+
+
+def _bound(stmt: cst.BaseStatement) -> set[str]:
+    """The names a statement binds anywhere in it: assignments, ``for`` targets, ``with ... as``."""
+    targets = [t.target for t in m.findall(stmt, m.AssignTarget() | m.AugAssign() | m.AnnAssign() | m.For())]
+    targets += [item.asname.name for item in m.findall(stmt, m.WithItem()) if item.asname is not None]
+    return {n.value for target in targets for n in m.findall(target, m.Name())}

@@ -12,6 +12,7 @@ import libcst.matchers as m
 
 from accelerate_rewrite.codemod.analysis.kinds import MODULE, OPTIMIZER, Key, Optimizer
 from accelerate_rewrite.codemod.analysis.libraries import PARAM_GROUPS
+from accelerate_rewrite.codemod.analysis.returns import _returned_names
 from accelerate_rewrite.codemod.analysis.syntax import callee_text, init_of, param_for, passed_at, root_of
 
 if TYPE_CHECKING:
@@ -43,10 +44,12 @@ class OptimizerSearch:
             key = f.key_of(call.func.value)
             if "step" in method and method != "step_size" and key is not None:
                 stepped.add(find(key))
-        optimizers = {b.key for b in f.bindings if isinstance(b, Optimizer)}
+        optimizers = {find(b.key) for b in f.bindings if isinstance(b, Optimizer)}
         for key, stmt, value, core in self._unknown:
-            if find(key) not in stepped or any(f.key_of(a.value) in optimizers for a in core.args):
-                continue  # a scheduler, or a wrapper around an optimizer the script names
+            given = [f.key_of(a.value) for a in core.args]
+            if find(key) not in stepped or any(k is not None and find(k) in optimizers for k in given) \
+                    or self._is_scheduler_class(core) or self._returned_optimizer(given):
+                continue  # a scheduler, or a wrapper around an optimizer the script names (or a helper returns)
             inner_call = next((c for c in m.findall(core, m.Call()) if c is not core and self._torch_optimizer(c)),
                               None)
             if inner_call is not None:
@@ -102,6 +105,45 @@ class OptimizerSearch:
             return False
         return any(self.f.qualname(base.value) in ("torch.optim.Optimizer", "torch.optim.optimizer.Optimizer")
                    for base in fn.node.bases)
+
+    def _returned_optimizer(self, keys: list[Optional[Key]]) -> bool:
+        """One of ``keys`` holds what a helper of the script returns, which is an optimizer it
+        builds (``optim = set_optimizer(net)``; ``return optim``): the flow joins the two names
+        only after this search (codemod/analysis/returns.py)."""
+        f = self.f
+        wanted = {k for k in keys if k is not None}
+        raw = {b.key for b in f.bindings if isinstance(b, Optimizer)}
+        if not wanted:
+            return False
+        for target, value, _node in self._pending:
+            if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)
+                    and isinstance(target, cst.Name) and f.key_of(target) in wanted):
+                continue
+            fn = f.functions.get(value.func.value)
+            if fn is None or not isinstance(fn.node, cst.FunctionDef):
+                continue
+            names = _returned_names(f, fn.node) or []
+            if len(names) == 1 and names[0] is not None and (fn.node, names[0].value) in raw:
+                return True
+        return False
+
+    def _is_scheduler_class(self, call: cst.Call) -> bool:
+        """``WarmupPolyLrScheduler(optim, ...)``: a class of the script (or of its project)
+        deriving, through its own classes, from one of torch's learning-rate schedulers."""
+        seen: set[str] = set()
+        todo = [call.func.value] if isinstance(call.func, cst.Name) else []
+        while todo:
+            name = todo.pop()
+            fn = self.f.functions.get(name)
+            if name in seen or fn is None or not isinstance(fn.node, cst.ClassDef):
+                continue
+            seen.add(name)
+            for base in fn.node.bases:
+                if (self.f.qualname(base.value) or "").startswith("torch.optim.lr_scheduler."):
+                    return True
+                if isinstance(base.value, cst.Name):
+                    todo.append(base.value.value)
+        return False
 
     def _param_models(self, call: cst.Call) -> list[Key]:
         keys: list[Key] = []
