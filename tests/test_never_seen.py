@@ -72,23 +72,35 @@ def test_an_optimizer_a_helper_builds_over_its_parameter_is_set_up_with_the_call
     assert "lr_schdr = WarmupPolyLrScheduler(optim, power=0.9)\n" in result.output
 
 
-def test_a_scheduler_class_of_the_script_is_not_an_optimizer():
+def test_a_scheduler_class_of_the_script_over_an_optimizer_from_a_package_is_not_an_optimizer():
     """A class of the script deriving (through its own classes) from torch's ``_LRScheduler``,
     built over an optimizer the analysis can't see (``build_optimizer`` from a package) and
     stepped, is a scheduler."""
-    source = HELPERS.replace("from lib.lr_scheduler import WarmupPolyLrScheduler\n", """
+    result = convert("""
+    import torch
+    import torch.nn as nn
+    from lib.optim import build_optimizer
 
-class WarmupLrScheduler(torch.optim.lr_scheduler._LRScheduler):
-    def get_lr(self):
-        return list(self.base_lrs)
+
+    class WarmupLrScheduler(torch.optim.lr_scheduler._LRScheduler):
+        def get_lr(self):
+            return list(self.base_lrs)
 
 
-class WarmupPolyLrScheduler(WarmupLrScheduler):
-    def __init__(self, optimizer, power):
-        self.power = power
-        super().__init__(optimizer)
-""")
-    source = source.replace("    optim = set_optimizer(net)\n", "    optim = build_optimizer(net)\n")
-    source = source.replace("import torch.nn as nn\n", "import torch.nn as nn\nfrom lib.optim import build_optimizer\n")
-    result = convert(source)
+    class WarmupPolyLrScheduler(WarmupLrScheduler):
+        def __init__(self, optimizer, power):
+            self.power = power
+            super().__init__(optimizer)
+
+
+    net = nn.Linear(8, 2)
+    optim = build_optimizer(net)
+    lr_schdr = WarmupPolyLrScheduler(optim, power=0.9)
+    for step in range(4):
+        loss = net(torch.randn(4, 8)).pow(2).mean()
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+        lr_schdr.step()
+    """)
     assert "net, optim = fabric.setup(net, optim)\n" in result.output

@@ -48,7 +48,7 @@ class OptimizerSearch:
         for key, stmt, value, core in self._unknown:
             given = [f.key_of(a.value) for a in core.args]
             if find(key) not in stepped or any(k is not None and find(k) in optimizers for k in given) \
-                    or self._is_scheduler_class(core) or self._returned_optimizer(given):
+                    or self._returned_optimizer(given):
                 continue  # a scheduler, or a wrapper around an optimizer the script names (or a helper returns)
             inner_call = next((c for c in m.findall(core, m.Call()) if c is not core and self._torch_optimizer(c)),
                               None)
@@ -125,24 +125,6 @@ class OptimizerSearch:
             names = _returned_names(f, fn.node) or []
             if len(names) == 1 and names[0] is not None and (fn.node, names[0].value) in raw:
                 return True
-        return False
-
-    def _is_scheduler_class(self, call: cst.Call) -> bool:
-        """``WarmupPolyLrScheduler(optim, ...)``: a class of the script (or of its project)
-        deriving, through its own classes, from one of torch's learning-rate schedulers."""
-        seen: set[str] = set()
-        todo = [call.func.value] if isinstance(call.func, cst.Name) else []
-        while todo:
-            name = todo.pop()
-            fn = self.f.functions.get(name)
-            if name in seen or fn is None or not isinstance(fn.node, cst.ClassDef):
-                continue
-            seen.add(name)
-            for base in fn.node.bases:
-                if (self.f.qualname(base.value) or "").startswith("torch.optim.lr_scheduler."):
-                    return True
-                if isinstance(base.value, cst.Name):
-                    todo.append(base.value.value)
         return False
 
     def _param_models(self, call: cst.Call) -> list[Key]:
