@@ -104,3 +104,50 @@ def test_a_scheduler_class_of_the_script_over_an_optimizer_from_a_package_is_not
         lr_schdr.step()
     """)
     assert "net, optim = fabric.setup(net, optim)\n" in result.output
+
+
+def test_fabric_is_created_in_the_script_not_at_a_modules_top_level(tmp_path):
+    """Person_reID's ``losses.py`` moves tensors at its top level (``zeros, ones = zeros.cuda(),
+    ones.cuda()``), and the script trains at its own: that module's top level runs on import,
+    so Fabric goes into the script, where ``train_model`` reads it as a global (it used to be
+    placed in the module, and the backward "couldn't reach" it)."""
+    from accelerate_rewrite.codemod.project.program import Scope
+
+    (tmp_path / "losses.py").write_text(textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+
+    zeros, ones = torch.zeros(1), torch.ones(1)
+    zeros, ones = zeros.cuda(), ones.cuda()
+    criterion2 = nn.MSELoss()
+
+
+    def extra_loss(x):
+        return criterion2(x, zeros.expand_as(x))
+    """).lstrip())
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+    from losses import extra_loss
+
+
+    def train_model(model, optimizer, num_epochs=2):
+        for epoch in range(num_epochs):
+            loss = extra_loss(model(torch.randn(4, 8).cuda()))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return model
+
+
+    model = nn.Linear(8, 2)
+    model = model.cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model = train_model(model, optimizer)
+    """).lstrip())
+    result = rewrite(script.read_text(), Options.create(), path=str(script), scope=Scope(follow=True))
+    assert not result.dropped, result.dropped
+    assert "        fabric.backward(loss)\n" in result.output
+    assert "    return model\n\n\nfabric = Fabric(devices=1)\nfabric.launch()\n\n\nmodel = nn.Linear(8, 2)\n" \
+        in result.output

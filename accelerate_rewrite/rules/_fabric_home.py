@@ -129,6 +129,8 @@ class Home:
             interesting += self._preparing(home)
         if p.ddp is not None:  # Fabric starts the processes where the script started them
             interesting += self._ddp_statements(home)
+        if isinstance(home, cst.Module):  # another file's top level runs on import, not where Fabric goes
+            interesting = [s for s in interesting if f.part_of(s) == 0]
         p.anchor = first_in_common_block(f, interesting)
         if p.anchor is None:
             self.refuse(first.stmt, "could not find one place before the model, optimizer and "
