@@ -107,34 +107,38 @@ def test_a_scheduler_class_of_the_script_over_an_optimizer_from_a_package_is_not
 
 
 def test_fabric_is_created_in_the_script_not_at_a_modules_top_level(tmp_path):
-    """Person_reID's ``losses.py`` moves tensors at its top level (``zeros, ones = zeros.cuda(),
-    ones.cuda()``), and the script trains at its own: that module's top level runs on import,
+    """Person_reID's ``ODFA.py`` (an input-gradient attack, so the program reads it) moves
+    tensors at its top level (``zeros, ones = zeros.cuda(), ones.cuda()``), and the script trains
+    at its own top level: the module's top level runs on import,
     so Fabric goes into the script, where ``train_model`` reads it as a global (it used to be
     placed in the module, and the backward "couldn't reach" it)."""
     from accelerate_rewrite.codemod.project.program import Scope
 
-    (tmp_path / "losses.py").write_text(textwrap.dedent("""
+    (tmp_path / "attack.py").write_text(textwrap.dedent("""
     import torch
     import torch.nn as nn
 
+
+    def perturb(model, img):
+        inputs = img.clone().requires_grad_(True)
+        loss = nn.MSELoss()(model(inputs), torch.zeros_like(model(inputs)))
+        loss.backward()
+        return (inputs - 0.01 * inputs.grad.sign()).detach()
+
+
     zeros, ones = torch.zeros(1), torch.ones(1)
     zeros, ones = zeros.cuda(), ones.cuda()
-    criterion2 = nn.MSELoss()
-
-
-    def extra_loss(x):
-        return criterion2(x, zeros.expand_as(x))
     """).lstrip())
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
     import torch
     import torch.nn as nn
-    from losses import extra_loss
+    from attack import perturb
 
 
     def train_model(model, optimizer, num_epochs=2):
         for epoch in range(num_epochs):
-            loss = extra_loss(model(torch.randn(4, 8).cuda()))
+            loss = model(perturb(model, torch.randn(4, 8).cuda())).pow(2).mean()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
