@@ -155,3 +155,144 @@ def test_fabric_is_created_in_the_script_not_at_a_modules_top_level(tmp_path):
     assert "        fabric.backward(loss)\n" in result.output
     assert "    return model\n\n\nfabric = Fabric(devices=1)\nfabric.launch()\n\n\nmodel = nn.Linear(8, 2)\n" \
         in result.output
+
+
+DEEPLAB = """
+import torch
+import torch.nn as nn
+from tqdm import tqdm
+
+
+class DeepLab(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.backbone(x))
+
+    def get_1x_lr_params(self):
+        yield from self.backbone.parameters()
+
+    def get_10x_lr_params(self):
+        yield from self.head.parameters()
+
+
+class Trainer:
+    def __init__(self, lr):
+        self.train_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 8)),
+                                                        batch_size=4)
+        model = DeepLab()
+        train_params = [{'params': model.get_1x_lr_params(), 'lr': lr},
+                        {'params': model.get_10x_lr_params(), 'lr': lr * 10}]
+        optimizer = torch.optim.SGD(train_params, momentum=0.9)
+        self.model, self.optimizer = model, optimizer
+
+    def training(self, epoch):
+        tbar = tqdm(self.train_loader)
+        for i, (image,) in enumerate(tbar):
+            loss = self.model(image).pow(2).mean()
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+
+
+trainer = Trainer(0.01)
+for epoch in range(2):
+    trainer.training(epoch)
+"""
+
+
+def test_parameters_from_a_models_own_methods_are_that_models():
+    """pytorch-deeplab-xception: ``{'params': model.get_1x_lr_params(), ...}``: what an optimizer
+    takes from a method of a model are that model's parameters (no hint needed); the loop draws
+    from ``tbar = tqdm(self.train_loader)``, the loader set up, and ``tbar`` is not taken for
+    a second loader (``setup_dataloaders`` would raise a TypeError on the progress bar)."""
+    result = convert(DEEPLAB, devices=2)
+    assert "        model, optimizer = fabric.setup(model, optimizer)\n" in result.output
+    assert "self.train_loader = fabric.setup_dataloaders(" in result.output
+    assert "setup_dataloaders(tbar)" not in result.output
+    assert "tbar = tqdm(self.train_loader, disable=not fabric.is_global_zero)\n" in result.output
+
+
+def test_an_optimizer_returned_through_a_helper_that_returns_another_helpers_result():
+    """SimMIM's ``build_optimizer(config, model, logger, is_pretrain)``: ``if is_pretrain: return
+    build_pretrain_optimizer(config, model, logger)`` else the fine-tuning one, each building
+    the optimizer over ``model`` and returning it: set up where the script receives it, with
+    the model as the script names it (``net``)."""
+    result = convert("""
+    import torch
+    import torch.nn as nn
+
+
+    def build_optimizer(config, model, is_pretrain):
+        if is_pretrain:
+            return build_pretrain_optimizer(config, model)
+        else:
+            return build_finetune_optimizer(config, model)
+
+
+    def build_pretrain_optimizer(config, model):
+        optimizer = None
+        if config["name"] == "sgd":
+            optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
+        return optimizer
+
+
+    def build_finetune_optimizer(config, model):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"])
+        return optimizer
+
+
+    def main(config):
+        net = nn.Linear(8, 2)
+        optimizer = build_optimizer(config, net, is_pretrain=True)
+        for step in range(4):
+            loss = net(torch.randn(4, 8)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+    if __name__ == "__main__":
+        main({"name": "sgd", "lr": 0.1})
+    """)
+    assert ("    optimizer = build_optimizer(config, net, is_pretrain=True)\n"
+            "    net, optimizer = fabric.setup(net, optimizer)\n") in result.output
+    assert result.output.count("fabric.setup(") == 1
+
+
+def test_a_loader_returned_through_a_packages_init_is_set_up_where_the_script_receives_it(tmp_path):
+    """SimMIM's ``data/__init__.py``: ``def build_loader(config): return
+    build_loader_simmim(config)``, imported from ``.data_simmim``, which builds the DataLoader
+    and returns it: the script's ``data_loader = build_loader(config)`` is that loader, set up
+    for several devices (it used to refuse: "can't show to be a DataLoader")."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "__init__.py").write_text(
+        "from .data_simmim import build_loader_simmim\n\n\n"
+        "def build_loader(config):\n    return build_loader_simmim(config)\n")
+    (tmp_path / "data" / "data_simmim.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\n"
+        "def build_loader_simmim(config):\n"
+        "    dataloader = DataLoader(TensorDataset(torch.randn(16, 8)), config['batch_size'])\n"
+        "    return dataloader\n")
+    script = tmp_path / "main.py"
+    script.write_text(textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+    from data import build_loader
+
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data_loader = build_loader({"batch_size": 4})
+    for (x,) in data_loader:
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    """).lstrip())
+    result = rewrite(script.read_text(), Options.create(devices=2), path=str(script))
+    assert not result.dropped, result.dropped
+    assert ('data_loader = build_loader({"batch_size": 4})\n'
+            "data_loader = fabric.setup_dataloaders(data_loader)\n") in result.output

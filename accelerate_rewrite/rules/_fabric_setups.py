@@ -132,23 +132,35 @@ class Setups:
         """An optimizer a helper builds and returns by name (``optimizer = None; if ...: optimizer =
         optim.SGD(...); ...; return optimizer``, Swin's ``build_optimizer(config, model)``), called
         once: set up where the script receives it (``optimizer = build_optimizer(config, model)``),
-        leaving the helper (and its module) alone."""
+        leaving the helper (and its module) alone. Through helpers that return what another
+        returns (SimMIM's ``build_optimizer``: ``if is_pretrain: return
+        build_pretrain_optimizer(config, model, logger)``, every return a call), each called once;
+        its models as the receiver names them."""
         f = self.f
-        func = f.function(opt.stmt)
-        fn = f.functions.get(func.name.value) if func is not None else None
-        if fn is None or fn.node is not func or len(fn.calls) != 1 or fn.other_uses:
+        func, models = f.function(opt.stmt), opt.models
+        returns = _returns(f, func) if func is not None else []  # (grouped by function once)
+        if not returns or not all(m.matches(r.value, m.Name(opt.path)) for r in returns):
             return opt
-        returns = _returns(f, func)  # (grouped by function once: a scan of every return per optimizer is quadratic)
-        assign = f.parent(fn.calls[0])
-        if not returns or not all(m.matches(r.value, m.Name(opt.path)) for r in returns) \
-                or not (isinstance(assign, cst.Assign) and len(assign.targets) == 1
-                        and isinstance(assign.targets[0].target, cst.Name)):
-            return opt
-        key = f.key_of(assign.targets[0].target)
-        models = self._models_passed(opt.models, func, fn.calls[0])
-        if key is None or models is None:
-            return opt
-        return replace(opt, key=key, stmt=f.statement(assign), models=models)
+        for _ in range(4):
+            fn = f.functions.get(func.name.value) if func is not None else None
+            if fn is None or fn.node is not func or len(fn.calls) != 1 or fn.other_uses:
+                return opt
+            call = fn.calls[0]
+            models = self._models_passed(models, func, call)
+            parent = f.parent(call)
+            if models is None:
+                return opt
+            if isinstance(parent, cst.Return):  # ``return build_pretrain_optimizer(...)``
+                func = f.function(parent)
+                if func is None or not all(isinstance(r.value, cst.Call) for r in _returns(f, func)):
+                    return opt
+                continue
+            if not (isinstance(parent, cst.Assign) and len(parent.targets) == 1
+                    and isinstance(parent.targets[0].target, cst.Name)):
+                return opt
+            key = f.key_of(parent.targets[0].target)
+            return replace(opt, key=key, stmt=f.statement(parent), models=models) if key is not None else opt
+        return opt
 
     def _models_passed(self, models: list[Key], func: cst.FunctionDef, call: cst.Call) -> Optional[list[Key]]:
         """The models of an optimizer a helper builds over its parameters (``def

@@ -43,8 +43,17 @@ EVAL_WORDS = ("test", "val", "eval", "dev")
 def data_source(f: Facts, source: cst.BaseExpression) -> cst.BaseExpression:
     """What a loop draws its items from, through ``enumerate``, ``tqdm`` and the script's own
     generators that yield their first argument's items (``metric_logger.log_every(loader, 10)``,
-    ``syntax.passes_through``): ``loader``."""
-    return unwrap_iter(source, f.memo("passes-through", lambda: passes_through(f.module, f.find_in)))
+    ``syntax.passes_through``): ``loader``; also through a name bound once to such a wrapper
+    (pytorch-deeplab-xception's ``tbar = tqdm(self.train_loader)``, then ``enumerate(tbar)``)."""
+    through = f.memo("passes-through", lambda: passes_through(f.module, f.find_in))
+    source = unwrap_iter(source, through)
+    for _ in range(3):
+        values = [v for _, v in f.assignments(source)] if isinstance(source, cst.Name) else []
+        inner = unwrap_iter(values[0], through) if len(values) == 1 and isinstance(values[0], cst.Call) else None
+        if inner is None or inner is values[0]:
+            break
+        source = inner
+    return source
 
 
 def is_counter(f: Facts, source: cst.BaseExpression) -> bool:

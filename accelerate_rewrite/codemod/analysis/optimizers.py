@@ -154,11 +154,27 @@ class OptimizerSearch:
             for key in self._given_to_helpers(expr):  # ``set_weight_decay(model, skip)``
                 if key not in keys:
                     keys.append(key)
+            for key in self._model_methods(expr):  # ``model.get_1x_lr_params()``
+                if key not in keys:
+                    keys.append(key)
             names = [expr] if isinstance(expr, cst.Name) else self.f.find_in(expr, m.Name())
             for name in names:
                 if self.f.key_of(name) in optimizers:
                     continue  # a scheduler over an optimizer is not over its parameters
                 todo.extend(self._sources(name))
+        return keys
+
+    def _model_methods(self, expr: cst.BaseExpression) -> list[Key]:
+        """The models whose own methods give the parameters (pytorch-deeplab-xception's
+        ``{'params': model.get_1x_lr_params(), 'lr': args.lr}``): what an optimizer takes as
+        parameters, from a method of a model, are that model's."""
+        f = self.f
+        modules = {b.key for b in f.bindings if b.kind == MODULE}
+        keys = []
+        for call in f.find_in(expr, m.Call(func=m.Attribute(value=m.Name() | m.Attribute()))):
+            key = f.key_of(call.func.value)  # type: ignore[union-attr]
+            if key is not None and key in modules and key not in keys:
+                keys.append(key)
         return keys
 
     def _over_items(self, root: cst.BaseExpression) -> list[cst.BaseExpression]:

@@ -191,7 +191,8 @@ def _bind_results(f: Facts, call: cst.Call, positions, label: str) -> None:
 
 
 #: calls whose results a training loop may draw batches from that are surely not DataLoaders
-_NOT_LOADERS = ("builtins.", "torchtext.", "torch.utils.data.Dataset", "numpy.", "itertools.")
+#: (tqdm's progress bars wrap one: ``tbar = tqdm(self.train_loader)``)
+_NOT_LOADERS = ("builtins.", "torchtext.", "torch.utils.data.Dataset", "numpy.", "itertools.", "tqdm.")
 
 
 def assume_received_loaders(f: Facts) -> None:

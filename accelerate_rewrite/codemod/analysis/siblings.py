@@ -89,11 +89,13 @@ def _own_nodes(func: ast.FunctionDef):
             todo.extend(ast.iter_child_nodes(node))
 
 
-def loader_results(folder: Optional[Path], dotted: str, name: str) -> Optional[tuple[bool, ...]]:
+def loader_results(folder: Optional[Path], dotted: str, name: str, depth: int = 0) -> Optional[tuple[bool, ...]]:
     """For ``name`` defined at the top of the sibling module ``dotted``: which elements of what
-    it returns are DataLoaders (built there, returned directly or by name); None when none are,
+    it returns are DataLoaders (built there, returned directly or by name, or what a function it
+    returns the result of returns: SimMIM's ``data/__init__.py``, ``if is_pretrain: return
+    build_loader_simmim(config, logger)``, imported from ``.data_simmim``); None when none are,
     the returns disagree, or the module is not a file next to the script."""
-    if folder is None:
+    if folder is None or depth > 3:
         return None
     module = _module(folder, dotted)
     if module is None:
@@ -110,12 +112,42 @@ def loader_results(folder: Optional[Path], dotted: str, name: str) -> Optional[t
     for ret in (n for n in nodes if isinstance(n, ast.Return)):
         if ret.value is None:
             return None
+        if isinstance(ret.value, ast.Call) and isinstance(ret.value.func, ast.Name):
+            where = _defined_at(folder, dotted, module, ret.value.func.id)
+            passed = loader_results(folder, where[0], where[1], depth + 1) if where is not None else None
+            if passed is not None:
+                shapes.append(passed)
+                continue
         elements = ret.value.elts if isinstance(ret.value, ast.Tuple) else [ret.value]
         shapes.append(tuple(_is_loader_call(e) or (isinstance(e, ast.Name) and e.id in built
                                                    and e.id not in rebound) for e in elements))
     if not shapes or any(s != shapes[0] for s in shapes) or not any(shapes[0]):
         return None
     return shapes[0]
+
+
+def _defined_at(folder: Path, dotted: str, module: ast.Module, name: str) -> Optional[tuple[str, str]]:
+    """The module (dotted, from ``folder``) and name of the function ``name`` means at the top of
+    ``module``: one of its own, or one it imports from a module of the project (``from
+    .data_simmim import build_loader_simmim``, relative to its package)."""
+    if any(isinstance(n, ast.FunctionDef) and n.name == name for n in module.body):
+        return dotted, name
+    file = _file(folder, dotted)
+    package = dotted if file is not None and file.name == "__init__.py" else dotted.rpartition(".")[0]
+    for node in module.body:
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        for alias in node.names:
+            if (alias.asname or alias.name) != name:
+                continue
+            if node.level == 0:
+                return (node.module, alias.name) if node.module else None
+            base = package.split(".") if package else []
+            base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+            if node.level - 1 > len(package.split(".") if package else []):
+                return None
+            return ".".join([*base, *([node.module] if node.module else [])]), alias.name
+    return None
 
 
 def loader_attributes(folder: Optional[Path], dotted: str, name: str) -> frozenset[str]:
