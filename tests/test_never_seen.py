@@ -296,3 +296,40 @@ def test_a_loader_returned_through_a_packages_init_is_set_up_where_the_script_re
     assert not result.dropped, result.dropped
     assert ('data_loader = build_loader({"batch_size": 4})\n'
             "data_loader = fabric.setup_dataloaders(data_loader)\n") in result.output
+
+
+def test_model_module_read_before_the_setup_reads_the_bare_model_once_dataparallel_goes():
+    """deeplab-pytorch: ``model = nn.DataParallel(model)``, then the optimizer over
+    ``get_params(model.module, key="1x")``: with DataParallel removed, ``model.module`` before
+    Fabric's set-up would raise AttributeError; it becomes ``model``. After the set-up,
+    ``model.module`` (Fabric's wrapper has one) stays."""
+    result = convert("""
+    import torch
+    import torch.nn as nn
+
+
+    def get_params(model, key):
+        for m in model.named_modules():
+            if key in m[0]:
+                for p in m[1].parameters():
+                    yield p
+
+
+    model = nn.Sequential()
+    model.add_module("1x", nn.Linear(8, 8))
+    model.add_module("10x", nn.Linear(8, 2))
+    model = nn.DataParallel(model)
+    optimizer = torch.optim.SGD([{"params": get_params(model.module, key="1x")},
+                                 {"params": get_params(model.module, key="10x"), "lr": 1.0}], lr=0.1)
+    model.module[0].train()
+    for step in range(3):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    torch.save(model.module.state_dict(), "m.pt")
+    """)
+    assert '[{"params": get_params(model, key="1x")},\n' in result.output
+    assert '{"params": get_params(model, key="10x"), "lr": 1.0}], lr=0.1)\n' \
+           "model, optimizer = fabric.setup(model, optimizer)\nmodel.module[0].train()\n" in result.output
+    assert "torch.save(model.module.state_dict()" in result.output

@@ -227,13 +227,19 @@ class OptimizerSearch:
             fn = f.functions.get(call.func.value)
             if fn is None or not isinstance(fn.node, cst.FunctionDef):
                 continue
+            # (deeplab's ``get_params(model.module, key)``: ``for m in model.named_modules(): ...
+            # for p in m[1].parameters(): yield p``)
             read = {root_of(c.func.value).value for c in f.find_in(fn.node.body, m.Call(
-                func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters"))))
+                func=m.Attribute(attr=m.Name("parameters") | m.Name("named_parameters") | m.Name("modules")
+                                 | m.Name("named_modules") | m.Name("children") | m.Name("named_children"))))
                 if isinstance(root_of(c.func.value), cst.Name)}
             for index, arg in enumerate(call.args):
                 param = param_for(fn.params, fn.node, arg, index)
-                if param is not None and param.name.value in read and isinstance(arg.value, cst.Name):
-                    key = f.key_of(arg.value)
+                value = arg.value
+                while m.matches(value, m.Attribute(attr=m.Name("module"))):  # DataParallel's module
+                    value = value.value  # type: ignore[attr-defined]
+                if param is not None and param.name.value in read and isinstance(value, (cst.Name, cst.Attribute)):
+                    key = f.key_of(value)
                     if key is not None:
                         out.append(key)
         return out
