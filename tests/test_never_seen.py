@@ -333,3 +333,70 @@ def test_model_module_read_before_the_setup_reads_the_bare_model_once_dataparall
     assert '{"params": get_params(model, key="10x"), "lr": 1.0}], lr=0.1)\n' \
            "model, optimizer = fabric.setup(model, optimizer)\nmodel.module[0].train()\n" in result.output
     assert "torch.save(model.module.state_dict()" in result.output
+
+
+def _src_layout(tmp_path):
+    """open_clip's shape: ``src/trainer_pkg/`` (a package, installed from ``src`` as
+    pyproject.toml says), run as ``python -m trainer_pkg.main``; main imports the training
+    function from ``trainer_pkg.train``, where ``backward(total_loss, scaler)`` runs the backward
+    for ``train_one_epoch``, which main calls."""
+    (tmp_path / "pyproject.toml").write_text('[tool.setuptools.packages.find]\nwhere = ["src"]\n')
+    pkg = tmp_path / "src" / "trainer_pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text(textwrap.dedent("""
+    import torch
+
+
+    def backward(total_loss, scaler):
+        if scaler is not None:
+            scaler.scale(total_loss).backward()
+        else:
+            total_loss.backward()
+
+
+    def train_one_epoch(model, data, optimizer, scaler):
+        for (x,) in data:
+            loss = model(x).pow(2).mean()
+            optimizer.zero_grad()
+            backward(loss, scaler)
+            optimizer.step()
+    """).lstrip())
+    main = pkg / "main.py"
+    main.write_text(textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainer_pkg.train import train_one_epoch
+
+
+    def main():
+        model = nn.Linear(8, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = DataLoader(TensorDataset(torch.randn(16, 8)), batch_size=4)
+        for epoch in range(2):
+            train_one_epoch(model, data, optimizer, None)
+
+
+    if __name__ == "__main__":
+        main()
+    """).lstrip())
+    return main
+
+
+def test_a_script_in_a_src_layout_package_reads_its_package(tmp_path):
+    """The package is found where Python finds it (``src``, from pyproject.toml's ``where``,
+    and the folder above the script's own package): the training is read, not "no training
+    found"; the backward's helper and its caller receive `fabric` from main."""
+    from accelerate_rewrite.codemod.project.program import Scope
+
+    main = _src_layout(tmp_path)
+    result = rewrite(main.read_text(), Options.create(), path=str(main), scope=Scope(follow=True))
+    assert not result.dropped, result.dropped
+    assert "model, optimizer = fabric.setup(model, optimizer)" in result.output
+    train = next(m for m in result.members if m.path.endswith("train.py"))
+    assert "def backward(fabric, total_loss, scaler):\n" in train.output
+    assert "        fabric.backward(scaler.scale(total_loss))\n" in train.output
+    assert "        backward(fabric, loss, scaler)\n" in train.output
+    assert "train_one_epoch(fabric, model, data, optimizer, None)" in result.output

@@ -147,14 +147,17 @@ class Reach:
         Fabric a global (``setups=False``), this is for the project's other files, whose
         optimizers are set up where the driver receives them."""
         f, p = self.f, self.p
-        needs = [s.call for s in f.backward_sites if s.library is None] \
-            + [o.stmt for o in f.optimizers if setups and not _handed_back(f, o)] \
+        backwards = [s.call for s in f.backward_sites if s.library is None]
+        needs = backwards + [o.stmt for o in f.optimizers if setups and not _handed_back(f, o)] \
             + ([n for n, _ in p.ddp.reads] if p.ddp else []) + (self._side_effects() if self.o.many_devices else [])
-        # a print's function needs `fabric` however deep it is: its callers that can't reach it
-        # need it in turn (``validate`` builds the ProgressMeter that prints); the other needs
-        # stay where they are (a read of the rank works without `fabric`)
+        # a print's function and a backward's need `fabric` however deep they are: their
+        # callers that can't reach it need it in turn (``validate`` builds the ProgressMeter that
+        # prints; open_clip's ``backward(total_loss, scaler)`` is called by
+        # ``train_one_epoch``); the other needs stay where they are (a read of the rank works
+        # without `fabric`)
         passed_on = self._prints() if self.o.many_devices else []
         needs += passed_on
+        passed_on = passed_on + backwards
         passing = {id(n) for n in passed_on}
         changed = True
         while changed:

@@ -200,13 +200,45 @@ def project_root(folder: Path) -> Path:
 
 def import_folders(folder: Path, module: Optional[ast.Module]) -> list[Path]:
     """Where the script at ``folder`` imports its project's modules from, first found first:
-    its folder, the folders it puts on ``sys.path`` (``sys_path_folders``), then its project's
-    root (``project_root``)."""
+    its folder, the folders it puts on ``sys.path`` (``sys_path_folders``), the folder above its
+    own package (a script inside a package runs as ``python -m pkg.main`` from there), then its
+    project's root (``project_root``) and the folders the project installs its packages from
+    (``src/``, setuptools' ``where`` and ``package-dir``: ``source_folders``)."""
     out = [folder, *(sys_path_folders(folder, module) if module is not None else [])]
+    top = folder.resolve()
+    while (top / "__init__.py").is_file() and top.parent != top:
+        top = top.parent
     root = project_root(folder)
-    if all(root != f.resolve() for f in out):
-        out.append(root)
+    for extra in (top, root, *source_folders(root)):
+        if all(extra != f.resolve() for f in out):
+            out.append(extra)
     return out
+
+
+@lru_cache(maxsize=64)
+def source_folders(root: Path) -> tuple[Path, ...]:
+    """The folders under the project's root its packages are installed from: what
+    pyproject.toml's ``[tool.setuptools.packages.find] where`` and ``package-dir`` name, and
+    ``src/`` (the src layout), where they are folders."""
+    names: list[str] = []
+    try:
+        import tomllib
+
+        with open(root / "pyproject.toml", "rb") as fh:
+            setuptools = tomllib.load(fh).get("tool", {}).get("setuptools", {})
+        found = setuptools.get("packages", {})
+        if isinstance(found, dict):
+            names += [w for w in found.get("find", {}).get("where", []) if isinstance(w, str)]
+        names += [d for d in setuptools.get("package-dir", {}).values() if isinstance(d, str)]
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass
+    names.append("src")
+    out = []
+    for name in names:
+        path = (root / name).resolve()
+        if name not in ("", ".") and path.is_dir() and path not in out:
+            out.append(path)
+    return tuple(out)
 
 
 def package_of(file: Path, dotted: str) -> str:
