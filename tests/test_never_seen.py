@@ -400,3 +400,43 @@ def test_a_script_in_a_src_layout_package_reads_its_package(tmp_path):
     assert "        fabric.backward(scaler.scale(total_loss))\n" in train.output
     assert "        backward(fabric, loss, scaler)\n" in train.output
     assert "train_one_epoch(fabric, model, data, optimizer, None)" in result.output
+
+
+APEX_KWARGS = """
+import torch
+import torch.nn as nn
+from apex import amp
+
+model = nn.Linear(8, 2).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+amp_args = {AMP_ARGS}
+model, optimizer = amp.initialize(model, optimizer, **amp_args)
+for step in range(3):
+    loss = model(torch.randn(4, 8).cuda()).pow(2).mean()
+    optimizer.zero_grad()
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    optimizer.step()
+"""
+
+
+def test_apex_initialize_with_keywords_in_a_dict_reads_them():
+    """``amp.initialize(model, opt, **amp_args)`` with ``amp_args = dict(opt_level="O2", ...)``:
+    the dict's keywords are read as Python passes them (it used to be refused with a false
+    reason: "must hand back the objects it takes", which it does)."""
+    for spelling in ('dict(opt_level="O2", loss_scale="dynamic")', '{"opt_level": "O2"}'):
+        source = APEX_KWARGS.replace("{AMP_ARGS}", spelling)
+        fabric = convert(source)
+        assert 'Fabric(devices=1, precision="16-mixed")' in fabric.output
+        native = convert(source, backend="torch")
+        assert "scaler.scale(loss).backward()" in native.output
+
+
+def test_apex_keywords_in_a_dict_it_cant_read_need_a_precision_and_say_so():
+    """``**vars(args)``-like dicts (built by a call, or changed after) are not read: the
+    refusal says the opt_level is not a literal, and --precision converts it."""
+    source = APEX_KWARGS.replace("{AMP_ARGS}", 'dict(opt_level="O1")\namp_args["opt_level"] = "O2"')
+    result = rewrite(textwrap.dedent(source), Options.create(), path="train.py")
+    assert not result.changed
+    assert "opt_level is not a literal O0-O3: give --precision" in " ".join(n.message for n in result.skips)
+    assert 'precision="bf16-mixed"' in convert(source, precision="bf16-mixed").output

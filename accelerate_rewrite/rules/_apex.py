@@ -10,6 +10,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.analysis.syntax import short
+from accelerate_rewrite.codemod.analysis.arguments import keywords, positional
 from accelerate_rewrite.codemod.analysis.facts import (
     APEX_INITIALIZE,
     APEX_LOAD_STATE_DICT,
@@ -56,10 +57,12 @@ def _find(f: ScriptFacts) -> ApexUse:
     out = ApexUse()
     levels: dict[str, cst.Call] = {}
     for call in f.calls_named(*APEX_INITIALIZE):
-        level_arg = next((a for a in call.args if a.keyword and a.keyword.value == "opt_level"), None)
-        level = "O1" if level_arg is None else getattr(level_arg.value, "evaluated_value", None)
+        # (``**amp_args`` read as Python passes it: codemod/analysis/arguments.py)
+        passed = keywords(f, call)
+        level_arg = passed.get("opt_level") if passed is not None else None
+        level = None if passed is None else "O1" if level_arg is None else getattr(level_arg, "evaluated_value", None)
         if level is None and level_arg is not None:
-            out.level_flag, level = _flag_default(f, level_arg.value)
+            out.level_flag, level = _flag_default(f, level_arg)
         if level in APEX_LEVELS:
             levels[level] = call
         else:
@@ -67,9 +70,7 @@ def _find(f: ScriptFacts) -> ApexUse:
         statement = f.statement(call)
         assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
         # apex's signature: initialize(models, optimizers=None, ...), either form
-        keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-        given = [a.value for a in call.args if a.keyword is None] + [
-            keywords[k] for k in ("models", "optimizers") if k in keywords]
+        given = positional(call) + [(passed or {})[k] for k in ("models", "optimizers") if k in (passed or {})]
         if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or assign.value is not call \
                 or _flat(assign.targets[0].target) != [n for g in given for n in _flat(g)]:
             out.problem = (call, f"`{short(call)}` must hand back the objects it takes, as "
