@@ -264,14 +264,22 @@ def test_an_optimizer_returned_through_a_helper_that_returns_another_helpers_res
 
 
 def test_a_loader_returned_through_a_packages_init_is_set_up_where_the_script_receives_it(tmp_path):
-    """SimMIM's ``data/__init__.py``: ``def build_loader(config): return
-    build_loader_simmim(config)``, imported from ``.data_simmim``, which builds the DataLoader
-    and returns it: the script's ``data_loader = build_loader(config)`` is that loader, set up
-    for several devices (it used to refuse: "can't show to be a DataLoader")."""
+    """SimMIM's ``data/__init__.py``: ``def build_loader(config, is_pretrain): if is_pretrain:
+    return build_loader_simmim(config)`` (imported from ``.data_simmim``, which builds the
+    DataLoader and returns it), else the fine-tuning one, which returns a tuple: called with
+    ``is_pretrain=True``, the other branch is never taken, and the script's ``data_loader`` is
+    the loader, set up for several devices (it used to refuse: "can't show to be a
+    DataLoader")."""
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "__init__.py").write_text(
-        "from .data_simmim import build_loader_simmim\n\n\n"
-        "def build_loader(config):\n    return build_loader_simmim(config)\n")
+        "from .data_simmim import build_loader_simmim\nfrom .data_finetune import build_loader_finetune\n\n\n"
+        "def build_loader(config, is_pretrain):\n    if is_pretrain:\n        return build_loader_simmim(config)\n"
+        "    else:\n        return build_loader_finetune(config)\n")
+    (tmp_path / "data" / "data_finetune.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\n"
+        "def build_loader_finetune(config):\n"
+        "    dataset = TensorDataset(torch.randn(16, 8))\n"
+        "    return dataset, DataLoader(dataset, config['batch_size'])\n")
     (tmp_path / "data" / "data_simmim.py").write_text(
         "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\n"
         "def build_loader_simmim(config):\n"
@@ -285,7 +293,7 @@ def test_a_loader_returned_through_a_packages_init_is_set_up_where_the_script_re
 
     model = nn.Linear(8, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    data_loader = build_loader({"batch_size": 4})
+    data_loader = build_loader({"batch_size": 4}, is_pretrain=True)
     for (x,) in data_loader:
         loss = model(x).pow(2).mean()
         optimizer.zero_grad()
@@ -294,7 +302,7 @@ def test_a_loader_returned_through_a_packages_init_is_set_up_where_the_script_re
     """).lstrip())
     result = rewrite(script.read_text(), Options.create(devices=2), path=str(script))
     assert not result.dropped, result.dropped
-    assert ('data_loader = build_loader({"batch_size": 4})\n'
+    assert ('data_loader = build_loader({"batch_size": 4}, is_pretrain=True)\n'
             "data_loader = fabric.setup_dataloaders(data_loader)\n") in result.output
 
 
@@ -440,3 +448,50 @@ def test_apex_keywords_in_a_dict_it_cant_read_need_a_precision_and_say_so():
     assert not result.changed
     assert "opt_level is not a literal O0-O3: give --precision" in " ".join(n.message for n in result.skips)
     assert 'precision="bf16-mixed"' in convert(source, precision="bf16-mixed").output
+
+
+def test_a_module_s_own_import_of_a_name_the_script_imports_too_keeps_its_meaning(tmp_path):
+    """SimMIM's utils.py and main script each ``try: from apex import amp / except ImportError:
+    amp = None``: the program reads utils' ``amp`` under a name of its own, and its import binds
+    that name (it used to bind ``amp``, so utils' ``amp.state_dict()`` was no apex call to the
+    analysis, stayed, and the conversion was dropped for reading a name no longer defined)."""
+    from accelerate_rewrite.codemod.project.program import Scope
+
+    guarded = "try:\n    from apex import amp\nexcept ImportError:\n    amp = None\n"
+    (tmp_path / "utils.py").write_text("import torch\n\n" + guarded + textwrap.dedent("""
+
+
+    def save_checkpoint(config, model, optimizer, path):
+        save_state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        if config["amp"] != "O0":
+            save_state["amp"] = amp.state_dict()
+        torch.save(save_state, path)
+    """))
+    script = tmp_path / "main.py"
+    script.write_text("import torch\nimport torch.nn as nn\n\n" + guarded + textwrap.dedent("""
+    from utils import save_checkpoint
+
+
+    def main(config):
+        model = nn.Linear(8, 2).cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = amp.initialize(model, optimizer, opt_level=config["amp"])
+        for step in range(3):
+            loss = model(torch.randn(4, 8).cuda()).pow(2).mean()
+            optimizer.zero_grad()
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+        save_checkpoint(config, model, optimizer, "ckpt.pt")
+
+
+    if __name__ == "__main__":
+        main({"amp": "O1"})
+    """))
+    result = rewrite(script.read_text(), Options.create(precision="bf16-mixed"), path=str(script),
+                     scope=Scope(follow=True))
+    assert not result.dropped, result.dropped
+    assert "fabric.backward(loss)" in result.output
+    utils = next(m for m in result.members if m.path.endswith("utils.py"))
+    assert '        save_state["amp"] = {}\n' in utils.output
+    assert guarded in utils.output

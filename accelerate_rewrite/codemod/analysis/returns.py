@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
+import libcst.matchers as m
 
 from accelerate_rewrite.codemod.analysis.libraries import SHARDED_LOADER_FACTORIES
 from accelerate_rewrite.codemod.analysis import kinds as F
@@ -121,19 +122,31 @@ def find_returned_loaders(f: Facts) -> None:
                 _bind_results(f, call, positions, f"{fn.name}()")
     if f.folder is None:
         return
-    found: dict[str, Optional[tuple[bool, ...]]] = {}
+    found: dict[tuple, Optional[tuple[bool, ...]]] = {}
     for site in f.calls:  # ``from utils import make_loaders``: a module next to the script
         module, _, name = site.qualname.rpartition(".")
         if not module or site.qualname.startswith(".") or "<" in site.qualname:
             continue
-        if site.qualname not in found:
-            found[site.qualname] = loader_results(f.folder, module, name)
-        shape = found[site.qualname]
+        literals = _literal_bools(site.call)
+        if (site.qualname, literals) not in found:
+            found[(site.qualname, literals)] = loader_results(f.folder, module, name, literals=literals)
+        shape = found[(site.qualname, literals)]
         if shape is not None:
             _bind_results(f, site.call, tuple(() if is_loader else None for is_loader in shape),
                           f"{site.qualname}()")
         else:
             _bind_attributes(f, site.call, loader_attributes(f.folder, module, name), f"{site.qualname}()")
+
+
+def _literal_bools(call: cst.Call) -> tuple:
+    """The True/False literals a call passes: ((position or keyword, value), ...)."""
+    out = []
+    for index, arg in enumerate(call.args):
+        if arg.star:
+            break
+        if m.matches(arg.value, m.Name("True") | m.Name("False")):
+            out.append((arg.keyword.value if arg.keyword is not None else index, arg.value.value == "True"))
+    return tuple(out)
 
 
 def _loader_attributes(f: Facts, cls: cst.ClassDef) -> frozenset[str]:
@@ -204,7 +217,6 @@ def assume_received_loaders(f: Facts) -> None:
     bound there; ``f.assumed_loaders`` says which, for the note. Only where the loop trains (a
     backward in it, or a call of a function that runs one), and never for a call known not to
     build one (builtins, torchtext, numpy, a Dataset)."""
-    import libcst.matchers as m
 
     from accelerate_rewrite.codemod.analysis.loops import data_source, is_counter  # loops reads facts, made after this
 

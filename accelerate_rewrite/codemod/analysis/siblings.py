@@ -89,12 +89,16 @@ def _own_nodes(func: ast.FunctionDef):
             todo.extend(ast.iter_child_nodes(node))
 
 
-def loader_results(folder: Optional[Path], dotted: str, name: str, depth: int = 0) -> Optional[tuple[bool, ...]]:
+def loader_results(folder: Optional[Path], dotted: str, name: str, depth: int = 0,
+                   literals: tuple = ()) -> Optional[tuple[bool, ...]]:
     """For ``name`` defined at the top of the sibling module ``dotted``: which elements of what
     it returns are DataLoaders (built there, returned directly or by name, or what a function it
     returns the result of returns: SimMIM's ``data/__init__.py``, ``if is_pretrain: return
     build_loader_simmim(config, logger)``, imported from ``.data_simmim``); None when none are,
-    the returns disagree, or the module is not a file next to the script."""
+    the returns disagree, or the module is not a file next to the script. ``literals``: the
+    True/False the call passes, by position (an int) or keyword (a str), as ``(where, value)``
+    pairs: a return under ``if <that parameter>:`` on the other side is never reached
+    (SimMIM's ``build_loader(config, logger, is_pretrain=True)``)."""
     if folder is None or depth > 3:
         return None
     module = _module(folder, dotted)
@@ -109,7 +113,7 @@ def loader_results(folder: Optional[Path], dotted: str, name: str, depth: int = 
     rebound = {t.id for n in nodes if isinstance(n, ast.Assign) and not _is_loader_call(n.value)
                for t in n.targets if isinstance(t, ast.Name)}
     shapes = []
-    for ret in (n for n in nodes if isinstance(n, ast.Return)):
+    for ret in _live_returns(func, literals):
         if ret.value is None:
             return None
         if isinstance(ret.value, ast.Call) and isinstance(ret.value.func, ast.Name):
@@ -124,6 +128,39 @@ def loader_results(folder: Optional[Path], dotted: str, name: str, depth: int = 
     if not shapes or any(s != shapes[0] for s in shapes) or not any(shapes[0]):
         return None
     return shapes[0]
+
+
+def _live_returns(func: ast.FunctionDef, literals: tuple) -> list[ast.Return]:
+    """The function's own returns, less those on the side of an ``if <parameter>:`` (or ``if not
+    <parameter>:``) that the call's literal True/False for that parameter never takes."""
+    params = [a.arg for a in func.args.args]
+    known = {}
+    for where, value in literals:
+        name = params[where] if isinstance(where, int) and where < len(params) else where
+        if isinstance(name, str):
+            known[name] = value
+    out: list[ast.Return] = []
+
+    def walk(stmts: list[ast.stmt]) -> None:
+        for stmt in stmts:
+            if isinstance(stmt, ast.Return):
+                out.append(stmt)
+            elif isinstance(stmt, ast.If):
+                test, negate = stmt.test, False
+                if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+                    test, negate = test.operand, True
+                if isinstance(test, ast.Name) and test.id in known:
+                    walk(stmt.body if known[test.id] != negate else stmt.orelse)
+                else:
+                    walk(stmt.body)
+                    walk(stmt.orelse)
+            elif isinstance(stmt, (ast.For, ast.While, ast.With, ast.Try)):
+                for block in ("body", "orelse", "finalbody", "handlers"):
+                    inner = getattr(stmt, block, [])
+                    walk([s for h in inner for s in h.body] if block == "handlers" else inner)
+
+    walk(func.body)
+    return out
 
 
 def _defined_at(folder: Path, dotted: str, module: ast.Module, name: str) -> Optional[tuple[str, str]]:

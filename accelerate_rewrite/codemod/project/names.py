@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Optional
 
 import libcst as cst
+import libcst.matchers as m
 
 from accelerate_rewrite.codemod.tree.toplevel import python_tree
 from accelerate_rewrite.codemod.tree.walk import Along
@@ -105,6 +106,14 @@ class _Dealias(_Renaming):
             return updated
         return updated.with_changes(value=analysis)
 
+    def leave_ImportAlias(self, original: cst.ImportAlias, updated: cst.ImportAlias) -> cst.ImportAlias:
+        """``from apex import amp`` in a module whose ``amp`` the analysis reads as
+        ``amp__utils``: ``from apex import amp as amp__utils``, so that the name it binds is the
+        one read there, and is still apex's."""
+        if updated.asname is None and isinstance(updated.name, cst.Name) and updated.name.value in self.back:
+            return updated.with_changes(asname=cst.AsName(cst.Name(self.back[updated.name.value])))
+        return updated
+
 
 class Realias(_Renaming):
     """``train`` -> ``E.train`` again in the file: every ``train`` read there came from ``E.train``
@@ -119,6 +128,13 @@ class Realias(_Renaming):
     def changes(self, node: cst.CSTNode) -> bool:
         """The names it reads back through a module, or renames."""
         return type(node) is cst.Name and (node.value in self.renames or node.value in self.aliases)
+
+    def leave_ImportAlias(self, original: cst.ImportAlias, updated: cst.ImportAlias) -> cst.ImportAlias:
+        """``from apex import amp as amp__utils`` (``_Dealias``) is ``from apex import amp`` again."""
+        if updated.asname is not None and isinstance(updated.name, cst.Name) \
+                and m.matches(updated.asname.name, m.Name(updated.name.value)):
+            return updated.with_changes(asname=None)
+        return updated
 
     def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
         if id(original) in self.kept:
