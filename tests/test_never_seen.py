@@ -495,3 +495,68 @@ def test_a_module_s_own_import_of_a_name_the_script_imports_too_keeps_its_meanin
     utils = next(m for m in result.members if m.path.endswith("utils.py"))
     assert '        save_state["amp"] = {}\n' in utils.output
     assert guarded in utils.output
+
+
+SWA = """
+import torch
+import torch.nn as nn
+from torch.optim import swa_utils
+
+model = nn.Linear(8, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 8)), batch_size=4)
+swa_model = swa_utils.AveragedModel(model)
+for epoch in range(2):
+    for (x,) in loader:
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    swa_model.update_parameters(model)
+torch.save(swa_model.module.state_dict(), "swa.pt")
+"""
+
+
+def test_torch_s_averaged_model_takes_the_module_and_updates_from_the_set_up_model():
+    """Person_reID's ``swa_utils.AveragedModel(model)`` and ``swa_model.update_parameters(model)``
+    (torch's API, as data in codemod/analysis/libraries.py): the average copies the module
+    (Accelerate: ``accelerator.unwrap_model(model)``; Fabric on several devices:
+    ``model.module``, DDP can't be deep-copied), and ``update_parameters`` reads parameters
+    only, the same under DDP (it used to stop the Accelerate conversion as code it can't see)."""
+    accelerate = convert(SWA, backend="accelerate", devices=2)
+    assert "swa_model = swa_utils.AveragedModel(accelerator.unwrap_model(model))\n" in accelerate.output
+    assert "    swa_model.update_parameters(model)\n" in accelerate.output
+    fabric = convert(SWA, devices=2)
+    assert "swa_model = swa_utils.AveragedModel(model.module)\n" in fabric.output
+
+
+def test_code_given_the_model_before_the_scripts_own_ddp_wrap_gets_the_module():
+    """FixMatch's ``ema_model = ModelEMA(args, model, decay)`` (a class from a module the
+    analysis doesn't read), then ``model = DDP(model)``: the original handed that code the
+    module, and the Accelerate rewrite hands it the module again; ``ema_model.update(model)``
+    after the wrap keeps getting the wrapper, as in the original."""
+    result = convert("""
+    import os
+
+    import torch
+    import torch.nn as nn
+    from models.ema import ModelEMA
+
+    local_rank = int(os.environ.get("LOCAL_RANK", -1))
+    if local_rank != -1:
+        torch.distributed.init_process_group(backend="nccl")
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ema_model = ModelEMA(model, 0.999)
+    if local_rank != -1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 8)), batch_size=4)
+    for (x,) in loader:
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        ema_model.update(model)
+    """, backend="accelerate", devices=2)
+    assert "ema_model = ModelEMA(accelerator.unwrap_model(model), 0.999)\n" in result.output
+    assert "    ema_model.update(model)\n" in result.output

@@ -14,7 +14,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.analysis.facts import Key, ScriptFacts, code
-from accelerate_rewrite.codemod.analysis.libraries import MODEL_READERS, WRAPPER_TAKERS
+from accelerate_rewrite.codemod.analysis.libraries import METHOD_TAKERS, MODEL_READERS, WRAPPER_TAKERS
 from accelerate_rewrite.codemod.analysis.loops import without_grad
 from accelerate_rewrite.codemod.analysis.syntax import passed_at, positional_params
 from accelerate_rewrite.rules._fabric import SetupGroup, short
@@ -156,6 +156,25 @@ class WrappedReads:
         passed = [passed_at(call, index, node.value) for call in fn.calls]
         return all(value is not None and self._wrapped_in_original(value, depth + 1) for value in passed)
 
+    def _wrapped_later_in_original(self, node: cst.CSTNode) -> bool:
+        """``node`` is, in the original, the module that the script's own DistributedDataParallel
+        wraps only later in the same function (FixMatch's ``ema_model = ModelEMA(args, model,
+        decay)``, then ``model = DDP(model, ...)``): code that takes it there took the module,
+        and gets it again (``accelerator.unwrap_model(model)``); what it keeps of it is the
+        module, as before."""
+        f, p = self.f, self.p
+        key = f.key_of(node) if isinstance(node, cst.Name) else None
+        if key is None or p.ddp is None:
+            return False
+        lines = []
+        for wrap in p.ddp.wraps:
+            targets = wrap.stmt.body[0].targets if isinstance(wrap.stmt, cst.SimpleStatementLine) and isinstance(
+                wrap.stmt.body[0], cst.Assign) else ()
+            if any(isinstance(t.target, cst.Name) and f.key_of(t.target) == key for t in targets) \
+                    and f.function(wrap.stmt) is f.function(node):
+                lines.append(f.line(wrap.stmt))
+        return bool(lines) and min(lines) > f.line(node)
+
     def _wrapped_reads(self, group: SetupGroup) -> None:
         """``--backend accelerate`` on several processes: Accelerate's ``prepare`` returns the model
         wrapped in DistributedDataParallel, whose ``state_dict()`` keys, named parameters and
@@ -224,12 +243,17 @@ class WrappedReads:
                             and m.matches(call.args[1].value, m.SimpleString('"module"') | m.SimpleString("'module'"))):
                         continue  # ``model.module if hasattr(model, "module") else model``: the module either way
                     taker = WRAPPER_TAKERS.get(f.qualname(call)) if isinstance(call, cst.Call) else None
+                    taker = taker or (_method_taker(f, call) if isinstance(call, cst.Call) else None)
                     if taker is not None and passed_at(call, taker[0].index, taker[0].keyword) is node:
-                        continue  # ``nn.SyncBatchNorm.convert_sync_batchnorm(model)``: the wrapper is as good
+                        continue  # ``nn.SyncBatchNorm.convert_sync_batchnorm(model)``, ``swa_model.update_parameters(model)``
                     if _instance_takes_harmlessly(f, call, node):
                         continue  # SAM's ``log(model, loss, ...)``: its class's method never reads it but as the module
                     if self._wrapped_in_original(node):
                         continue  # the original hands that code its DistributedDataParallel too (timm's ModelEma)
+                    if self._wrapped_later_in_original(node) and p.ref_at(f, node) is not None:
+                        if node not in p.unwraps:  # FixMatch's ``ModelEMA(args, model, decay)``, before its DDP wrap
+                            p.unwraps.append(node)
+                        continue
                     self.refuse(node, f"`{short(call)}` is given the set-up `{short(node)}`: under Accelerate's "
                                       "processes that is DistributedDataParallel, not the module, and the rewrite "
                                       "can't see what that code reads of it; --backend fabric converts it")
@@ -239,6 +263,17 @@ class WrappedReads:
 #: calls that only look at an object (its printed form is the wrapper's, which is no matter)
 _LOOKS_ONLY = frozenset({"builtins.isinstance", "builtins.print", "builtins.str", "builtins.repr", "builtins.type",
                          "builtins.id"})
+def _method_taker(f: ScriptFacts, call: cst.Call):
+    """``swa_model.update_parameters(model)`` with ``swa_model = swa_utils.AveragedModel(...)``:
+    the entry of METHOD_TAKERS for the method of the library's object, or None."""
+    if not isinstance(call.func, cst.Attribute):
+        return None
+    key = f.key_of(call.func.value)
+    built = {b.qualname for b in f.bindings if key is not None and b.key == key}
+    methods = next((METHOD_TAKERS[q] for q in built if q in METHOD_TAKERS), {})
+    return methods.get(call.func.attr.value)
+
+
 def _starred(f: ScriptFacts, call: cst.CSTNode, table: dict) -> Optional[str]:
     """``ModelEmaV2(model)`` after ``from timm.utils import *`` (poolformer): the one name of
     ``table`` that a library's star import could have bound, where the program binds no such

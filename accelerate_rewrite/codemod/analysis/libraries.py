@@ -239,12 +239,22 @@ WRAPPER_TAKERS: dict[str, tuple[Argument, str]] = {
                                             "DDP's reduction)"),
 }
 
+#: methods of a library's objects that take a model wrapped in DistributedDataParallel as they
+#: take the module: the class's qualified name -> method -> (where the model goes, the release read)
+METHOD_TAKERS: dict[str, dict[str, tuple[Argument, str]]] = {
+    "torch.optim.swa_utils.AveragedModel": {
+        "update_parameters": (Argument(0, "model"), "torch 2.13, torch/optim/swa_utils.py: "
+                                                    "update_parameters(model) reads model.parameters() (and "
+                                                    "buffers with use_buffers=True), the module's under DDP")},
+}
+
 #: calls that copy the model they are given (a deepcopy): on several processes Fabric's wrapper
 #: holds DistributedDataParallel, which can't be copied ("cannot pickle '_thread.lock' object",
 #: measured with lightning 2.6 on 2 gloo processes), so the Fabric backend hands them the module
 #: (``model.module``): qualified name -> where the model goes
 COPIERS: dict[str, Argument] = {
     "copy.deepcopy": Argument(0, "x"), "copy.copy": Argument(0, "x"),
+    "torch.optim.swa_utils.AveragedModel": Argument(0, "model"),
     **{f"timm.utils{path}.{name}": Argument(0, "model")
        for path in ("", ".model_ema") for name in ("ModelEma", "ModelEmaV2", "ModelEmaV3")},
 }
@@ -259,6 +269,10 @@ MODEL_READERS: dict[str, tuple[Argument, str]] = {
     "torch.serialization.save": (Argument(0, "obj"), _TORCH + ": save(obj, f) pickles obj"),
     "copy.deepcopy": (Argument(0, "x"), _TORCH + ": deepcopy(x) copies x"),
     "copy.copy": (Argument(0, "x"), _TORCH + ": copy(x) copies x"),
+    "torch.optim.swa_utils.AveragedModel": (
+        Argument(0, "model"), "torch 2.13, torch/optim/swa_utils.py: AveragedModel(model, ...) deep-copies model "
+                              "into its .module (update_parameters(model) reads only model.parameters(), "
+                              "which DistributedDataParallel gives as the module's)"),
     **{f"torch.onnx{path}.export": (Argument(0, "model"), "torch 2.13, torch/onnx/__init__.py: export(model, args, "
                                                           "f, ...) traces the module's forward")
        for path in ("", ".utils")},
