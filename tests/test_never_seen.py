@@ -560,3 +560,54 @@ def test_code_given_the_model_before_the_scripts_own_ddp_wrap_gets_the_module():
     """, backend="accelerate", devices=2)
     assert "ema_model = ModelEMA(accelerator.unwrap_model(model), 0.999)\n" in result.output
     assert "    ema_model.update(model)\n" in result.output
+
+
+def test_names_a_package_re_exports_are_read_where_they_are_defined(tmp_path):
+    """maskrcnn-benchmark's ``from maskrcnn_benchmark.solver import make_optimizer``, which
+    ``solver/__init__.py`` imports ``from .build``: the program reads build.py, as Python finds
+    it (it used to stop at the ``__init__``: "not defined there"); ``params += [{"params":
+    [value], ...}]`` over ``model.named_parameters()`` are that model's parameters (a model
+    built by a library the analysis can't see, known by its parameters)."""
+    from accelerate_rewrite.codemod.project.program import Scope
+
+    solver = tmp_path / "pkg" / "solver"
+    solver.mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (solver / "__init__.py").write_text("from .build import make_optimizer  # noqa\n")
+    (solver / "build.py").write_text(textwrap.dedent("""
+    import torch
+
+
+    def make_optimizer(cfg, model):
+        params = []
+        for key, value in model.named_parameters():
+            lr = cfg["lr"] * (2 if "bias" in key else 1)
+            params += [{"params": [value], "lr": lr}]
+        optimizer = torch.optim.SGD(params, cfg["lr"], momentum=0.9)
+        return optimizer
+    """).lstrip())
+    script = tmp_path / "train_net.py"
+    script.write_text(textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+    from pkg.solver import make_optimizer
+    from detection_models import build_detection_model
+
+
+    def train(cfg):
+        net = build_detection_model(cfg)
+        optimizer = make_optimizer(cfg, net)
+        for step in range(3):
+            loss = net(torch.randn(4, 8)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+    if __name__ == "__main__":
+        train({"lr": 0.1})
+    """).lstrip())
+    result = rewrite(script.read_text(), Options.create(), path=str(script), scope=Scope(follow=True))
+    assert not result.dropped, result.dropped
+    assert "    optimizer = make_optimizer(cfg, net)\n    net, optimizer = fabric.setup(net, optimizer)\n" \
+        in result.output

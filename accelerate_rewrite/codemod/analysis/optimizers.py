@@ -258,6 +258,8 @@ class OptimizerSearch:
         for _, call in grown:
             if call.args and isinstance(call.func.value, cst.Name) and f.key_of(call.func.value) == key:
                 out.append(call.args[0].value)
+        # ``params += [{"params": [value], "lr": lr}]`` (maskrcnn-benchmark's make_optimizer)
+        out += f.memo("augmented-names", lambda: _augmented(f)).get(key, [])
         for target, value in bound:
             for parent in (f.ancestors(target) if value is None and isinstance(target, cst.CSTNode) else ()):
                 if isinstance(parent, (cst.For, cst.CompFor)):
@@ -267,3 +269,13 @@ class OptimizerSearch:
                 if isinstance(parent, cst.BaseStatement):
                     break
         return out
+
+
+def _augmented(f: "Facts") -> dict[Key, list[cst.BaseExpression]]:
+    """The values added to each name by ``name += value``, by the name's key."""
+    out: dict[Key, list[cst.BaseExpression]] = {}
+    for node in f.find(m.AugAssign(target=m.Name())):
+        key = f.key_of(node.target)
+        if key is not None:
+            out.setdefault(key, []).append(node.value)
+    return out

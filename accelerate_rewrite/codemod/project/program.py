@@ -35,6 +35,7 @@ outside the paths given, unless ``--follow-imports`` (``Scope``).
 
 from __future__ import annotations
 
+import ast
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,8 @@ class Part:
     tail: str
     module: cst.Module  # parsed alone
     dotted: Optional[str] = None  # the module's name; None for the script
+    #: the package whose ``__init__.py`` imports its names from it (``_reexported``), if any
+    via: Optional[str] = None
     #: the line each top-level statement starts on, its leading lines included, and the line
     #: after the last one
     starts: list[int] = field(default_factory=list)
@@ -149,6 +152,8 @@ class _Target:
     imp: Optional[cst.ImportFrom] = None
     #: the name the module is read through (``import engine as E``, ``from util import misc``)
     through: Optional[str] = None
+    #: the package whose ``__init__.py`` the names were imported through (``_reexported``)
+    via: Optional[str] = None
 
 
 def _dotted(node: cst.BaseExpression) -> str:
@@ -224,8 +229,41 @@ def _targets(stmt: cst.CSTNode, part: Part, folders: list[Path]) -> Optional[lis
             if out:
                 return None  # a package's own name beside its modules: not followed
             return None
-        out.insert(0, _Target(absolute, file, imp=node.with_changes(names=names)))
+        names, moved = _reexported(file, absolute, names)
+        out += [_Target(dotted, sub, imp=node.with_changes(names=aliases), via=absolute)
+                for dotted, sub, aliases in moved]
+        if names:
+            out.insert(0, _Target(absolute, file, imp=node.with_changes(names=names)))
     return out or None
+
+
+def _reexported(init: Path, package: str, names: list[cst.ImportAlias]):
+    """The names a package's ``__init__.py`` imports from one of its own modules (``from .build
+    import make_optimizer``, maskrcnn-benchmark's ``solver``): Python finds them there, and so
+    does the reading: (the names left, [(the module's dotted name, its file, its names)])."""
+    if init.name != "__init__.py":
+        return names, []
+    try:
+        tree = python_tree(init.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return names, []
+    where: dict[str, str] = {}  # name -> the package's module that defines it
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ImportFrom) and stmt.module and (stmt.level == 1 or (
+                stmt.level == 0 and stmt.module.startswith(package + "."))):
+            sub = stmt.module if stmt.level == 1 else stmt.module[len(package) + 1:]
+            for alias in stmt.names:
+                if alias.asname is None and alias.name != "*":
+                    where[alias.name] = sub
+    kept, moved = [], {}
+    for alias in names:
+        sub = where.get(_dotted(alias.name))
+        file = _in_folders([init.parent], sub) if sub is not None else None
+        if file is None:
+            kept.append(alias)
+        else:
+            moved.setdefault((f"{package}.{sub}", file), []).append(alias)
+    return kept, [(dotted, file, aliases) for (dotted, file), aliases in moved.items()]
 
 
 def _without_main(module: cst.Module, head: str) -> str:
@@ -342,7 +380,7 @@ def build(path: str, head: str, module: cst.Module, source: str,
             return (included[target.dotted], added) if added else None
         wanted = set(read_through) if target.through is not None else {
             _dotted(a.name) for a in (target.imp.names if not isinstance(target.imp.names, cst.ImportStar) else ())}
-        why = _follow(target.dotted, target.file, target.imp, wanted)
+        why = _follow(target.dotted, target.file, target.imp, wanted, target.via)
         if isinstance(why, str):
             return why
         part.aliases.update(read_through)  # only once the module is followed
@@ -375,7 +413,8 @@ def build(path: str, head: str, module: cst.Module, source: str,
     def _shown(file: Path) -> str:
         return os.path.relpath(file) if not os.path.isabs(path) else str(file)
 
-    def _follow(dotted: str, file: Path, imp: Optional[cst.ImportFrom], wanted: set[str] = frozenset()):
+    def _follow(dotted: str, file: Path, imp: Optional[cst.ImportFrom], wanted: set[str] = frozenset(),
+                via: Optional[str] = None):
         """The index of the new part, or why the module is not followed. ``wanted``: the names
         the importer reads of it; a name of the module's own that another file defines too
         (``logger = getLogger()`` in both) is read under a name of its own (``_own_name``) when
@@ -404,11 +443,14 @@ def build(path: str, head: str, module: cst.Module, source: str,
                 return f"{shown} is not followed: `{name}` is not defined there (imported, or not at its top level)"
         m_imports = _imports_of(imported_code, package)
         index = len(parts)
-        itself = lambda name: frozenset({f"{dotted}.{name}"})  # noqa: E731 (imported from it)
+        def itself(name: str) -> frozenset:  # imported from it (or through its package's __init__)
+            return frozenset({f"{dotted}.{name}"}) if via is None or imports.get(name, (0, None))[1] != frozenset(
+                {f"{via}.{name}"}) else frozenset({f"{via}.{name}"})
         own_names: dict[str, str] = {}  # the analysis's name -> the module's
         for name in sorted(m_own | set(m_imports)):
             if name in bound and name not in m_own and parts[bound[name]].dotted is not None \
-                    and m_imports.get(name) == frozenset({f"{parts[bound[name]].dotted}.{name}"}):
+                    and m_imports.get(name) in ({f"{parts[bound[name]].dotted}.{name}"},
+                                                {f"{parts[bound[name]].via}.{name}"}):
                 continue  # ``from .resample import LossAwareSampler``: the one a followed module defines
             clash = name in bound or (name in imports and imports[name][1] != itself(name) and name in m_own)
             if clash and name in m_own and name not in wanted:
@@ -432,7 +474,7 @@ def build(path: str, head: str, module: cst.Module, source: str,
         for name, meaning in m_imports.items():
             imports.setdefault(name, (index, meaning))
         part = Part(path=str(file) if os.path.isabs(path) else os.path.relpath(file), source=text,
-                    head=m_head, tail=m_tail, module=m_module, dotted=dotted, file=file, package=package)
+                    head=m_head, tail=m_tail, module=m_module, dotted=dotted, file=file, package=package, via=via)
         part.renames.update(own_names)
         part.needed = _needed(imported_code, wanted) if wanted else None
         part.layout = Layout(m_module, text=m_head)
