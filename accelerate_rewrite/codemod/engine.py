@@ -292,6 +292,9 @@ def _rewrite(
             back = Realias(unit.aliases, unit.renames)  # (along the paths to those names only)
             new = new.with_changes(body=[s if id(s) in kept else back.along(s) for s in new.body])
         splice = unit.layout.splice(new) if unit.layout is not None else None
+        if splice is None and (unit.aliases or unit.renames):  # printed whole: the kept ones read back too
+            back = Realias(unit.aliases, unit.renames)
+            new = new.with_changes(body=[back.along(s) if id(s) in unit.layout.statements else s for s in new.body])
         code = restore(unit.head, unit.roundtrip, splice.code if splice is not None else new.code)
         # the tree whose code the text is, where it is (no alias read back, no line put back)
         made_trees[unit.index] = new if unit.printed_as_read else None

@@ -211,6 +211,8 @@ class FabricHandDDP(FabricRule):
             if loader.set_up:
                 ctx.change(loader.loader.stmt, loader.why)
         for use in d.unwrapped_uses:
+            if any(use is u for u in p.unwraps):
+                continue  # read through ``accelerator.unwrap_model(model)`` (rules/_fabric_wrapped.py): the module
             earlier = repeated_assignment(f, use, {id(s) for s in d.removed})
             if earlier is not None:
                 ctx.edits.remove(f.statement(use))
