@@ -685,3 +685,98 @@ def test_model_module_after_the_removed_ddp_wrap_is_unwrapped_once_under_acceler
     torch.save(model_without_ddp.state_dict(), "model.pt")
     """, backend="accelerate", devices=2)
     assert "model_without_ddp = accelerator.unwrap_model(model)\n" in result.output
+
+
+def _image_classification(tmp_path):
+    """pytorch_image_classification's shape: the script imports everything from the package's
+    ``__init__.py``, which re-exports it from subpackages (``from .datasets import
+    create_dataloader``, a package named like a library, whose ``__init__`` re-exports it from
+    ``.dataloader``); one name of the statement (the config) has nothing a rule reads; the
+    helper ``apply_data_parallel_wrapper`` wraps the model in DDP when a process group runs;
+    each batch is split into chunks the inner loop goes over."""
+    pkg = tmp_path / "pic"
+    for sub in ("", "datasets", "models", "optim", "config"):
+        (pkg / sub).mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text(
+        "from .config import get_default_config\nfrom .datasets import create_dataloader\n"
+        "from .models import apply_data_parallel_wrapper, create_model\nfrom .optim import create_optimizer\n")
+    (pkg / "config" / "__init__.py").write_text("def get_default_config():\n    return {'lr': 0.1, 'chunks': 2, 'distributed': False}\n")
+    (pkg / "datasets" / "__init__.py").write_text("from .dataloader import create_dataloader\n")
+    (pkg / "datasets" / "dataloader.py").write_text(
+        "import torch\nimport torch.distributed as dist\n\n\ndef create_dataloader(config):\n"
+        "    dataset = torch.utils.data.TensorDataset(torch.randn(16, 8))\n"
+        "    return torch.utils.data.DataLoader(dataset, batch_size=4)\n")
+    (pkg / "models" / "__init__.py").write_text(textwrap.dedent("""
+    import torch.distributed as dist
+    import torch.nn as nn
+
+
+    def create_model(config):
+        return nn.Linear(8, 2)
+
+
+    def apply_data_parallel_wrapper(config, model):
+        if dist.is_available() and dist.is_initialized():
+            model = nn.parallel.DistributedDataParallel(model)
+        return model
+    """).lstrip())
+    (pkg / "optim" / "__init__.py").write_text(textwrap.dedent("""
+    import torch
+
+
+    def create_optimizer(config, model):
+        params = [{"params": list(model.parameters()), "weight_decay": 0.0}]
+        optimizer = torch.optim.SGD(params, lr=config["lr"])
+        return optimizer
+    """).lstrip())
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+    import torch
+
+    from pic import (
+        apply_data_parallel_wrapper,
+        create_dataloader,
+        create_model,
+        create_optimizer,
+        get_default_config,
+    )
+
+
+    def main():
+        config = get_default_config()
+        if config["distributed"]:
+            torch.distributed.init_process_group(backend="nccl")
+        model = create_model(config)
+        optimizer = create_optimizer(config, model)
+        model = apply_data_parallel_wrapper(config, model)
+        train_loader = create_dataloader(config)
+        for (data,) in train_loader:
+            data_chunks = data.chunk(config["chunks"])
+            optimizer.zero_grad()
+            for data_chunk in data_chunks:
+                loss = model(data_chunk).pow(2).mean() / config["chunks"]
+                loss.backward()
+            optimizer.step()
+
+
+    if __name__ == "__main__":
+        main()
+    """).lstrip())
+    return script
+
+
+def test_a_package_that_re_exports_from_subpackages_converts_for_several_devices(tmp_path):
+    """The names are read where Python finds them (the config's stays imported, read first);
+    the helper's DDP wrap goes (Fabric's set-up wraps); the loop over a batch's chunks draws
+    from the loader's loop, the one set up (it used to be "batches come from `data_chunks`")."""
+    from accelerate_rewrite.codemod.project.program import Scope
+
+    script = _image_classification(tmp_path)
+    result = rewrite(script.read_text(), Options.create(devices=2), path=str(script), scope=Scope(follow=True))
+    assert not result.dropped, result.dropped
+    assert "    model, optimizer = fabric.setup(model, optimizer)\n" in result.output
+    assert "train_loader = fabric.setup_dataloaders(train_loader)" in result.output
+    assert not any("assumed" in n.message for n in result.changes)  # read through the two __init__ files
+    assert "fabric.backward(loss)" in result.output
+    models = next(m for m in result.members if m.path.endswith("models/__init__.py"))
+    assert "DistributedDataParallel" not in models.output

@@ -195,7 +195,10 @@ def _rewrite(
     # sys.stdout.write, a download; rules/fabric_rank_zero.py) are read too, and with
     # Accelerate every helper the set-up model is handed to (rules/_fabric_wrapped.py:
     # DistributedDataParallel is not the module there)
-    words = TRAINING_WORDS + (SIDE_EFFECT_WORDS if options.many_devices else ()) + (
+    # a helper that wraps the model in (Distributed)DataParallel (pytorch_image_classification's
+    # ``apply_data_parallel_wrapper``) is read on several processes, where it would wrap the
+    # set-up model again
+    words = TRAINING_WORDS + (SIDE_EFFECT_WORDS + ("dataparallel",) if options.many_devices else ()) + (
         ("model",) if options.accelerate and options.many_devices else ())
     project = _project(source, path, scope, sources, words) if scope is not None else None
     unfollowed = project.unfollowed if project is not None else []

@@ -27,7 +27,7 @@ from accelerate_rewrite.codemod.analysis.facts import (
 )
 from accelerate_rewrite.codemod.analysis.hints import loader_hint
 from accelerate_rewrite.codemod.analysis.libraries import SHARDED_LOADER_FACTORIES
-from accelerate_rewrite.codemod.analysis.loops import data_source, drawing_loops, for_loops, is_counter
+from accelerate_rewrite.codemod.analysis.loops import batch_loop, data_source, drawing_loops, for_loops
 from accelerate_rewrite.rules._fabric_loaders import distributed_batch_sampler
 from accelerate_rewrite.rules._half import low_casts, strip_half
 from accelerate_rewrite.options import MIXED_PRECISIONS
@@ -114,8 +114,7 @@ class Devices:
                     return
         seen: set[int] = set()
         for site in f.backward_sites:
-            loop = next((a for a in f.ancestors(site.call) if isinstance(a, cst.For)
-                         and not is_counter(f, a.iter)), None)
+            loop = batch_loop(f, site.call)
             key = id(loop) if loop is not None else id(site.stmt)
             if key in seen:
                 continue

@@ -70,6 +70,41 @@ def is_counter(f: Facts, source: cst.BaseExpression) -> bool:
     return m.matches(source, m.Call(func=COUNTERS))
 
 
+def batch_loop(f: Facts, node: cst.CSTNode) -> Optional[cst.For]:
+    """The loop around ``node`` that draws the batches: the innermost ``for`` that doesn't count
+    (``for epoch in trange(n)`` holds no batches) and doesn't go over pieces of an outer loop's
+    items (pytorch_image_classification's ``for data_chunk, target_chunk in zip(data_chunks,
+    target_chunks)``, with ``data_chunks, target_chunks = subdivide_batch(config, data,
+    targets)`` from ``for step, (data, targets) in enumerate(train_loader)``: that outer loop)."""
+    loops = [a for a in f.ancestors(node) if isinstance(a, cst.For) and not is_counter(f, a.iter)]
+    for i, loop in enumerate(loops):
+        outer = loops[i + 1] if i + 1 < len(loops) else None
+        if outer is None or not _pieces_of(f, loop, outer):
+            return loop
+    return None
+
+
+def _pieces_of(f: Facts, loop: cst.For, outer: cst.For) -> bool:
+    """Every name ``loop`` draws from is made, in ``outer``'s body, of ``outer``'s items."""
+    derived = {n.value for n in m.findall(outer.target, m.Name())}
+    if not isinstance(outer.body, cst.IndentedBlock):
+        return False
+    for stmt in outer.body.body:
+        if stmt is loop or loop in f.ancestors(stmt) or any(a is stmt for a in f.ancestors(loop)):
+            break
+        for assign in m.findall(stmt, m.Assign()):
+            reads = {n.value for n in m.findall(assign.value, m.Name())}
+            if reads & derived:
+                derived |= {n.value for t in assign.targets for n in m.findall(t.target, m.Name())}
+    read = [n for n in m.findall(loop.iter, m.Name()) if not _called(f, n)]
+    return bool(read) and all(n.value in derived for n in read)
+
+
+def _called(f: Facts, name: cst.Name) -> bool:
+    parent = f.parent(name)
+    return isinstance(parent, cst.Call) and parent.func is name
+
+
 def for_loops(f: Facts) -> list[cst.For]:
     return f.memo("for-loops", lambda: f.find(m.For()))
 

@@ -218,7 +218,7 @@ def assume_received_loaders(f: Facts) -> None:
     backward in it, or a call of a function that runs one), and never for a call known not to
     build one (builtins, torchtext, numpy, a Dataset)."""
 
-    from accelerate_rewrite.codemod.analysis.loops import data_source, is_counter  # loops reads facts, made after this
+    from accelerate_rewrite.codemod.analysis.loops import batch_loop, data_source  # loops reads facts, made after this
 
     loaders = {b.key for b in f.bindings if b.kind == F.LOADER}
     find, *_ = f._joined()
@@ -226,8 +226,7 @@ def assume_received_loaders(f: Facts) -> None:
     sources: list[cst.BaseExpression] = []
     for site in f.backward_sites:
         # the innermost loop that doesn't count (``for epoch in trange(n)`` holds no batches)
-        loop = next((a for a in f.ancestors(site.call) if isinstance(a, cst.For) and not is_counter(f, a.iter)),
-                    None)
+        loop = batch_loop(f, site.call)
         source = data_source(f, loop.iter) if loop is not None else None
         if isinstance(source, (cst.Name, cst.Attribute)) and f.key_of(source) is not None:
             sources.append(source)

@@ -105,8 +105,9 @@ def loader_results(folder: Optional[Path], dotted: str, name: str, depth: int = 
     if module is None:
         return None
     func = next((n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
-    if func is None:
-        return None
+    if func is None:  # a package's ``__init__.py`` that imports it from one of its modules
+        where = _defined_at(folder, dotted, module, name)
+        return loader_results(folder, *where, depth + 1, literals) if where is not None and where[0] else None
     nodes = list(_own_nodes(func))
     built = {n.targets[0].id for n in nodes if isinstance(n, ast.Assign) and len(n.targets) == 1
              and isinstance(n.targets[0], ast.Name) and _is_loader_call(n.value)}

@@ -237,11 +237,20 @@ def _targets(stmt: cst.CSTNode, part: Part, folders: list[Path]) -> Optional[lis
     return out or None
 
 
-def _reexported(init: Path, package: str, names: list[cst.ImportAlias]):
+def _module_file(folder: Path, dotted: str) -> Optional[Path]:
+    """The file of the module ``dotted`` of the package at ``folder`` (a name of its own there,
+    ``datasets`` too, which is no library's copy)."""
+    base = folder.joinpath(*dotted.split("."))
+    return next((c for c in (base.with_suffix(".py"), base / "__init__.py") if c.is_file()), None)
+
+
+def _reexported(init: Path, package: str, names: list[cst.ImportAlias], depth: int = 0):
     """The names a package's ``__init__.py`` imports from one of its own modules (``from .build
-    import make_optimizer``, maskrcnn-benchmark's ``solver``): Python finds them there, and so
-    does the reading: (the names left, [(the module's dotted name, its file, its names)])."""
-    if init.name != "__init__.py":
+    import make_optimizer``, maskrcnn-benchmark's ``solver``; through a subpackage's
+    ``__init__.py`` in turn, pytorch_image_classification's ``from .datasets import
+    create_dataloader``): Python finds them there, and so does the reading: (the names left,
+    [(the module's dotted name, its file, its names)])."""
+    if init.name != "__init__.py" or depth > 3:
         return names, []
     try:
         tree = python_tree(init.read_text(encoding="utf-8"))
@@ -258,11 +267,16 @@ def _reexported(init: Path, package: str, names: list[cst.ImportAlias]):
     kept, moved = [], {}
     for alias in names:
         sub = where.get(_dotted(alias.name))
-        file = _in_folders([init.parent], sub) if sub is not None else None
+        file = _module_file(init.parent, sub) if sub is not None else None
         if file is None:
             kept.append(alias)
-        else:
-            moved.setdefault((f"{package}.{sub}", file), []).append(alias)
+            continue
+        dotted = f"{package}.{sub}"
+        left, deeper = _reexported(file, dotted, [alias], depth + 1)
+        for inner, inner_file, aliases in deeper:
+            moved.setdefault((inner, inner_file), []).extend(aliases)
+        if left:
+            moved.setdefault((dotted, file), []).extend(left)
     return kept, [(dotted, file, aliases) for (dotted, file), aliases in moved.items()]
 
 
@@ -322,21 +336,31 @@ def build(path: str, head: str, module: cst.Module, source: str,
                 out.append((part_index, index))
                 continue
             kept = False
+            followed = False  # a name of the statement read where its package re-exports it from
+            expanded: list[tuple[int, int]] = []
             for target in targets:
                 why = _take(part, target)
                 if isinstance(why, str):
                     if part_index == 0 and why:
                         unfollowed.append((line_of(part, index), why))
                     kept = True
-                    if target.imp is not None:
+                    if target.imp is not None and target.via is None:
                         break  # the statement's own names stay imported: its modules are not read
                     continue
+                followed = followed or target.via is not None
                 if isinstance(why, tuple):  # more of a module in already: its definitions the importer needs
                     more_of, names = why
-                    out.extend((more_of, i) for i, st in enumerate(parts[more_of].module.body)
-                               if isinstance(st, (cst.FunctionDef, cst.ClassDef)) and st.name.value in names)
+                    expanded.extend((more_of, i) for i, st in enumerate(parts[more_of].module.body)
+                                    if isinstance(st, (cst.FunctionDef, cst.ClassDef)) and st.name.value in names)
                 elif why is not None:
-                    out.extend(expand(why))
+                    expanded.extend(expand(why))
+            if kept and followed:
+                # the statement stays for the names not followed, and comes first: the followed
+                # modules' statements bind theirs after it, as the analysis reads them
+                out.append((part_index, index))
+                out.extend(expanded)
+                continue
+            out.extend(expanded)
             if kept:
                 out.append((part_index, index))
         return out
