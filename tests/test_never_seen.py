@@ -9,7 +9,10 @@ rewrite changes nothing.
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
+
+import pytest
 
 from accelerate_rewrite.api import Result, rewrite
 from accelerate_rewrite.options import Options
@@ -780,3 +783,106 @@ def test_a_package_that_re_exports_from_subpackages_converts_for_several_devices
     assert "fabric.backward(loss)" in result.output
     models = next(m for m in result.members if m.path.endswith("models/__init__.py"))
     assert "DistributedDataParallel" not in models.output
+
+
+HINTED = {
+    # an optimizer a helper builds over what the analysis can't follow, received by the caller
+    "received": ("""
+import torch
+import torch.nn as nn
+from grouping import param_groups
+
+
+def build_optimizer(config, model):
+    optimizer = torch.optim.SGD(
+        param_groups(config),
+        lr=config["lr"],
+    )
+    return optimizer
+
+
+def main(config):
+    net = nn.Linear(8, 2)
+    optimizer = build_optimizer(config, net)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 8)), batch_size=4)
+    for (x,) in loader:
+        loss = net(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main({"lr": 0.1})
+""", {"NAME": "net"}),
+    # a multi-line optimizer statement in a method, the model an attribute
+    "method": ("""
+import torch
+import torch.nn as nn
+from grouping import param_groups
+
+
+class Trainer:
+    def __init__(self, config):
+        self.model = nn.Linear(8, 2)
+        self.optimizer = torch.optim.AdamW(
+            param_groups(config),
+            lr=config["lr"],
+        )
+
+    def fit(self, loader):
+        for (x,) in loader:
+            loss = self.model(x).pow(2).mean()
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+
+
+trainer = Trainer({"lr": 0.1})
+train_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 8)), batch_size=4)
+trainer.fit(train_loader)
+""", {"NAME": "self.model"}),
+    # batches from a list the script makes of a stream, each process's own
+    "stream": ("""
+import torch
+import torch.nn as nn
+from data_lib import make_stream
+
+model = nn.Linear(8, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+train_data = [x for x in make_stream(16)]
+for x in train_data:
+    loss = model(x).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+""", {}),
+}
+
+#: "add `# accelerate-rewrite: HINT` at the end of line N" (or "lines N, M")
+_HINT = re.compile(r"add `# accelerate-rewrite: ([^`]+)` at the end of lines? (\d+(?:, \d+)*)")
+_PER_PROCESS = re.compile(r"`# accelerate-rewrite: per-process`")
+
+
+@pytest.mark.parametrize("name", sorted(HINTED))
+def test_every_hint_a_refusal_names_works_where_it_says(name):
+    """Issue 60: a refusal that names a hint names a line where the hint is read, and a NAME
+    in scope there: the hint added as the message says (NAME the model, for a script whose
+    data is its own per process the other hint it offers), and the script converts."""
+    source, names = HINTED[name]
+    options = Options.create(devices=2)
+    refused = rewrite(source, options, path="train.py")
+    assert not refused.changed
+    message = " ".join(n.message for n in refused.skips if n.rule == "AR101")
+    found = _HINT.search(message)
+    assert found is not None, message
+    hint, lines = found.group(1), [int(n) for n in found.group(2).split(", ")]
+    if _PER_PROCESS.search(message) and not names:
+        hint = "per-process"
+    for placeholder, value in names.items():
+        hint = hint.replace(placeholder, value)
+    text = source.splitlines()
+    for line in lines:
+        text[line - 1] += f"  # accelerate-rewrite: {hint}"
+    result = convert("\n".join(text) + "\n", devices=2)
+    assert "fabric.backward(loss)" in result.output, [n.message for n in result.skips]

@@ -21,7 +21,7 @@ from accelerate_rewrite.codemod.analysis.facts import (
     ScriptFacts,
 )
 from accelerate_rewrite.codemod.analysis.kinds import hand_updated
-from accelerate_rewrite.codemod.analysis.hints import model_hint
+from accelerate_rewrite.codemod.analysis.hints import hinted_model, model_hint
 from accelerate_rewrite.codemod.analysis.returns import _returns
 from accelerate_rewrite.codemod.analysis.syntax import passed_at, positional_params
 from accelerate_rewrite.rules._fabric import SetupGroup, common_after, short
@@ -159,7 +159,11 @@ class Setups:
                     and isinstance(parent.targets[0].target, cst.Name)):
                 return opt
             key = f.key_of(parent.targets[0].target)
-            return replace(opt, key=key, stmt=f.statement(parent), models=models) if key is not None else opt
+            stmt = f.statement(parent)
+            if not models:  # ``# accelerate-rewrite: model=NAME`` where the script receives it, as the refusal says
+                hinted = hinted_model(f, stmt)
+                models = [hinted] if hinted is not None else models
+            return replace(opt, key=key, stmt=stmt, models=models) if key is not None else opt
         return opt
 
     def _models_passed(self, models: list[Key], func: cst.FunctionDef, call: cst.Call) -> Optional[list[Key]]:

@@ -39,6 +39,7 @@ from accelerate_rewrite.codemod.analysis.kinds import (
 from accelerate_rewrite.codemod.analysis.built import Built
 from accelerate_rewrite.codemod.analysis.optimizers import OptimizerSearch
 from accelerate_rewrite.codemod.analysis.libraries import LOSS_SCALERS, OPTIMIZER_FACTORIES, SCHEDULER_FACTORIES
+from accelerate_rewrite.codemod.analysis.hints import hinted_model
 from accelerate_rewrite.codemod.tree.walk import LeanVisitor
 from accelerate_rewrite.codemod.analysis.syntax import (
     ITER_WRAPPERS,
@@ -105,18 +106,7 @@ class _Collector(OptimizerSearch, LeanVisitor):
                 f.hinted.add(key)
 
     def _hinted_model(self, stmt: cst.BaseStatement) -> Optional[Key]:
-        name = self.f.hints(stmt).get("model")
-        if not name:
-            return None
-        node = next(iter(m.findall(stmt, m.Name())), stmt)
-        if "." not in name:
-            return self.f.key_for_name(node, name)
-        owner, _, attr = name.partition(".")
-        if owner != "self" or not attr.isidentifier():
-            return None
-        func = self.f.function(node)  # ``model=self.model`` in a method: the class's attribute
-        cls = self.f.enclosing_class(func) if func is not None else None
-        return (cls, name) if cls is not None else None
+        return hinted_model(self.f, stmt)
 
     def _library_steps(self) -> None:
         """``loss_scaler(loss, optimizer, ...)`` where ``loss_scaler`` holds an object of a

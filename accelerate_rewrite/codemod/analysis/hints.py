@@ -27,10 +27,14 @@ Unknown hints are said, with the known ones (``unknown``).
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 import libcst.matchers as m
+
+if TYPE_CHECKING:
+    from accelerate_rewrite.codemod.analysis.kinds import Key
+    from accelerate_rewrite.codemod.analysis.view import Facts
 
 MARK = re.compile(r"#\s*accelerate-rewrite:\s*(.*)$")
 #: a text without it has no hint (nor suppression) anywhere
@@ -76,6 +80,23 @@ def unknown(stmt: cst.CSTNode) -> list[str]:
     """The hints on ``stmt`` this version does not know, or written without the value they need."""
     return [name for name, value in hints_of(stmt).items()
             if name not in KNOWN or KNOWN[name] != (value is not None)]
+
+
+def hinted_model(f: "Facts", stmt: cst.BaseStatement) -> Optional["Key"]:
+    """The model ``# accelerate-rewrite: model=NAME`` on ``stmt`` names, as NAME is bound there
+    (``model=self.model`` in a method: the class's attribute); None without one."""
+    name = f.hints(stmt).get("model")
+    if not name:
+        return None
+    node = next(iter(m.findall(stmt, m.Name())), stmt)
+    if "." not in name:
+        return f.key_for_name(node, name)
+    owner, _, attr = name.partition(".")
+    if owner != "self" or not attr.isidentifier():
+        return None
+    func = f.function(node)
+    cls = f.enclosing_class(func) if func is not None else None
+    return (cls, name) if cls is not None else None
 
 
 def loader_hint(lines: list[int]) -> str:
