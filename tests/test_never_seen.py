@@ -886,3 +886,46 @@ def test_every_hint_a_refusal_names_works_where_it_says(name):
         text[line - 1] += f"  # accelerate-rewrite: {hint}"
     result = convert("\n".join(text) + "\n", devices=2)
     assert "fabric.backward(loss)" in result.output, [n.message for n in result.skips]
+
+
+def test_a_module_that_imports_a_name_as_something_else_is_read_under_its_own(tmp_path):
+    """ijepa: main.py's ``import multiprocessing as mp`` and src/train.py's ``import
+    torch.multiprocessing as mp``: the module's ``mp`` is read under a name of its own, and the
+    training in it is found (it used to be "not followed: it imports `mp` as something else",
+    then "no training found")."""
+    from accelerate_rewrite.codemod.project.program import Scope
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "__init__.py").write_text("")
+    (tmp_path / "src" / "train.py").write_text(textwrap.dedent("""
+    import torch
+    import torch.multiprocessing as mp
+    import torch.nn as nn
+
+
+    def main(args):
+        mp.set_sharing_strategy("file_system")
+        model = nn.Linear(8, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=args["lr"])
+        for step in range(3):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    """).lstrip())
+    script = tmp_path / "main.py"
+    script.write_text(textwrap.dedent("""
+    import multiprocessing as mp
+
+    from src.train import main as app_main
+
+    if __name__ == "__main__":
+        mp.set_start_method("spawn")
+        app_main(args={"lr": 0.1})
+    """).lstrip())
+    result = rewrite(script.read_text(), Options.create(), path=str(script), scope=Scope(follow=True))
+    assert not result.dropped, result.dropped
+    train = next(m for m in result.members if m.path.endswith("train.py"))
+    assert "fabric.backward(loss)" in train.output
+    assert "import torch.multiprocessing as mp\n" in train.output and "mp__" not in train.output
+    assert 'mp.set_sharing_strategy("file_system")' in train.output

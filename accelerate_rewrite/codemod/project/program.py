@@ -484,6 +484,12 @@ def build(path: str, head: str, module: cst.Module, source: str,
                 return f"{shown} is not followed: `{name}` is defined both there and in {parts[bound[name]].path}"
             if name not in imports or imports[name][1] == itself(name):
                 continue
+            if name not in m_own and name not in wanted and name in m_imports \
+                    and not _same_meaning(imports[name][1], m_imports[name]):
+                # ``import torch.multiprocessing as mp`` where the script's ``mp`` is Python's
+                # (ijepa's src/train.py): read under a name of its own, as an own name clashing is
+                own_names[_own_name(name, dotted)] = name
+                continue
             if name in m_own or not _same_meaning(imports[name][1], m_imports.get(name, frozenset())):
                 return (f"{shown} is not followed: `{name}` is defined both there and in "
                         f"{parts[imports[name][0]].path}" if name in m_own else
