@@ -929,3 +929,58 @@ def test_a_module_that_imports_a_name_as_something_else_is_read_under_its_own(tm
     assert "fabric.backward(loss)" in train.output
     assert "import torch.multiprocessing as mp\n" in train.output and "mp__" not in train.output
     assert 'mp.set_sharing_strategy("file_system")' in train.output
+
+
+TIMM_STARTER = """
+import argparse
+
+import torch
+import torch.nn as nn
+from timm import utils
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--lr", type=float, default=0.1)
+
+
+def train_one_epoch(model, loader, optimizer, device=torch.device("cuda")):
+    for (x,) in loader:
+        loss = model(x.to(device)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def main():
+    args = parser.parse_args()
+    device = utils.init_distributed_device(args)
+    if args.distributed:
+        print(f"Process {args.rank}, total {args.world_size}, device {args.device}.")
+    model = nn.Linear(8, 2)
+    model.to(device=device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    if args.distributed:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device])
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 8)), batch_size=4)
+    train_one_epoch(model, loader, optimizer, device=device)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_timm_s_init_distributed_device_becomes_the_values_it_sets_from_fabric():
+    """timm's ``device = utils.init_distributed_device(args)`` (library data: it starts the
+    process group and fills ``args``): the values it sets, from Fabric (Accelerate: its
+    names); the device it returns is Fabric's, so moves to it are not "a device Fabric does
+    not manage" (it used to refuse: "starts the process group itself")."""
+    fabric = convert(TIMM_STARTER, devices=2)
+    assert ("    args.distributed = fabric.world_size > 1\n    args.world_size = fabric.world_size\n"
+            "    args.rank = fabric.global_rank\n    args.local_rank = fabric.local_rank\n"
+            "    args.device = str(fabric.device)\n    device = fabric.device\n") in fabric.output
+    assert "init_distributed_device" not in fabric.output
+    assert "DistributedDataParallel" not in fabric.output
+    assert not any("does not manage that device" in n.message for n in fabric.skips)
+    accelerate = convert(TIMM_STARTER, devices=2, backend="accelerate")
+    assert "    args.rank = accelerator.process_index\n" in accelerate.output
+    assert "    device = accelerator.device\n" in accelerate.output

@@ -217,8 +217,14 @@ class Devices:
             return
         batches = self._batch_moves()
         handled: set[int] = set()  # ids of device Name/Attribute nodes taken care of
+        # timm's ``device = init_distributed_device(args)``: AR111 makes it ``device = fabric.device``
+        fabric_devices = {f.key_of(s.body[0].targets[0].target) for s, _, _ in (p.ddp.started_by if p.ddp else ())
+                          if isinstance(s.body[0], cst.Assign)} - {None}
         for move in f.device_moves:
             device_node = move.device_arg.value if move.device_arg is not None else None
+            if device_node is not None and any(f.same_object(f.key_of(device_node), k) for k in fabric_devices) \
+                    and not (move.removable and self._set_up(self._moved_key(move), MODEL)):
+                continue  # Fabric's device already
             is_device_name = device_node is not None and (
                 DEVICE in f.kinds_of(device_node)
             )

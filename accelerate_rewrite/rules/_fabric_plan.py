@@ -16,7 +16,7 @@ from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
 from accelerate_rewrite.codemod.ddp.hand import hand_ddp
 from accelerate_rewrite.codemod.ddp.places import PLACE_CALLS, strict_env_read
 from accelerate_rewrite.codemod.analysis.kinds import custom_steps, hand_updated
-from accelerate_rewrite.codemod.analysis.libraries import PROCESS_GROUP_STARTERS, TAKES_OVER
+from accelerate_rewrite.codemod.analysis.libraries import TAKES_OVER
 from accelerate_rewrite.rules._apex import apex_use
 from accelerate_rewrite.options import FUNCTION_LAUNCH_STRATEGIES, Options
 from accelerate_rewrite.rules._fabric import (
@@ -69,11 +69,6 @@ class _Planner(Home, Loaders, Reach, Devices, Setups, WrappedReads):
         own = self._own_processes()
         if own is not None:
             return self.refuse(*own)
-        starter = next((c for c in f.calls if c.qualname in PROCESS_GROUP_STARTERS), None)
-        if starter is not None:
-            return self.refuse(starter.call, f"`{short(starter.call)}` ({starter.qualname}) starts the process group "
-                                             "itself, which Fabric starts: under Fabric's processes it would start "
-                                             "it a second time, and fail; nothing was converted")
         ddp = hand_ddp(f)
         if ddp.found:
             if ddp.problem is not None:
@@ -148,6 +143,12 @@ class _Planner(Home, Loaders, Reach, Devices, Setups, WrappedReads):
                                        "through Fabric, so nothing was converted")
                 return
         if p.ddp is not None:
+            for started, call, _ in p.ddp.started_by:
+                if p.ref_at(self.f, started) is None or not p.after_creation(self.f, started):
+                    self.refuse(call, f"`{short(call)}` starts the process group itself, where `fabric` can't be "
+                                      "reached to take its place: under Fabric's processes it would start it a "
+                                      "second time, and fail; nothing was converted")
+                    return
             for node, attr in p.ddp.reads:
                 if p.ref_at(self.f, node) is None or not p.after_creation(self.f, node):
                     func = self.f.function(node)

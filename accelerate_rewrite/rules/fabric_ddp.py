@@ -9,6 +9,7 @@ from accelerate_rewrite.codemod.ddp.hand import DESTROY
 from accelerate_rewrite.codemod.ddp.places import PLACE_CALLS, strict_env_read
 from accelerate_rewrite.codemod.ddp.wraps import repeated_assignment
 from accelerate_rewrite.codemod.analysis.facts import code
+from accelerate_rewrite.codemod.analysis.syntax import passed_at
 from accelerate_rewrite.codemod.rule import Example, Kind, RuleContext
 from accelerate_rewrite.rules._fabric import NAME, FabricRule, core_except, expr, insert_at_top, short, stmt
 from accelerate_rewrite.rules._fabric_plan import plan
@@ -66,6 +67,9 @@ class FabricHandDDP(FabricRule):
       `args.world_size, args.rank = fabric.world_size, fabric.global_rank` (the statements that
       only computed them go), and the spawn index, where the script tests it against None, is
       `fabric.device.index` on CUDA and None elsewhere;
+    - a library's call that starts the group and fills a namespace (timm's `device =
+      utils.init_distributed_device(args)`) becomes the values it sets, from Fabric
+      (`args.world_size = fabric.world_size`, ..., `device = fabric.device`);
     - the device a process computes from its rank (`f'cuda:{ddp_local_rank}'`,
       `torch.device("cuda", local_rank)`) becomes `str(fabric.device)` / `fabric.device`;
     - a loader with a `DistributedSampler` of its own keeps it: set up with Fabric when its
@@ -93,6 +97,19 @@ class FabricHandDDP(FabricRule):
     kind = Kind.SAFE
     requires = core_except("AR111")
     examples = (Example.from_files("AR111"),)
+
+    @staticmethod
+    def _started_by(ctx: RuleContext, p, s: cst.SimpleStatementLine, call: cst.Call, starter) -> None:
+        f = ctx.facts
+        ref = p.ref_at(f, s)
+        small = s.body[0]
+        target = code(small.targets[0].target) if isinstance(small, cst.Assign) else None
+        filled = code(passed_at(call, starter.fills.index, starter.fills.keyword))
+        lines = _started_by_lines(ref, filled, starter, target)
+        ctx.edits.replace(s, lambda u, first=lines[0]: stmt(first).with_changes(leading_lines=u.leading_lines))
+        ctx.edits.insert_after(s, *(stmt(line) for line in lines[1:]))
+        ctx.change(s, f"`{short(call)}` (it starts the process group) became the values it sets, from Fabric "
+                      f"(`{filled}.world_size = {ref}.world_size`, ...): Fabric starts the processes")
 
     def rewrite(self, ctx: RuleContext) -> None:
         f, o = ctx.facts, ctx.options
@@ -125,6 +142,8 @@ class FabricHandDDP(FabricRule):
             ctx.change(s, f"removed `{short(s)}`: " + ("fabric.setup wraps the model in DistributedDataParallel"
                                                       if id(s) in wrapped else
                                                       "Fabric starts and ends the processes"))
+        for s, call, starter in d.started_by:
+            self._started_by(ctx, p, s, call, starter)
         for wrap in d.wraps:
             if wrap.rebinds:
                 continue  # ``model = DDP(model)`` goes with the removals
@@ -317,6 +336,15 @@ class FabricHandDDP(FabricRule):
         if new:
             first = insert_at_top(ctx.edits, worker, new)
             ctx.change(first, "read back from Fabric: " + ", ".join(f"`{short(s)}`" for s in new))
+
+
+def _started_by_lines(ref: str, filled: str, starter, target: Optional[str]) -> list[str]:
+    """timm's ``device = init_distributed_device(args)`` under Fabric: ``args.world_size =
+    fabric.world_size``, ..., ``device = fabric.device``."""
+    lines = [f"{filled}.{attr} = {value.format(fabric=ref)}\n" for attr, value in starter.fields]
+    if target is not None and starter.returns is not None:
+        lines.append(f"{target} = {starter.returns.format(fabric=ref)}\n")
+    return lines
 
 
 def _reached(ctx: RuleContext, p, node: cst.CSTNode, why: str):

@@ -34,6 +34,7 @@ def is_library(dotted: str) -> bool:
 
 
 from dataclasses import dataclass  # noqa: E402
+from typing import Optional  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -173,10 +174,26 @@ SHARDED_LOADER_FACTORIES: dict[str, ShardedLoaderFactory] = {
        for path in ("", ".naflex_loader")},
 }
 
-#: functions that start the process group themselves (a second start, after Fabric's, raises):
-#: qualified name -> what they are
-PROCESS_GROUP_STARTERS: dict[str, str] = {
-    **{f"timm.utils{path}.init_distributed_device": (
+@dataclass(frozen=True)
+class ProcessStarter:
+    """A library's function that starts the process group itself (a second start, after
+    Fabric's, raises) and writes what it found into a namespace: under Fabric its call becomes
+    those assignments, read from Fabric (``{fabric}`` stands for how `fabric` is spelled there)."""
+
+    fills: Argument  # the namespace it writes into
+    fields: tuple[tuple[str, str], ...]  # attribute -> its value under Fabric
+    returns: Optional[str]  # what the call returns, under Fabric
+    read_in: str
+
+
+#: qualified name -> the library's function that starts the process group
+PROCESS_GROUP_STARTERS: dict[str, ProcessStarter] = {
+    **{f"timm.utils{path}.init_distributed_device": ProcessStarter(
+        Argument(0, "args"),
+        (("distributed", "{fabric}.world_size > 1"), ("world_size", "{fabric}.world_size"),
+         ("rank", "{fabric}.global_rank"), ("local_rank", "{fabric}.local_rank"),
+         ("device", "str({fabric}.device)")),
+        "{fabric}.device",
         "timm 1.0.29, timm/utils/distributed.py: init_distributed_device(args) calls "
         "torch.distributed.init_process_group when the environment says several processes, sets "
         "args.distributed, world_size, rank, local_rank and args.device, and returns the device")

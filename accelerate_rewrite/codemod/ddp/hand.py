@@ -35,6 +35,8 @@ from accelerate_rewrite.codemod.ddp.places import MASTER_ENV, env_key, places
 from accelerate_rewrite.codemod.ddp.switches import Switches, switches
 from accelerate_rewrite.codemod.ddp.wraps import DDP, Wrap, module_uses, take_wrap
 from accelerate_rewrite.codemod.analysis.facts import Key, ScriptFacts, code, positional_params, short
+from accelerate_rewrite.codemod.analysis.libraries import PROCESS_GROUP_STARTERS, ProcessStarter
+from accelerate_rewrite.codemod.analysis.syntax import passed_at
 
 INIT = ("torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group")
 DESTROY = ("torch.distributed.destroy_process_group",
@@ -99,6 +101,10 @@ class HandDDP:
     spawn: Optional[Spawn] = None
     #: the statements that start the hand-made world (the anchor for Fabric comes before them)
     starts: list[cst.BaseStatement] = field(default_factory=list)
+    #: a library's call that starts the group and fills a namespace (timm's
+    #: ``device = init_distributed_device(args)``): (its statement, the call, what it is), which
+    #: becomes the namespace's assignments from Fabric
+    started_by: list[tuple[cst.SimpleStatementLine, cst.Call, ProcessStarter]] = field(default_factory=list)
     removed: list[cst.BaseStatement] = field(default_factory=list)
     #: helpers left with nothing to do: they go, with the statements that call them
     removed_functions: list[cst.FunctionDef] = field(default_factory=list)
@@ -162,7 +168,8 @@ class _Finder:
         calls = {name: [c.call for c in f.calls if c.qualname in quals or c.names & set(quals)]
                  for name, quals in (("init", INIT), ("spawn", SPAWN), ("ddp", DDP), ("sampler", SAMPLERS),
                                      ("destroy", DESTROY))}
-        d.found = bool(f.hand_ddp())
+        starters = [c for c in f.calls if c.qualname in PROCESS_GROUP_STARTERS]
+        d.found = bool(f.hand_ddp()) or bool(starters)
         if not d.found:
             return d
         for node, qual in f.qualified_refs:
@@ -175,7 +182,10 @@ class _Finder:
             if any(a.keyword is not None and a.keyword.value == "process_group" for a in call.args):
                 return self.problem(call, "`DistributedDataParallel(..., process_group=...)`: a custom "
                                           "process group, which Fabric's strategies don't take")
-        if not calls["init"]:
+        for site in starters:
+            if not self._started_by(site.call, PROCESS_GROUP_STARTERS[site.qualname]):
+                return d
+        if not calls["init"] and not starters:
             node = next(iter(c for cs in calls.values() for c in cs))
             return self.problem(node, "no `init_process_group` in this file: the processes are started "
                                       "somewhere the rewrite can't see")
@@ -283,6 +293,25 @@ class _Finder:
                 return None
             out.append(stmt)
         return out
+
+    def _started_by(self, call: cst.Call, starter: ProcessStarter) -> bool:
+        """``device = utils.init_distributed_device(args)`` alone on its line, the namespace a
+        name or an attribute: it becomes the assignments Fabric's values make."""
+        f, d = self.f, self.d
+        stmt = f.statement(call)
+        filled = passed_at(call, starter.fills.index, starter.fills.keyword)
+        single = isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+        small = stmt.body[0] if single else None
+        alone = (isinstance(small, cst.Expr) and small.value is call) or (
+            isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1
+            and isinstance(small.targets[0].target, (cst.Name, cst.Attribute)))
+        if not alone or not isinstance(filled, (cst.Name, cst.Attribute)):
+            return not self.problem(call, f"`{short(call)}` starts the process group itself and is part of a "
+                                          "larger statement (or fills something other than a name); convert it "
+                                          "by hand")
+        d.started_by.append((stmt, call, starter))
+        d.starts.append(stmt)
+        return True
 
     # -- statements that go --
     def _removable(self, call: cst.Call) -> bool:
