@@ -9,7 +9,9 @@ class FabricDataloaders(FabricRule):
     """Set the DataLoaders up: `train_loader, val_loader = fabric.setup_dataloaders(...)`.
 
     What it does: after the statement that builds the last DataLoader of a group, one
-    `fabric.setup_dataloaders(...)` call for the group.
+    `fabric.setup_dataloaders(...)` call for the group; a dict of DataLoaders the script draws
+    from by key (`dataloaders = {x: DataLoader(...) for x in ['train', 'val']}`, then
+    `dataloaders[phase]`) is set up entry by entry.
 
     Why: Fabric then moves every batch to the device (so the `.to(device)` calls on batches
     can go) and, with several devices, gives each process its own shard through a
@@ -60,9 +62,14 @@ class FabricDataloaders(FabricRule):
         if p.refusal is not None:
             return
         for group in p.loader_groups:
-            names = ", ".join(b.path for b in group.loaders)
+            dicts = [b for b in group.loaders if b.key in ctx.facts.loader_dicts]
+            names = ", ".join(b.path for b in group.loaders if b not in dicts)
             extra = ", use_distributed_sampler=False" if group.evaluation or group.own_sampler else ""
-            ctx.edits.insert_after(group.after, stmt(f"{names} = {group.ref}.setup_dataloaders({names}{extra})\n"))
+            lines = [f"{names} = {group.ref}.setup_dataloaders({names}{extra})\n"] if names else []
+            lines += [f"{b.path} = {{key: {group.ref}.setup_dataloaders(loader{extra}) for key, loader in "
+                      f"{b.path}.items()}}\n" for b in dicts]  # a dict of loaders, entry by entry
+            names = ", ".join(b.path for b in group.loaders)
+            ctx.edits.insert_after(group.after, *(stmt(line) for line in lines))
             if group.own_sampler:
                 ctx.change(group.after, f"set up `{names}` with Accelerate on its own DistributedSampler, which "
                                         "shards it already (Accelerate's `prepare` would shard it again)")

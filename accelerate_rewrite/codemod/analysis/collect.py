@@ -251,6 +251,11 @@ class _Collector(OptimizerSearch, LeanVisitor):
             f._aliases.append((key, core))
             return
         stmt = f.statement(node)
+        inner = _loader_dict(f, core)
+        if inner is not None:  # ``{x: DataLoader(...) for x in ['train', 'val']}``
+            f.bindings.append(Binding(key, LOADER, stmt, value, inner, f.qualname(inner) or ""))
+            f.loader_dicts.add(key)
+            return
         if is_device_expr(f, value):
             call = value if isinstance(value, cst.Call) else None
             f.bindings.append(Binding(key, DEVICE, stmt, value, call, "device"))
@@ -355,3 +360,17 @@ class _Collector(OptimizerSearch, LeanVisitor):
 
 def _only_sync_args(args: Iterable[cst.Arg]) -> bool:
     return all(a.keyword is not None and a.keyword.value in ("non_blocking", "copy") for a in args)
+
+
+def _loader_dict(f, value: cst.BaseExpression) -> Optional[cst.Call]:
+    """The DataLoader call of ``{x: DataLoader(...) for x in ...}``, or of ``{"train":
+    DataLoader(...), "val": DataLoader(...)}`` (the first), each value a DataLoader built there."""
+    if isinstance(value, cst.DictComp):
+        values = [value.value]
+    elif isinstance(value, cst.Dict) and value.elements:
+        values = [e.value if isinstance(e, cst.DictElement) else None for e in value.elements]
+    else:
+        return None
+    if not all(isinstance(v, cst.Call) and f.qualname(v) in DATALOADERS for v in values):
+        return None
+    return values[0]

@@ -150,6 +150,9 @@ class ScriptFacts(Places, Index, Flow):
         #: loaders taken for loaders where the script receives them from a call the analysis
         #: can't see into (codemod/analysis/returns.py): set up there, and the note says it was assumed
         self.assumed_loaders: set[Key] = set()
+        #: names bound to a dict of DataLoaders (Person_reID's ``dataloaders = {x: DataLoader(...)
+        #: for x in ['train', 'val']}``), read as ``dataloaders[phase]``: set up entry by entry
+        self.loader_dicts: set[Key] = set()
         #: ``(owner, "dataset.train")``: attributes of objects of classes of the project that
         #: their ``__init__`` binds to DataLoaders (codemod/analysis/returns.py)
         #: (and the class of the project that builds them, when it is analysed: its own bindings

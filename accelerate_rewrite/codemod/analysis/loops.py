@@ -47,6 +47,8 @@ def data_source(f: Facts, source: cst.BaseExpression) -> cst.BaseExpression:
     (pytorch-deeplab-xception's ``tbar = tqdm(self.train_loader)``, then ``enumerate(tbar)``)."""
     through = f.memo("passes-through", lambda: passes_through(f.module, f.find_in))
     source = unwrap_iter(source, through)
+    if isinstance(source, cst.Subscript) and f.key_of(source.value) in f.loader_dicts:
+        return source.value  # ``dataloaders[phase]`` of a dict of loaders: the dict, set up entry by entry
     for _ in range(3):
         values = [v for _, v in f.assignments(source)] if isinstance(source, cst.Name) else []
         inner = unwrap_iter(values[0], through) if len(values) == 1 and isinstance(values[0], cst.Call) else None
