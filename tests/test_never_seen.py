@@ -1036,3 +1036,57 @@ def test_a_dict_of_loaders_set_up_trains_as_the_original(tmp_path):
         assert run.returncode == 0, run.stderr
         outputs.append(run.stdout.strip().splitlines()[-1])
     assert outputs[0] == outputs[1]
+
+
+def test_a_star_import_of_a_module_of_the_project_reads_its_names(tmp_path):
+    """pytorch-deeplab-xception's ``from modeling.deeplab import *``: the module is read, and
+    ``DeepLab`` is the model its methods' parameters come from (``model.get_1x_lr_params()``);
+    it used to be "not followed: `from modeling.deeplab import *`", and the optimizer's model
+    unknown. (Read on several devices, for its print; on one, a module with no word a rule reads
+    is not read, and the refusal's hint converts it.)"""
+    from accelerate_rewrite.codemod.project.program import Scope
+
+    (tmp_path / "modeling").mkdir()
+    (tmp_path / "modeling" / "__init__.py").write_text("")
+    (tmp_path / "modeling" / "deeplab.py").write_text(textwrap.dedent("""
+    import torch.nn as nn
+
+
+    class DeepLab(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone = nn.Linear(8, 8)
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head(self.backbone(x))
+
+        def get_1x_lr_params(self):
+            yield from self.backbone.parameters()
+
+        def get_10x_lr_params(self):
+            yield from self.head.parameters()
+
+
+    if __name__ == "__main__":
+        print(DeepLab())
+    """).lstrip())
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+    import torch
+    from modeling.deeplab import *
+
+    model = DeepLab()
+    train_params = [{"params": model.get_1x_lr_params(), "lr": 0.01},
+                    {"params": model.get_10x_lr_params(), "lr": 0.1}]
+    optimizer = torch.optim.SGD(train_params, momentum=0.9)
+    for step in range(3):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    """).lstrip())
+    result = rewrite(script.read_text(), Options.create(devices=2), path=str(script), scope=Scope(follow=True))
+    assert not result.dropped, result.dropped
+    assert "model, optimizer = fabric.setup(model, optimizer)" in result.output
+    assert "from modeling.deeplab import *\n" in result.output

@@ -449,8 +449,6 @@ def build(path: str, head: str, module: cst.Module, source: str,
         text = peek(file)  # what the text alone says first: a module not followed is not parsed
         if words and text is not None and not any(w in text.lower() for w in words):
             return ""  # nothing there a rule looks at: no note
-        if text is not None and imp is not None and isinstance(imp.names, cst.ImportStar):
-            return f"{shown} is not followed: `from {dotted} import *`"
         got = read(file)
         if got is None:
             return f"{shown} is not followed: it can't be read or parsed"
@@ -461,7 +459,8 @@ def build(path: str, head: str, module: cst.Module, source: str,
             m_own, m_imported = _top_names(imported_code)
         except (SyntaxError, ValueError):
             return f"{shown} is not followed: it can't be read or parsed"
-        for alias in imp.names if imp is not None else ():
+        star = imp is not None and isinstance(imp.names, cst.ImportStar)  # every public name: read them all
+        for alias in imp.names if imp is not None and not star else ():
             name = _dotted(alias.name)
             if name not in m_own:  # a name it imports itself (``from apex import amp``) is not its own
                 return f"{shown} is not followed: `{name}` is not defined there (imported, or not at its top level)"
