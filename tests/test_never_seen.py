@@ -1090,3 +1090,120 @@ def test_a_star_import_of_a_module_of_the_project_reads_its_names(tmp_path):
     assert not result.dropped, result.dropped
     assert "model, optimizer = fabric.setup(model, optimizer)" in result.output
     assert "from modeling.deeplab import *\n" in result.output
+
+
+def _template(tmp_path):
+    """victoresque/pytorch-template's shape: objects built from a config by name
+    (``config.init_obj('optimizer', torch.optim, trainable_params)``), a Trainer of
+    ``trainer/trainer.py`` (re-exported by ``from .trainer import *``) deriving from a
+    BaseTrainer that keeps the optimizer (``super().__init__(model, optimizer)``), a loader whose
+    class has a method the script calls (``split_validation``) and that an iteration-based run
+    wraps (``self.data_loader = inf_loop(data_loader)``)."""
+    for sub in ("trainer", "base"):
+        (tmp_path / sub).mkdir()
+    (tmp_path / "base" / "__init__.py").write_text("from .base_trainer import *\n")
+    (tmp_path / "base" / "base_trainer.py").write_text(textwrap.dedent("""
+    class BaseTrainer:
+        def __init__(self, model, optimizer):
+            self.model = model
+            self.optimizer = optimizer
+
+        def train(self, epochs):
+            for epoch in range(epochs):
+                self._train_epoch(epoch)
+    """).lstrip())
+    (tmp_path / "trainer" / "__init__.py").write_text("from .trainer import *\n")
+    (tmp_path / "trainer" / "trainer.py").write_text(textwrap.dedent("""
+    from itertools import repeat
+
+    from base import BaseTrainer
+
+
+    def inf_loop(data_loader):
+        for loader in repeat(data_loader):
+            yield from loader
+
+
+    class Trainer(BaseTrainer):
+        def __init__(self, model, optimizer, data_loader, len_epoch=None):
+            super().__init__(model, optimizer)
+            self.data_loader = data_loader
+            if len_epoch is not None:
+                self.data_loader = inf_loop(data_loader)
+
+        def _train_epoch(self, epoch):
+            self.model.train()
+            for batch_idx, (data,) in enumerate(self.data_loader):
+                self.optimizer.zero_grad()
+                loss = self.model(data).pow(2).mean()
+                loss.backward()
+                self.optimizer.step()
+    """).lstrip())
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+    from parse_config import ConfigParser
+    from trainer import Trainer
+
+
+    def main(config):
+        data_loader = config.init_obj("data_loader")
+        valid_data_loader = data_loader.split_validation()
+        model = nn.Linear(8, 2)
+        trainable_params = filter(lambda p: p.requires_grad, model.parameters())
+        optimizer = config.init_obj("optimizer", torch.optim, trainable_params)
+        lr_scheduler = config.init_obj("lr_scheduler", torch.optim.lr_scheduler, optimizer)
+        trainer = Trainer(model, optimizer, data_loader=data_loader)
+        trainer.train(2)
+        lr_scheduler.step()
+
+
+    if __name__ == "__main__":
+        main(ConfigParser.from_args())
+    """).lstrip())
+    return script
+
+
+def test_a_config_driven_trainer_class_converts(tmp_path):
+    """The optimizer a config builds from the model's parameters, stepped by the Trainer through
+    its base class's attribute, is set up with the model (the scheduler the config builds over
+    the optimizer is not taken for one); the loader is set up after the call of its own class's
+    method (Fabric's wrapper carries attributes, not methods); ``inf_loop(data_loader)`` is the
+    same loader."""
+    from accelerate_rewrite.codemod.project.program import Scope
+
+    script = _template(tmp_path)
+    result = rewrite(script.read_text(), Options.create(devices=2), path=str(script), scope=Scope(follow=True))
+    assert not result.dropped, result.dropped
+    assert ("    valid_data_loader = data_loader.split_validation()\n"
+            "    data_loader = fabric.setup_dataloaders(data_loader)\n") in result.output
+    assert "    model, optimizer = fabric.setup(model, optimizer)\n" in result.output
+    assert "lr_scheduler)" not in result.output.split("fabric.setup(")[1].split("\n")[0]
+    trainer = next(m for m in result.members if m.path.endswith("trainer.py"))
+    assert "fabric.backward(loss)" in trainer.output
+
+
+def test_a_method_of_the_loaders_own_class_after_its_set_up_is_refused():
+    """Where the script calls its loader's own method after the set-up could go, somewhere the
+    set-up can't move past, the conversion is refused with the reason (it would raise
+    AttributeError on Fabric's wrapper)."""
+    result = rewrite(textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+    from data import MyLoader
+
+    loader = MyLoader(torch.utils.data.TensorDataset(torch.randn(16, 8)), batch_size=4)
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        for (x,) in loader:
+            loss = model(x).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        loader.reshuffle(epoch)
+    """), Options.create(devices=2, explicit=()), path="train.py")
+    assert not result.changed
+    assert "calls a method of `loader`'s own class after Fabric would set it up" in " ".join(
+        n.message for n in result.skips)

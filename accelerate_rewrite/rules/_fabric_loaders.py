@@ -16,7 +16,7 @@ from accelerate_rewrite.codemod.analysis.loops import (
     training_sums,
 )
 from accelerate_rewrite.options import Options
-from accelerate_rewrite.rules._fabric import FabricPlan, LoaderGroup
+from accelerate_rewrite.rules._fabric import FabricPlan, LoaderGroup, short
 
 
 def _batch_sampler(loader: Binding) -> bool:
@@ -109,6 +109,37 @@ class Loaders:
                                f"`{loader.path}` is sharded for training: each process sums its shard"))
         p.loader_skips.extend(sums.notes)
 
+    def _after_own_methods(self, loaders: list[Binding], last: cst.BaseStatement) -> cst.BaseStatement:
+        """Fabric's loader wrapper carries the loader's attributes, not its class's methods:
+        pytorch-template's ``valid_data_loader = data_loader.split_validation()`` (a method of its
+        DataLoader subclass) right after the loader is built runs before the set-up, which then
+        goes after it; such a call after the set-up elsewhere is refused (it would raise)."""
+        f, p = self.f, self.p
+        body = list(f.block(last).body)
+        for loader in loaders:
+            refs = f.references(loader.key)
+            for ref in refs:
+                parent = f.parent(ref)
+                if not (isinstance(parent, cst.Attribute) and parent.value is ref
+                        and isinstance(f.parent(parent), cst.Call) and f.parent(parent).func is parent
+                        and parent.attr.value not in _LOADER_METHODS):
+                    continue
+                statement = next((a for a in [ref, *f.ancestors(ref)] if any(a is s for s in body)), None)
+                at = body.index(statement) if statement is not None else -1
+                between = body[body.index(last) + 1:at + 1]
+                used = [r for r in refs if r is not ref and any(s is a for s in between for a in f.ancestors(r))]
+                if statement is not None and at <= body.index(last):
+                    continue  # before the set-up
+                if statement is not None and isinstance(statement, cst.SimpleStatementLine) and not used:
+                    last = statement  # (the loader is not used otherwise before: the set-up goes after it)
+                else:
+                    p.refusal = (parent, f"`{short(f.parent(parent))}` calls a method of `{loader.path}`'s own "
+                                         "class after Fabric would set it up, and Fabric's loader carries only its "
+                                         "attributes; nothing was converted (call it before, or set the loader up "
+                                         "by hand)")
+                    return last
+        return last
+
     def _loaders(self) -> None:
         f, p = self.f, self.p
         groups: dict[tuple[int, bool], list[Binding]] = {}
@@ -181,6 +212,9 @@ class Loaders:
                         p.loader_skips.append((b.stmt, f"`{b.path}` is built before Fabric exists"))
                     continue
                 last = p.anchor
+            last = self._after_own_methods(loaders, last)
+            if p.refusal is not None:
+                return
             p.loader_groups.append(LoaderGroup(loaders, last, p.ref_at(f, loaders[-1].stmt), evaluation, own))
         set_up = {b.key for group in p.loader_groups for b in group.loaders}
         reduced: set[tuple[int, str]] = set()
@@ -192,3 +226,8 @@ class Loaders:
             reduced.update((id(loop), n[0]) for n in names)
             if names:
                 p.reductions.append((loop, ref, names, why))
+
+
+#: what a set-up loader still answers: the DataLoader's iteration and length, and what Python
+#: gives every object
+_LOADER_METHODS = frozenset({"__iter__", "__len__", "__getattribute__", "__setattr__"})

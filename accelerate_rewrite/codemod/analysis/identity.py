@@ -70,6 +70,25 @@ class Flow:
                     param = param_for(fn.params, fn.node, arg, index)
                     if param is not None:
                         into((owner, param.name.value), self.key_of(arg.value))
+        for sub, base in self._subclasses():  # pytorch-template's ``class Trainer(BaseTrainer)``
+            init, base_init = init_of(sub), init_of(base)
+            for call in (self.find_in(init, m.Call(func=m.Attribute(value=m.Call(func=m.Name("super")),
+                                                                   attr=m.Name("__init__"))))
+                         if init is not None and base_init is not None else ()):
+                for index, arg in enumerate(call.args):  # ``super().__init__(model, ..., optimizer, config)``
+                    param = param_for(positional_params(base), base, arg, index)
+                    if param is not None:
+                        into((base_init, param.name.value), self.key_of(arg.value))
+            attrs: dict[str, list[Key]] = {}
+            for node in self._self_attrs:  # ``self.optimizer`` is the same attribute in both
+                key = self.key_of(node)
+                if key is not None and key[0] in (sub, base):
+                    attrs.setdefault(key[1], []).append(key)
+            for keys in attrs.values():
+                for key in keys[1:]:
+                    union(keys[0], key)
+                    if key != keys[0]:
+                        by_name.setdefault(key, []).append(keys[0])
         for call, method in self._method_calls_of_objects():  # ``simclr.train(train_loader)``
             params = positional_params(method)[1:]  # without self
             for index, arg in enumerate(call.args):
@@ -93,6 +112,17 @@ class Flow:
                     objects.union(param, next(iter(roots)))
                     changed = True
         return kinds.find, seen, objects.find, by_param
+
+    def _subclasses(self) -> list[tuple[cst.ClassDef, cst.ClassDef]]:
+        """(class, its base) for the classes of the program that derive from one of its own."""
+        out = []
+        for fn in self.functions.values():
+            if isinstance(fn.node, cst.ClassDef):
+                for base in fn.node.bases:
+                    other = self.functions.get(base.value.value) if isinstance(base.value, cst.Name) else None
+                    if other is not None and isinstance(other.node, cst.ClassDef) and other.node is not fn.node:
+                        out.append((fn.node, other.node))
+        return out
 
     def _method_calls_of_objects(self) -> list[tuple[cst.Call, cst.FunctionDef]]:
         """``obj.method(...)`` where ``obj = C(...)`` (its one assignment) is an object of a class

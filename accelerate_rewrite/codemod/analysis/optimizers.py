@@ -60,7 +60,8 @@ class OptimizerSearch:
                 f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, callee_text(core),
                                             models=self._param_models(inner_call), inner=attr))
                 continue
-            models = self._param_models(core) or self._models_given(core)
+            models = self._param_models(core) or self._models_given(core) \
+                or self._params_anywhere(core, lambda k: find(k) in stepped)
             if models:
                 f.bindings.append(Optimizer(key, OPTIMIZER, stmt, value, core, callee_text(core),
                                             models=models, custom=True))
@@ -126,6 +127,22 @@ class OptimizerSearch:
             if len(names) == 1 and names[0] is not None and (fn.node, names[0].value) in raw:
                 return True
         return False
+
+    def _params_anywhere(self, call: cst.Call, stepped) -> list[Key]:
+        """A factory the analysis can't see that takes the parameters at another place
+        (pytorch-template's ``config.init_obj('optimizer', torch.optim, trainable_params)``,
+        with ``trainable_params = filter(lambda p: p.requires_grad, model.parameters())``):
+        the models whose parameters one of its arguments is made of. An argument that holds
+        an object the script steps (``config.init_obj('lr_scheduler', ..., optimizer)``) is an
+        optimizer, not parameters: that call builds its scheduler."""
+        for arg in call.args[1:]:
+            if arg.keyword is None and not arg.star and not any(
+                    (lambda k: k is not None and stepped(k))(self.f.key_of(n))
+                    for n in self.f.find_in(arg.value, m.Name())):
+                keys = self._param_models(cst.Call(func=call.func, args=[cst.Arg(arg.value)]))
+                if keys:
+                    return keys
+        return []
 
     def _param_models(self, call: cst.Call) -> list[Key]:
         keys: list[Key] = []

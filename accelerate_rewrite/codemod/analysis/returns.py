@@ -256,6 +256,11 @@ def assume_received_loaders(f: Facts) -> None:
             continue
         done.add(root)
         received = by_root.get(root, [])
+        if len(received) > 1:  # pytorch-template's ``self.data_loader = inf_loop(data_loader)`` beside
+            # ``self.data_loader = data_loader``: a value made of the loader itself is no other loader
+            received = [(key, assign) for key, assign in received if not any(
+                isinstance(a.value, (cst.Name, cst.Attribute)) and f.key_of(a.value) is not None
+                and find(f.key_of(a.value)) == root for a in assign.value.args)]
         if len(received) != 1:
             continue
         key, assign = received[0]

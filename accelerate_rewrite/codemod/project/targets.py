@@ -147,6 +147,9 @@ def _reexported(init: Path, package: str, names: list[cst.ImportAlias], depth: i
             for alias in stmt.names:
                 if alias.asname is None and alias.name != "*":
                     where[alias.name] = sub
+                elif alias.name == "*":  # ``from .trainer import *`` (pytorch-template): its public names
+                    for name in _public_names(_module_file(init.parent, sub)):
+                        where.setdefault(name, sub)
     kept, moved = [], {}
     for alias in names:
         sub = where.get(_dotted(alias.name))
@@ -161,3 +164,23 @@ def _reexported(init: Path, package: str, names: list[cst.ImportAlias], depth: i
         if left:
             moved.setdefault((dotted, file), []).extend(left)
     return kept, [(dotted, file, aliases) for (dotted, file), aliases in moved.items()]
+
+
+def _public_names(file: Optional[Path]) -> list[str]:
+    """What ``from module import *`` binds: its ``__all__`` when that is a literal list, else the
+    functions and classes it defines at its top level whose names don't start with ``_``."""
+    if file is None:
+        return []
+    try:
+        tree = python_tree(file.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return []
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in stmt.targets):
+            try:
+                names = ast.literal_eval(stmt.value)
+            except ValueError:
+                return []
+            return [n for n in names if isinstance(n, str)]
+    return [stmt.name for stmt in tree.body if isinstance(stmt, (ast.FunctionDef, ast.ClassDef))
+            and not stmt.name.startswith("_")]
