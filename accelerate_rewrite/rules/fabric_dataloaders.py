@@ -11,7 +11,9 @@ class FabricDataloaders(FabricRule):
     What it does: after the statement that builds the last DataLoader of a group, one
     `fabric.setup_dataloaders(...)` call for the group; a dict of DataLoaders the script draws
     from by key (`dataloaders = {x: DataLoader(...) for x in ['train', 'val']}`, then
-    `dataloaders[phase]`) is set up entry by entry.
+    `dataloaders[phase]`) is set up entry by entry. Fabric's loader carries the loader's
+    attributes, not its class's methods: the set-up goes after the script's calls of those
+    (`valid_loader = loader.split_validation()`), and one it can't go after is refused.
 
     Why: Fabric then moves every batch to the device (so the `.to(device)` calls on batches
     can go) and, with several devices, gives each process its own shard through a
