@@ -257,8 +257,8 @@ class _Planner(Scaler):
                     needed = (needed - bound) | {n.value for n in m.findall(s, m.Name())}
             outer = self._statement_around(stmt)
             if outer is None or not needed:
-                return ("no forward pass found before it in the same block: neither a model of the script "
-                        "nor a call that computes the loss")
+                return ("no forward pass found before it, in its block or the `if`/`with` blocks around it up "
+                        "to its loop or function: neither a model of the script nor a call that computes the loss")
             stmt = outer
 
     def _statement_around(self, stmt: cst.BaseStatement) -> Optional[cst.BaseStatement]:

@@ -18,7 +18,11 @@ class NativeAutocast(Rule):
     `with torch.autocast(...):`; the backward and the optimizer step stay outside. Where the
     rewrite can't tell that a call runs a model (`self.model(source)` in a Trainer given its
     model), the forward is found from the loss back: the statements of the block that compute
-    the loss, from the first of them that calls something. Loops that run
+    the loss (a `for` or `if` that adds to it too), from the first of them that calls something.
+    A backward in a branch or a block of its own (`if args.amp: with amp.scale_loss(loss, opt)
+    as s: s.backward() else: loss.backward()`; `with timer("grads"): loss.backward()`) takes
+    the forward from the block around it, up to its loop or function, where the loss's names
+    are bound; both branches share that one region. Loops that run
     a model without training (evaluation, under `torch.no_grad()` as they were) get autocast
     from their first model call to the end of the loop body. The device type is the script's
     own: `device.type` for a `torch.device`, `torch.device(device).type` for a device that may
@@ -38,7 +42,8 @@ class NativeAutocast(Rule):
     Leaves alone (and says why): scripts that already use autocast or a GradScaler (nothing is
     wrapped twice), that use Fabric, the Trainer or Accelerate, LBFGS (low precision breaks its
     line search), a backward in the same statement as the forward pass, a training step whose
-    loss is not computed in the backward's block (a `step(loss)` helper), and places where no
+    loss is not computed in the backward's function (a `step(loss)` helper, a loss class's
+    `backward(loss)` method), and places where no
     device variable is in reach. Precisions the native path can't express (64-true, transformer-engine) are refused
     with a pointer to `--backend fabric`.
     """
