@@ -160,12 +160,8 @@ def test_fabric_is_created_in_the_script_not_at_a_modules_top_level(tmp_path):
         in result.output
 
 
-DEEPLAB = """
-import torch
-import torch.nn as nn
-from tqdm import tqdm
-
-
+#: pytorch-deeplab-xception's model: its parameter groups come from methods of its own
+DEEPLAB_MODEL = """
 class DeepLab(nn.Module):
     def __init__(self):
         super().__init__()
@@ -180,7 +176,14 @@ class DeepLab(nn.Module):
 
     def get_10x_lr_params(self):
         yield from self.head.parameters()
+"""
 
+DEEPLAB = """
+import torch
+import torch.nn as nn
+from tqdm import tqdm
+
+""" + DEEPLAB_MODEL + """
 
 class Trainer:
     def __init__(self, lr):
@@ -1048,29 +1051,8 @@ def test_a_star_import_of_a_module_of_the_project_reads_its_names(tmp_path):
 
     (tmp_path / "modeling").mkdir()
     (tmp_path / "modeling" / "__init__.py").write_text("")
-    (tmp_path / "modeling" / "deeplab.py").write_text(textwrap.dedent("""
-    import torch.nn as nn
-
-
-    class DeepLab(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.backbone = nn.Linear(8, 8)
-            self.head = nn.Linear(8, 2)
-
-        def forward(self, x):
-            return self.head(self.backbone(x))
-
-        def get_1x_lr_params(self):
-            yield from self.backbone.parameters()
-
-        def get_10x_lr_params(self):
-            yield from self.head.parameters()
-
-
-    if __name__ == "__main__":
-        print(DeepLab())
-    """).lstrip())
+    (tmp_path / "modeling" / "deeplab.py").write_text(
+        "import torch.nn as nn\n\n" + DEEPLAB_MODEL + '\n\nif __name__ == "__main__":\n    print(DeepLab())\n')
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
     import torch
