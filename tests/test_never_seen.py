@@ -1189,3 +1189,29 @@ def test_a_method_of_the_loaders_own_class_after_its_set_up_is_refused():
     assert not result.changed
     assert "calls a method of `loader`'s own class after Fabric would set it up" in " ".join(
         n.message for n in result.skips)
+
+
+def test_no_training_found_names_the_modules_that_were_not_read(tmp_path):
+    """Issue 60: "no training found" where the training is in a module of the project that was
+    not read says which, and why (it used to say only "no training found", while the backward
+    sat in a module it never read)."""
+    from accelerate_rewrite.codemod.project.program import Scope
+
+    (tmp_path / "engine.py").write_text(textwrap.dedent("""
+    import torch
+
+
+    def train(model, steps):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(steps):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    """).lstrip())
+    script = tmp_path / "main.py"
+    script.write_text("import torch.nn as nn\n\nimport engine\n\nprint(engine)\nengine.train(nn.Linear(8, 2), 3)\n")
+    result = rewrite(script.read_text(), Options.create(), path=str(script), scope=Scope(follow=True))
+    message = " ".join(n.message for n in result.skips if n.rule == "AR101")
+    assert "no training found (no optimizer, no backward call) in what was read (not read: line 3: " in message
+    assert "engine.py is not followed" in message

@@ -53,6 +53,10 @@ class Spelling(Protocol):
         """A note's ``message`` said of the target's API (``code``: the file as written)."""
 
 
+#: a refusal that found no training (rules/_fabric_plan.py, rules/_native.py)
+_NO_TRAINING = re.compile(r"no training found \([^)]*\)")
+
+
 def _rule_name(code: str, catalogue: Mapping[str, Rule]) -> str:
     rule = catalogue.get(code)
     return rule.name if rule is not None else "unknown"
@@ -458,6 +462,11 @@ def _rewrite(
                                    if several else note)
     for line, why in unfollowed:
         per_unit[0].append(Note("project", line, why, skipped=True))
+    if unfollowed:  # "no training found" where the training may be in a module that was not read
+        modules = "; ".join(f"line {line}: {why}" for line, why in unfollowed[:3])
+        per_unit[0] = [replace(n, message=_NO_TRAINING.sub(
+            lambda found: f"{found.group(0)} in what was read (not read: {modules})", n.message, count=1))
+            if n.skipped else n for n in per_unit[0]]
     for index, (made, users) in compats.items():
         per_unit[index] = [replace(n, message=_THREADED.sub(
             r"parameter `\1` stays, and `fabric` comes last and optional (its callers pass `\1=fabric.device` "
