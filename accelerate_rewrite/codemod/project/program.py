@@ -191,7 +191,7 @@ def build(path: str, head: str, module: cst.Module, source: str,
             if part_index and part.needed is not None and isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) \
                     and stmt.name.value not in part.needed:
                 continue  # nothing the script runs uses it (pytorchyolo/test.py's own ``run``)
-            targets = _targets(stmt, part, folders)
+            targets = _targets(stmt, part.file, part.package, folders)
             if not targets or any(os.path.realpath(t.file) == real_script for t in targets):
                 out.append((part_index, index))
                 continue

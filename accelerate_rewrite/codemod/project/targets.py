@@ -10,15 +10,12 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import libcst as cst
 
 from accelerate_rewrite.codemod.tree.toplevel import python_tree
 from accelerate_rewrite.codemod.analysis.siblings import _file, relative_base
-
-if TYPE_CHECKING:
-    from accelerate_rewrite.codemod.project.program import Part
 
 
 def _in_folders(folders: list[Path], dotted: str) -> Optional[Path]:
@@ -43,9 +40,11 @@ def _dotted(node: cst.BaseExpression) -> str:
     return cst.Module(body=[]).code_for_node(node)
 
 
-def _targets(stmt: cst.CSTNode, part: "Part", folders: list[Path]) -> Optional[list[_Target]]:
-    """The project's modules an import statement of ``part`` brings in, or None when it
-    imports none (an installed package, or something this reading does not follow):
+def _targets(stmt: cst.CSTNode, file: Optional[Path], package: str, folders: list[Path]
+             ) -> Optional[list[_Target]]:
+    """The project's modules an import statement brings in, or None when it imports none (an
+    installed package, or something this reading does not follow). ``file`` and ``package``:
+    where the statement's module is (None for the script) and its package:
 
     - ``from engine import train`` (names of the module's own: read bare, as the script does);
     - ``from util import misc``, ``from . import dist_util`` (a module of a package: read
@@ -76,14 +75,14 @@ def _targets(stmt: cst.CSTNode, part: "Part", folders: list[Path]) -> Optional[l
         return None
     module = _dotted(node.module) if node.module is not None else ""
     if node.relative:
-        if part.file is None:
+        if file is None:
             return None  # the script: run as a script, it has no package
         level = len(node.relative)
-        base = relative_base(part.file, level)
+        base = relative_base(file, level)
         if base is None:
             return None
         bases = [base]
-        prefix = part.package.split(".") if part.package else []
+        prefix = package.split(".") if package else []
         prefix = prefix[: max(0, len(prefix) - (level - 1))]
         absolute = ".".join([*prefix, *([module] if module else [])])
     else:
