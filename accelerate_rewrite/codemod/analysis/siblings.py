@@ -159,6 +159,14 @@ def _live_returns(func: ast.FunctionDef, literals: tuple) -> list[ast.Return]:
                 for block in ("body", "orelse", "finalbody", "handlers"):
                     inner = getattr(stmt, block, [])
                     walk([s for h in inner for s in h.body] if block == "handlers" else inner)
+            elif not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                todo = [stmt]  # any other statement (``match``, ``async for``): every return in it
+                while todo:
+                    node = todo.pop()
+                    if isinstance(node, ast.Return):
+                        out.append(node)
+                    elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                        todo.extend(ast.iter_child_nodes(node))
 
     walk(func.body)
     return out
