@@ -1215,3 +1215,36 @@ def test_no_training_found_names_the_modules_that_were_not_read(tmp_path):
     message = " ".join(n.message for n in result.skips if n.rule == "AR101")
     assert "no training found (no optimizer, no backward call) in what was read (not read: line 3: " in message
     assert "engine.py is not followed" in message
+
+
+def test_a_function_called_with_a_dict_of_keywords_receives_its_objects():
+    """edm's shape: ``training_loop(rank=rank, **config)`` with ``config = dict(model=model,
+    optimizer=optimizer, loader=loader)``: the dict's entries flow into the parameters they name
+    (the loop's ``loader`` is the one set up; it used to be "can't show to be a DataLoader")."""
+    result = convert("""
+    import torch
+    import torch.nn as nn
+
+
+    def training_loop(rank, model, optimizer, loader, steps=2):
+        for step in range(steps):
+            for (x,) in loader:
+                loss = model(x).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+
+
+    def main():
+        model = nn.Linear(8, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 8)), batch_size=4)
+        config = dict(model=model, optimizer=optimizer, loader=loader)
+        training_loop(rank=0, **config)
+
+
+    if __name__ == "__main__":
+        main()
+    """, devices=2)
+    assert "    loader = fabric.setup_dataloaders(loader)\n" in result.output
+    assert "    training_loop(fabric, rank=0, **config)\n" in result.output

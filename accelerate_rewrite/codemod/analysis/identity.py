@@ -10,6 +10,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
+from accelerate_rewrite.codemod.analysis.arguments import keywords
 from accelerate_rewrite.codemod.analysis.kinds import MODEL, Key, hand_updated
 from accelerate_rewrite.codemod.analysis.syntax import init_of, param_for, positional_params
 
@@ -65,11 +66,17 @@ class Flow:
             owner = fn.node if isinstance(fn.node, cst.FunctionDef) else init_of(fn.node)
             if owner is None:
                 continue
+            names = {p.name.value for p in [*owner.params.params, *owner.params.kwonly_params]}
             for call in fn.calls:
                 for index, arg in enumerate(call.args):
                     param = param_for(fn.params, fn.node, arg, index)
                     if param is not None:
                         into((owner, param.name.value), self.key_of(arg.value))
+                if any(arg.star == "**" for arg in call.args):  # ``training_loop(rank=0, **config)``
+                    for name, value in (keywords(self, call) or {}).items():  # with config = dict(...)
+                        if name in names and not any(a.keyword is not None and a.keyword.value == name
+                                                     for a in call.args):
+                            into((owner, name), self.key_of(value))
         for sub, base in self._subclasses():  # pytorch-template's ``class Trainer(BaseTrainer)``
             init, base_init = init_of(sub), init_of(base)
             for call in (self.find_in(init, m.Call(func=m.Attribute(value=m.Call(func=m.Name("super")),
