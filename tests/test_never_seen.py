@@ -1248,3 +1248,80 @@ def test_a_function_called_with_a_dict_of_keywords_receives_its_objects():
     """, devices=2)
     assert "    loader = fabric.setup_dataloaders(loader)\n" in result.output
     assert "    training_loop(fabric, rank=0, **config)\n" in result.output
+
+
+#: Person_reID's phases over a dict of loaders, in a timm-style script that starts its processes
+#: with ``utils.init_distributed_device(args)``: every sample's index is printed where it is seen
+TWO_PROCESS_SCRIPT = """
+import argparse
+
+import torch
+import torch.nn as nn
+from timm import utils
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--lr", type=float, default=0.0)
+
+
+def main():
+    args = parser.parse_args()
+    device = utils.init_distributed_device(args)
+    torch.manual_seed(0)
+    sets = {x: torch.utils.data.TensorDataset(torch.arange(16.0).unsqueeze(1).repeat(1, 8), torch.arange(16))
+            for x in ["train", "val"]}
+    dataloaders = {x: torch.utils.data.DataLoader(sets[x], batch_size=4) for x in ["train", "val"]}
+    model = nn.Linear(8, 2).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    seen = {"train": [], "val": []}
+    for phase in ["train", "val"]:
+        for x, index in dataloaders[phase]:
+            optimizer.zero_grad()
+            with torch.set_grad_enabled(phase == "train"):
+                loss = model(x.to(device)).pow(2).mean()
+                if phase == "train":
+                    loss.backward()
+                    optimizer.step()
+            seen[phase] += index.tolist()
+        print(phase, "rank", args.rank, "of", args.world_size, "saw", sorted(seen[phase]))
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.runs
+def test_timm_s_start_and_a_dict_of_loaders_run_on_two_processes_each_on_its_shard(tmp_path):
+    """The rewrite (``--devices 2 --accelerator cpu``) runs as 2 gloo processes on CPU where the
+    original ran on one: ``args.rank``/``world_size`` come from Fabric (timm's call is gone), and
+    each process draws its half of each loader of the dict."""
+    import os
+    import shutil
+    import sys
+
+    from tests import processes
+    from tests.goldens import ROOT
+
+    result = convert(TWO_PROCESS_SCRIPT, devices=2, accelerator="cpu")
+    runs = {}
+    for name, text in (("original", TWO_PROCESS_SCRIPT), ("rewritten", result.output)):
+        folder = tmp_path / name
+        folder.mkdir()
+        shutil.copytree(ROOT / "tests" / "stubs" / "timm", folder / "timm")
+        (folder / "train.py").write_text(text)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+        env.pop("LT_DEVICES", None)
+        runs[name] = processes.run([sys.executable, "train.py"], cwd=folder, env=env, timeout=300)
+        assert runs[name].returncode == 0, runs[name].stderr[-2000:]
+    everything = list(range(16))
+    assert [line for line in runs["original"].stdout.splitlines() if " saw " in line] == [
+        f"train rank 0 of 1 saw {everything}", f"val rank 0 of 1 saw {everything}"]
+    # the print names the rank: every process prints its own, as the original would under a
+    # launcher (AR108); the two shards of each loader of the dict are disjoint halves
+    shards = re.findall(r"rank (\d) of 2 saw (\[[\d, ]*\])", runs["rewritten"].stdout)
+    assert len(shards) == 4, runs["rewritten"].stdout
+    for rank in ("0", "1"):
+        mine = [ast.literal_eval(seen) for r, seen in shards if r == rank]
+        assert len(mine) == 2 and all(len(seen) == 8 for seen in mine)
+    assert sorted(ast.literal_eval(shards[0][1]) + next(
+        ast.literal_eval(seen) for r, seen in shards if r != shards[0][0])) == everything

@@ -1,5 +1,5 @@
-"""timm.utils.NativeScaler's behaviour: the loss scaled by a GradScaler of its own, backward,
-optionally unscaled and clipped, the optimizer stepped, the scale updated."""
+"""timm.utils: NativeScaler's behaviour (the loss scaled by a GradScaler of its own, backward,
+optionally unscaled and clipped, the optimizer stepped, the scale updated) and init_distributed_device's."""
 import torch
 
 
@@ -24,3 +24,19 @@ class NativeScaler:
 
     def load_state_dict(self, state_dict):
         self._scaler.load_state_dict(state_dict)
+
+
+def init_distributed_device(args):
+    """timm 1.0.29's: the process group started when the environment says several processes,
+    ``args.distributed``, ``world_size``, ``rank``, ``local_rank``, ``device`` set, the device
+    returned (here, as on one process without CUDA)."""
+    import os
+
+    args.distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1
+    if args.distributed:
+        torch.distributed.init_process_group(backend="gloo")
+    args.world_size = torch.distributed.get_world_size() if args.distributed else 1
+    args.rank = torch.distributed.get_rank() if args.distributed else 0
+    args.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(args.device)
