@@ -1325,3 +1325,11 @@ def test_timm_s_start_and_a_dict_of_loaders_run_on_two_processes_each_on_its_sha
         assert len(mine) == 2 and all(len(seen) == 8 for seen in mine)
     assert sorted(ast.literal_eval(shards[0][1]) + next(
         ast.literal_eval(seen) for r, seen in shards if r != shards[0][0])) == everything
+
+
+def test_a_dict_of_loaders_keeps_its_dict_methods():
+    """A dict of loaders set up entry by entry is a dict: ``dataloaders.keys()`` after it is no
+    method of a loader's class, and the conversion goes on."""
+    result = convert(DICT_LOADERS + 'print(sorted(dataloaders.keys()))\n', devices=2)
+    assert "dataloaders = {key: fabric.setup_dataloaders(loader) for key, loader in dataloaders.items()}\n" \
+        in result.output

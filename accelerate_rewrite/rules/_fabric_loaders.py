@@ -117,6 +117,8 @@ class Loaders:
         f, p = self.f, self.p
         body = list(f.block(last).body)
         for loader in loaders:
+            if loader.key in f.loader_dicts:
+                continue  # a dict of loaders set up entry by entry is still a dict (``.items()``)
             refs = f.references(loader.key)
             for ref in refs:
                 parent = f.parent(ref)
