@@ -1333,3 +1333,231 @@ def test_a_dict_of_loaders_keeps_its_dict_methods():
     result = convert(DICT_LOADERS + 'print(sorted(dataloaders.keys()))\n', devices=2)
     assert "dataloaders = {key: fabric.setup_dataloaders(loader) for key, loader in dataloaders.items()}\n" \
         in result.output
+
+
+#: maskrcnn-benchmark's shape: the script decides distribution by its own flag (``WORLD_SIZE``),
+#: a package's helper builds the loader over a batch sampler that wraps the sampler another
+#: helper picks (the package's own DistributedSampler, in a module the program does not read,
+#: when distributed), keeps it in a list and returns ``data_loaders[0]``; the loop is in another
+#: module of the package. Every process writes the samples' indices it saw.
+RANK_SHARDED = {
+    "train_net.py": """
+import os
+
+import torch
+import torch.nn as nn
+from detpkg.data import make_data_loader
+from detpkg.engine.trainer import do_train
+
+
+def train(distributed):
+    torch.manual_seed(0)
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    data_loader = make_data_loader(is_train=True, is_distributed=distributed)
+    do_train(model, data_loader, optimizer)
+
+
+def main():
+    num_gpus = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else 1
+    distributed = num_gpus > 1
+    if distributed:
+        torch.distributed.init_process_group(backend="gloo", init_method="env://")
+    train(distributed)
+
+
+if __name__ == "__main__":
+    main()
+""",
+    "detpkg/__init__.py": "",
+    "detpkg/data/__init__.py": "from .build import make_data_loader\n",
+    "detpkg/data/build.py": """
+import torch.utils.data
+
+from . import samplers
+
+
+def make_data_sampler(dataset, shuffle, distributed):
+    if distributed:
+        return samplers.DistributedSampler(dataset, shuffle=shuffle)
+    if shuffle:
+        sampler = torch.utils.data.sampler.RandomSampler(dataset)
+    else:
+        sampler = torch.utils.data.sampler.SequentialSampler(dataset)
+    return sampler
+
+
+def make_batch_data_sampler(sampler, images_per_batch, num_iters=None):
+    batch_sampler = torch.utils.data.sampler.BatchSampler(sampler, images_per_batch, drop_last=False)
+    if num_iters is not None:
+        batch_sampler = samplers.IterationBasedBatchSampler(batch_sampler, num_iters)
+    return batch_sampler
+
+
+def make_data_loader(is_train=True, is_distributed=False):
+    datasets = [torch.utils.data.TensorDataset(torch.arange(16.0).unsqueeze(1).repeat(1, 8), torch.arange(16))]
+    data_loaders = []
+    for dataset in datasets:
+        sampler = make_data_sampler(dataset, False, is_distributed)
+        batch_sampler = make_batch_data_sampler(sampler, 4)
+        data_loader = torch.utils.data.DataLoader(dataset, num_workers=0, batch_sampler=batch_sampler)
+        data_loaders.append(data_loader)
+    if is_train:
+        assert len(data_loaders) == 1
+        return data_loaders[0]
+    return data_loaders
+""",
+    "detpkg/data/samplers/__init__.py": (
+        "from .distributed import DistributedSampler\n"
+        "from .iteration_based_batch_sampler import IterationBasedBatchSampler\n"),
+    "detpkg/data/samplers/distributed.py": """
+import math
+
+import torch.distributed as dist
+from torch.utils.data.sampler import Sampler
+
+
+class DistributedSampler(Sampler):
+    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True):
+        self.num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
+        self.rank = dist.get_rank() if rank is None else rank
+        self.num_samples = int(math.ceil(len(dataset) / self.num_replicas))
+        self.total_size = self.num_samples * self.num_replicas
+        self.dataset = dataset
+
+    def __iter__(self):
+        indices = list(range(len(self.dataset)))
+        indices += indices[: (self.total_size - len(indices))]
+        return iter(indices[self.rank:self.total_size:self.num_replicas])
+
+    def __len__(self):
+        return self.num_samples
+""",
+    "detpkg/data/samplers/iteration_based_batch_sampler.py": """
+from torch.utils.data.sampler import BatchSampler
+
+
+class IterationBasedBatchSampler(BatchSampler):
+    def __init__(self, batch_sampler, num_iterations):
+        self.batch_sampler = batch_sampler
+        self.num_iterations = num_iterations
+
+    def __iter__(self):
+        iteration = 0
+        while iteration < self.num_iterations:
+            for batch in self.batch_sampler:
+                iteration += 1
+                if iteration > self.num_iterations:
+                    break
+                yield batch
+
+    def __len__(self):
+        return self.num_iterations
+""",
+    "detpkg/engine/__init__.py": "",
+    "detpkg/engine/trainer.py": """
+import torch
+
+
+def do_train(model, data_loader, optimizer):
+    device = torch.device("cpu")
+    model.train()
+    seen = []
+    for images, index in data_loader:
+        images = images.to(device)
+        loss = model(images).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        seen += index.tolist()
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    with open(f"seen-{rank}.txt", "w") as out:  # a file each: the processes' prints interleave
+        out.write(repr(sorted(seen)))
+""",
+}
+
+
+def _rank_sharded_project(folder, **changes):
+    for name, text in RANK_SHARDED.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(changes.get(name, text).lstrip("\n"))
+    return folder / "train_net.py"
+
+
+def _project_rewrite(script, **options):
+    from accelerate_rewrite.codemod.project.program import Scope
+
+    result = rewrite(script.read_text(), Options.create(**options), path=str(script), scope=Scope(follow=True))
+    assert not result.dropped, result.dropped
+    for member in [result, *result.members]:
+        ast.parse(member.output)
+    return result
+
+
+def test_a_loader_a_helper_builds_over_a_rank_sharded_sampler_is_each_process_s_own(tmp_path):
+    """maskrcnn-benchmark's ``make_data_loader``: read through the package's helpers (the
+    returns the call's ``is_train=True`` reaches, the list's ``[0]``, the batch samplers over
+    the sampler, the package's own DistributedSampler read in its file, which reads the rank),
+    its batches are each process's own: the conversion to several devices goes ahead without
+    a hint, the loader not set up (it was "batches come from `data_loader`, which the rewrite
+    can't show to be a DataLoader it sets up")."""
+    script = _rank_sharded_project(tmp_path)
+    result = _project_rewrite(script, devices=2)
+    assert "fabric = Fabric(devices=2" in result.output
+    assert "setup_dataloaders" not in result.output
+    notes = [n.message for r in (result, *result.members) for n in r.skips]
+    assert any("a DataLoader over `samplers.DistributedSampler(dataset, shuffle=...`, which shards the data by "
+               "the process's rank" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("call", [
+    # never told the run is distributed: ``is_distributed`` keeps its default, False
+    "make_data_loader(is_train=True)",
+    # told it is not: the sampler is the other branch
+    "make_data_loader(is_train=True, is_distributed=False)",
+])
+def test_a_helper_s_loader_never_told_the_run_is_distributed_is_not_each_process_s_own(tmp_path, call):
+    """The branch the call's literal (or the parameter's default) never takes is not read:
+    the loader stays one process's loader over all the data, and the refusal for several
+    devices stands, with its hints."""
+    script = _rank_sharded_project(tmp_path, **{"train_net.py": RANK_SHARDED["train_net.py"].replace(
+        "make_data_loader(is_train=True, is_distributed=distributed)", call)})
+    from accelerate_rewrite.codemod.project.program import Scope
+
+    result = rewrite(script.read_text(), Options.create(devices=2), path=str(script), scope=Scope(follow=True))
+    assert "Fabric(" not in result.output
+    notes = [n.message for r in (result, *result.members) for n in r.skips]
+    assert any("which the rewrite can't show to be a DataLoader it sets up" in n for n in notes), notes
+
+
+@pytest.mark.runs
+def test_a_rank_sharded_helper_loader_runs_on_two_processes_each_on_its_shard(tmp_path):
+    """The rewrite (``--devices 2 --accelerator cpu``) runs as 2 gloo processes where the
+    original ran on one: the script's ``distributed`` is Fabric's now, the helper builds the
+    package's DistributedSampler, and each process draws its own half."""
+    import os
+    import sys
+
+    from tests import processes
+
+    runs = {}
+    for name in ("original", "rewritten"):
+        folder = tmp_path / name
+        script = _rank_sharded_project(folder)
+        if name == "rewritten":
+            result = _project_rewrite(script, devices=2, accelerator="cpu")
+            for member in [result, *result.members]:
+                path = folder / os.path.relpath(member.path, folder) if os.path.isabs(member.path) else \
+                    folder / member.path
+                path.write_text(member.output)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+        env.pop("LT_DEVICES", None)
+        runs[name] = processes.run([sys.executable, "train_net.py"], cwd=folder, env=env, timeout=300)
+        assert runs[name].returncode == 0, runs[name].stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "original").glob("seen-*")) == ["seen-0.txt"]
+    assert ast.literal_eval((tmp_path / "original" / "seen-0.txt").read_text()) == list(range(16))
+    shards = sorted((tmp_path / "rewritten").glob("seen-*"))
+    assert [p.name for p in shards] == ["seen-0.txt", "seen-1.txt"], runs["rewritten"].stdout
+    halves = [ast.literal_eval(p.read_text()) for p in shards]
+    assert [len(h) for h in halves] == [8, 8] and sorted(halves[0] + halves[1]) == list(range(16))

@@ -26,8 +26,8 @@ from accelerate_rewrite.codemod.analysis.facts import (
     unwrap_moves,
 )
 from accelerate_rewrite.codemod.analysis.hints import loader_hint
-from accelerate_rewrite.codemod.analysis.libraries import SHARDED_LOADER_FACTORIES
 from accelerate_rewrite.codemod.analysis.loops import batch_loop, data_source, drawing_loops, for_loops
+from accelerate_rewrite.codemod.analysis.sampling import rank_sharded, sharding_factory
 from accelerate_rewrite.rules._fabric_loaders import distributed_batch_sampler
 from accelerate_rewrite.rules._half import low_casts, strip_half
 from accelerate_rewrite.options import MIXED_PRECISIONS
@@ -142,7 +142,14 @@ class Devices:
                 p.loader_skips.append((loop, f"batches come from `{short(source)}`, each process's own, as the hint "
                                              f"on line {f.line(bound[0])} says: not sharded, their moves kept"))
                 continue
-            factory = _sharding_factory(f, bound)
+            sampler = rank_sharded(f, bound)
+            if sampler is not None:
+                p.loader_skips.append((loop, f"batches come from `{short(source)}`, a DataLoader over "
+                                             f"`{short(sampler)}`, which shards the data by the process's rank "
+                                             "when the run is distributed (codemod/analysis/sampling.py): not "
+                                             "set up, their moves kept"))
+                continue
+            factory = sharding_factory(f, bound)
             if factory is not None:
                 p.loader_skips.append((loop, f"batches come from `{short(source)}`, built by `{factory}`, which "
                                              "shards the data by the process's rank itself when told the run is "
@@ -462,33 +469,3 @@ def _binding_statements(f: ScriptFacts, source, depth: int = 0) -> list[cst.Base
                 if param is not None and param.name.value == source.value:
                     out += _binding_statements(f, arg.value, depth + 1)
     return out
-
-
-def _sharding_factory(f: ScriptFacts, bound: list[cst.BaseStatement]) -> Optional[str]:
-    """The qualified name of the library's loader factory every binding calls, where it shards
-    by rank itself (timm's ``create_loader(..., distributed=args.distributed)``), or None."""
-    found = None
-    for stmt in bound:
-        calls = [c for c in f.find_in(stmt, m.Call()) if f.qualnames(c) & set(SHARDED_LOADER_FACTORIES)]
-        if not calls:
-            return None
-        name = min(f.qualnames(calls[0]) & set(SHARDED_LOADER_FACTORIES))
-        keyword = SHARDED_LOADER_FACTORIES[name].distributed.keyword
-        told = any(a.keyword is not None and a.keyword.value == keyword for a in calls[0].args) or any(
-            a.star == "**" and isinstance(a.value, cst.Name) and _dict_holds(f, a.value, keyword) for a in calls[0].args)
-        if not told:
-            return None  # never told: one process's loader over all the data
-        found = name
-    return found
-
-
-def _dict_holds(f: ScriptFacts, name: cst.Name, keyword: str) -> bool:
-    """``common_loader_kwargs = dict(..., distributed=args.distributed, ...)`` (timm's train.py,
-    passed as ``**common_loader_kwargs``): the dict its one assignment builds has ``keyword``."""
-    value = f.assigned_value(name)
-    if m.matches(value, m.Call(func=m.Name("dict"))):
-        return any(a.keyword is not None and a.keyword.value == keyword for a in value.args)
-    if isinstance(value, cst.Dict):
-        return any(isinstance(e, cst.DictElement) and m.matches(e.key, m.SimpleString()) and
-                   e.key.evaluated_value == keyword for e in value.elements)
-    return False

@@ -89,7 +89,8 @@ T = TypeVar("T")
 class ScriptFacts(Places, Index, Flow):
     def __init__(self, module: cst.Module, folder: Optional[Path] = None, *, fresh: bool = False,
                  body_parts: Optional[list[int]] = None, known: Optional[dict[int, tuple[str, int]]] = None,
-                 text: Optional[str] = None, marked: Optional[bool] = None) -> None:
+                 text: Optional[str] = None, marked: Optional[bool] = None,
+                 part_files: Optional[list[Path]] = None) -> None:
         """``fresh``: no node stands twice in ``module`` (it was parsed, or made of the statements
         of parsed trees), so it is analysed as it is (LibCST's ``unsafe_skip_copy``; the
         parents' walk makes sure, and a tree where a node does stand twice is copied after all);
@@ -147,6 +148,9 @@ class ScriptFacts(Places, Index, Flow):
         #: for a project (codemod/project/program.py): the file (0: the script) each top-level statement
         #: of the analysed module comes from; None for a script alone
         self.body_parts: Optional[list[int]] = body_parts
+        #: for a project: each part's file, where its relative imports start from
+        #: (codemod/analysis/sampling.py reads a class a module imports so)
+        self.part_files: Optional[list[Path]] = part_files
         #: loaders taken for loaders where the script receives them from a call the analysis
         #: can't see into (codemod/analysis/returns.py): set up there, and the note says it was assumed
         self.assumed_loaders: set[Key] = set()

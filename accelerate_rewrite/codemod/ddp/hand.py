@@ -37,13 +37,14 @@ from accelerate_rewrite.codemod.ddp.wraps import DDP, Wrap, module_uses, take_wr
 from accelerate_rewrite.codemod.analysis.facts import Key, ScriptFacts, code, positional_params, short
 from accelerate_rewrite.codemod.analysis.libraries import PROCESS_GROUP_STARTERS, ProcessStarter
 from accelerate_rewrite.codemod.analysis.syntax import passed_at
+from accelerate_rewrite.codemod.analysis.sampling import DISTRIBUTED_SAMPLERS
 
 INIT = ("torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group")
 DESTROY = ("torch.distributed.destroy_process_group",
            "torch.distributed.distributed_c10d.destroy_process_group")
 SET_DEVICE = ("torch.cuda.set_device", "torch.accelerator.set_device_index")
 SPAWN = ("torch.multiprocessing.spawn", "torch.multiprocessing.spawn.spawn")
-SAMPLERS = ("torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler")
+SAMPLERS = DISTRIBUTED_SAMPLERS
 BARRIER = ("torch.distributed.barrier", "torch.distributed.distributed_c10d.barrier")
 ALL_REDUCE = ("torch.distributed.all_reduce", "torch.distributed.distributed_c10d.all_reduce")
 #: what Fabric does not do for a script: a reason to leave the whole conversion

@@ -20,6 +20,7 @@ import libcst.matchers as m
 
 from accelerate_rewrite.codemod.analysis.facts import DATALOADERS, Binding, ScriptFacts, code
 from accelerate_rewrite.codemod.analysis.loops import data_source
+from accelerate_rewrite.codemod.analysis.sampling import SHARDING
 
 
 @dataclass
@@ -62,10 +63,6 @@ def sharded_loaders(f: ScriptFacts, samplers: list[cst.Call]) -> list[ShardedLoa
     return out
 
 
-#: what a sampler reads when it shards the data by the process's place itself
-_SHARDING = ("get_world_size", "get_rank", "num_replicas")
-
-
 def _shards_itself(f: ScriptFacts, call: cst.Call) -> bool:
     """``RASampler(dataset, num_replicas=..., rank=...)``: an object of a class of the project
     (not a DistributedSampler, which Fabric leaves in place) that reads the world size or the
@@ -76,7 +73,7 @@ def _shards_itself(f: ScriptFacts, call: cst.Call) -> bool:
     if any(code(base.value).endswith("DistributedSampler") for base in fn.node.bases):
         return False
     return any(isinstance(n, (cst.Name, cst.Attribute)) and (n.value if isinstance(n, cst.Name) else n.attr.value)
-               in _SHARDING for n in f.find_in(fn.node, m.Name() | m.Attribute()))
+               in SHARDING for n in f.find_in(fn.node, m.Name() | m.Attribute()))
 
 
 def _returned_call(f: ScriptFacts, loader: Binding) -> Optional[cst.Call]:

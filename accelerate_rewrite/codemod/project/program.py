@@ -406,6 +406,7 @@ def analyse(key: tuple, project: Project, folder: Optional[Path]) -> tuple[Scrip
         if len(_PROJECTS) >= 4:
             _PROJECTS.pop(next(iter(_PROJECTS)))
         facts = ScriptFacts(project.combined, folder, fresh=True, body_parts=[part for part, _ in project.origin],
-                            known=project.known(), marked=any(MARK_WORD in p.source for p in project.parts))
+                            known=project.known(), marked=any(MARK_WORD in p.source for p in project.parts),
+                            part_files=[p.file if p.file is not None else Path(p.path) for p in project.parts])
         _PROJECTS[key] = (facts, project)
     return _PROJECTS[key]
