@@ -291,6 +291,28 @@ def test_a_train_function_with_evaluation_on_two_processes(tmp_path):
     assert "=> loaded checkpoint" in again.stdout
 
 
+@pytest.mark.runs
+def test_a_shuffled_loader_built_before_the_model_keeps_the_model_s_initial_weights(tmp_path):
+    """Issue 61, mnist_style (the loaders built before the model, the training one shuffled):
+    on several processes Accelerate's ``prepare`` of a shuffled loader draws a seed from torch's
+    generator; prepared where it was built, that draw came before the model's initialisation,
+    and the frozen model's evaluation on 2 processes differed from the original's on one. The
+    rewrite prepares it right before its first read, after the model is built: with ``--lr 0``
+    every evaluation line is the original's."""
+    import re
+
+    pytest.importorskip("accelerate")
+    source = (FIXTURES / "mnist_style" / "input.py").read_text(encoding="utf-8")
+    result = rewrite(source, TWO, path="fixtures/mnist_style/input.py")
+    lines = result.output.splitlines()
+    assert lines.index("    train_loader = accelerator.prepare(train_loader)") > lines.index(
+        "    model, optimizer = accelerator.prepare(model, optimizer)")
+    assert any("right before line" in n.message and "draws its seed" in n.message for n in result.changes)
+    [(original, rewritten)] = _two_ways("mnist_style", tmp_path, [], ["--lr", "0", "--epochs", "1"])
+    pattern = re.compile(r"^Test set: Average loss: .*$", re.M)
+    assert pattern.findall(original.stdout) and pattern.findall(rewritten.stdout) == pattern.findall(original.stdout)
+
+
 LOSS = r"(?:(?:rank |GPU)(\d+)\]? )?epoch (\d+) step (\d+) loss ([0-9.]+)"
 
 

@@ -547,6 +547,32 @@ def test_sam_steps_in_two_halves_as_before(work):
 
 
 @pytest.mark.runs
+def test_sam_steps_in_two_halves_under_accelerate_as_before(work):
+    """Issue 61: under ``--backend accelerate`` SAM's ``first_step``/``second_step`` are made on
+    ``optimizer.optimizer``, the SAM itself (Accelerate's prepared optimizer has no
+    ``first_step``: the rewrite crashed with "'AcceleratedOptimizer' object has no attribute
+    'first_step'"); ``zero_grad`` and ``param_groups`` stay the wrapper's, which answers them.
+    At 32-true on one process every loss is the original's, digit for digit."""
+    base = Path(work) / "sam-accelerate"
+    original, rewritten = base / "original", base / "rewritten"
+    for folder in (original, rewritten):
+        shutil.copytree(PROJECTS / "sam", folder, ignore=shutil.ignore_patterns("expected"))
+    path = rewritten / "train.py"
+    options = Options.create(backend="accelerate", accelerator="cpu")
+    result = rewrite(path.read_text(encoding="utf-8"), options, path=str(path), scope=Scope(follow=True))
+    assert result.changed and not result.dropped and not any(m.changed for m in result.members)
+    assert "model, optimizer = accelerator.prepare(model, optimizer)" in result.output
+    assert "optimizer.optimizer.first_step(" in result.output and "optimizer.optimizer.second_step(" in result.output
+    assert rewrite(result.output, options, path=str(path), scope=Scope(follow=True)).output == result.output
+    path.write_text(result.output, encoding="utf-8")
+    runs = [_run(folder, []) for folder in (original, rewritten)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+    assert re.search(r"epoch 1 loss \d", runs[0].stdout)
+    assert runs[1].stdout == runs[0].stdout
+
+
+@pytest.mark.runs
 @pytest.mark.slow  # CI time: two processes, each importing lightning
 def test_a_loss_scaler_class_trains_every_rank_as_before(work):
     """The Swin Transformer's shape (fixtures/projects/scaler_class): a loss scaler of utils.py

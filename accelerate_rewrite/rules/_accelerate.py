@@ -34,11 +34,17 @@ through ``accelerator.unwrap_model(model)`` (rules/_fabric_wrapped.py; a method 
 own that runs it, or the model handed to code the analysis can't see, is refused); loaders
 that stay whole (evaluation, or sharded by their own DistributedSampler, which ``prepare``
 would shard again) are ``prepare_data_loader(loader, accelerator.device, num_processes=1,
-process_index=0, put_on_device=True)``; ``all_reduce`` of a Python number takes
+process_index=0, put_on_device=True)``; a training loader is prepared right before its first
+read, not where it is built (``prepare`` of a loader that shuffles draws a seed from torch's
+generator there, which before the model is built would change its initial weights:
+rules/_fabric_loaders.py); ``all_reduce`` of a Python number takes
 ``torch.as_tensor`` first; a removed ``destroy_process_group()`` becomes
 ``accelerator.end_training()``. Fabric's ``save`` / ``load`` of a state with modules in it has
 no Accelerate equivalent: torch's save stays, written by the main process
-(rules/fabric_checkpoint.py). Anything else without an equivalent is refused with its name.
+(rules/fabric_checkpoint.py). On any number of processes, what the prepared optimizer does not
+answer itself (a method of the optimizer's own class, SAM's ``first_step``) is read on
+``optimizer.optimizer`` (rules/_fabric_wrapped.py). Anything else without an equivalent is
+refused with its name.
 """
 
 from __future__ import annotations

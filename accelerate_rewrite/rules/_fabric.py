@@ -114,6 +114,9 @@ class LoaderGroup:
     #: them already, which Accelerate's ``prepare`` would shard again (Fabric leaves such a
     #: sampler in place): set up whole (``use_distributed_sampler=False``), on their sampler
     own_sampler: bool = False
+    #: --backend accelerate on several processes: set up right before this line, the loaders'
+    #: first read, not where they are built (rules/_fabric_loaders.py ``_before_first_read``)
+    late: Optional[int] = None
 
 
 @dataclass
@@ -162,6 +165,9 @@ class FabricPlan:
     #: --backend accelerate on several processes: reads of a set-up model (``model`` in
     #: ``model.state_dict()``) that go through ``unwrap_model`` (rules/_fabric_wrapped.py)
     unwraps: list[cst.CSTNode] = field(default_factory=list)
+    #: --backend accelerate: reads of a prepared optimizer's own attributes (SAM's ``optimizer`` in
+    #: ``optimizer.first_step()``) that go to ``optimizer.optimizer`` (rules/_fabric_wrapped.py)
+    inner_reads: list[cst.CSTNode] = field(default_factory=list)
 
     def ref_at(self, facts: ScriptFacts, node: cst.CSTNode) -> Optional[str]:
         """How ``fabric`` is spelled where ``node`` stands, or None if it can't be reached."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 import libcst as cst
+import libcst.matchers as m
 
 from accelerate_rewrite.codemod.ddp.hand import SAMPLERS
 from accelerate_rewrite.codemod.analysis.facts import Binding, ScriptFacts, code
@@ -217,7 +218,13 @@ class Loaders:
             last = self._after_own_methods(loaders, last)
             if p.refusal is not None:
                 return
-            p.loader_groups.append(LoaderGroup(loaders, last, p.ref_at(f, loaders[-1].stmt), evaluation, own))
+            built = last
+            if self.o.accelerate and self.o.many_devices and not evaluation and not own:
+                last = _before_first_read(f, loaders, last)
+            group = LoaderGroup(loaders, last, p.ref_at(f, loaders[-1].stmt), evaluation, own)
+            if last is not built:
+                group.late = f.line(next(s for s in f.block(last).body[f.block(last).body.index(last) + 1:]))
+            p.loader_groups.append(group)
         set_up = {b.key for group in p.loader_groups for b in group.loaders}
         reduced: set[tuple[int, str]] = set()
         for loop, ref, names, why in reductions:  # a sum is reduced once after its loop, however many
@@ -228,6 +235,28 @@ class Loaders:
             reduced.update((id(loop), n[0]) for n in names)
             if names:
                 p.reductions.append((loop, ref, names, why))
+
+
+def _before_first_read(f: ScriptFacts, loaders: list[Binding], last: cst.BaseStatement) -> cst.BaseStatement:
+    """The statement of ``last``'s block right before the first one after it that reads one of
+    ``loaders`` (their names, or the object an attribute loader hangs on), or ``last``.
+
+    Measured (accelerate 1.15, ``prepare_data_loader``): on several processes, preparing a
+    loader whose sampler has no generator of its own (``shuffle=True``) draws the generator's
+    seed from torch's global one, where the original's sampler draws it when its first epoch
+    starts. Prepared where the loader was built (before the model, say) that draw shifts the
+    stream, and the model's initial weights are not the original's; prepared right before its
+    first read, the model is built as before, and the seed is the draw the original's first
+    epoch makes."""
+    body = list(f.block(last).body)
+    if not any(s is last for s in body):
+        return last
+    names = {b.path.split(".")[0] for b in loaders}
+    start = next(i for i, s in enumerate(body) if s is last)
+    for i in range(start + 1, len(body)):
+        if any(n.value in names for n in f.find_in(body[i], m.Name())):
+            return body[i - 1]
+    return last
 
 
 #: what a set-up loader still answers: the DataLoader's iteration and length, and what Python

@@ -115,6 +115,9 @@ class Setups:
                                       "prepares returns None (LBFGS's closure loss is lost); --backend fabric "
                                       "converts it")
                     return
+        if self.o.accelerate:
+            for group in p.setups:
+                self._optimizer_reads(group)
         if self.o.accelerate and self.o.many_devices:
             for group in p.setups:
                 self._wrapped_reads(group)

@@ -1,4 +1,5 @@
-"""The set-up model's reads under ``--backend accelerate`` on several processes (a mixin of the
+"""The set-up model's reads under ``--backend accelerate`` on several processes, and the set-up
+optimizer's own attributes under it on any number (a mixin of the
 planner, rules/_fabric_plan.py, beside rules/_fabric_setups.py): Accelerate's ``prepare``
 returns the model wrapped in DistributedDataParallel, whose ``state_dict()`` keys, named
 parameters and attributes are not the module's (Fabric's wrapper keeps them). Each place the
@@ -14,7 +15,12 @@ import libcst as cst
 import libcst.matchers as m
 
 from accelerate_rewrite.codemod.analysis.facts import Key, ScriptFacts, code
-from accelerate_rewrite.codemod.analysis.libraries import METHOD_TAKERS, MODEL_READERS, WRAPPER_TAKERS
+from accelerate_rewrite.codemod.analysis.libraries import (
+    ACCELERATED_OPTIMIZER,
+    METHOD_TAKERS,
+    MODEL_READERS,
+    WRAPPER_TAKERS,
+)
 from accelerate_rewrite.codemod.analysis.loops import without_grad
 from accelerate_rewrite.codemod.analysis.syntax import passed_at, positional_params
 from accelerate_rewrite.rules._fabric import SetupGroup, short
@@ -174,6 +180,30 @@ class WrappedReads:
                     and f.function(wrap.stmt) is f.function(node):
                 lines.append(f.line(wrap.stmt))
         return bool(lines) and min(lines) > f.line(node)
+
+    def _optimizer_reads(self, group: SetupGroup) -> None:
+        """``--backend accelerate``: ``prepare`` returns each optimizer wrapped in an
+        AcceleratedOptimizer, which answers an optimizer's own methods only
+        (codemod/analysis/libraries.py, ``ACCELERATED_OPTIMIZER``); Fabric's wrapper keeps the
+        class's. A read of anything else on the set-up optimizer (SAM's ``first_step`` and
+        ``second_step``, its ``base_optimizer``) is made on ``optimizer.optimizer``, the optimizer
+        itself (``p.inner_reads``; "'AcceleratedOptimizer' object has no attribute 'first_step'"
+        otherwise). Its step is then the class's own, which no GradScaler sees: 16-mixed is not
+        set for such an optimizer (rules/_fabric_plan.py)."""
+        f, p = self.f, self.p
+        home, setup_line = f.function(group.after), f.end_line(group.after)
+        by_object = f.memo("keys-by-object", lambda: _keys_by_object(f))
+        for opt in group.optimizers:
+            if opt.inner is not None:
+                continue  # a wrapper of the script's own holds it: its attributes are the wrapper's
+            for key in by_object.get(f.object_of(opt.key)) or [opt.key]:
+                for node in f.references(key):
+                    if f.function(node) is home and f.line(node) <= setup_line:
+                        continue  # the optimizer as built, before the set-up
+                    parent = f.parent(node)
+                    if isinstance(parent, cst.Attribute) and parent.value is node \
+                            and parent.attr.value not in ACCELERATED_OPTIMIZER and node not in p.inner_reads:
+                        p.inner_reads.append(node)
 
     def _wrapped_reads(self, group: SetupGroup) -> None:
         """``--backend accelerate`` on several processes: Accelerate's ``prepare`` returns the model

@@ -79,6 +79,11 @@ class FabricDataloaders(FabricRule):
                 ctx.change(group.after, f"set up `{names}` with Fabric for evaluation: not sharded, so with "
                                         "several devices every process evaluates all of it and the metrics "
                                         "the script computes stay those of the whole set")
+            elif group.late is not None:
+                ctx.change(group.after, f"set up `{names}` with Fabric right before line {group.late}, its first "
+                                        "read: on several processes Accelerate's `prepare` of a loader that "
+                                        "shuffles draws its seed from torch's random generator, here after the "
+                                        "model is built, as the original's first epoch draws it")
             else:
                 ctx.change(group.after, f"set up `{names}` with Fabric")
             for b in group.loaders:

@@ -100,6 +100,10 @@ class FabricSetup(FabricRule):
             ctx.edits.replace(node, lambda u, r=ref: expr(f"{r}.unwrap_model({code(u.value if m.matches(u, m.Attribute(attr=m.Name('module'))) else u)})"))
             ctx.change(node, f"`{short(node)}` read through `{ref}.unwrap_model(...)`: Accelerate's prepared "
                              "model is DistributedDataParallel on several processes")
+        for node in sorted(p.inner_reads, key=lambda n: (ctx.facts.line(n), ctx.facts.column(n))):
+            ctx.edits.replace(node, lambda u: cst.Attribute(value=u, attr=cst.Name("optimizer")))
+            ctx.change(node, f"`{short(ctx.facts.parent(node))}` read on `{code(node)}.optimizer`, the optimizer "
+                             "itself: the one Accelerate prepares answers an optimizer's own methods only")
 
     @staticmethod
     def _copied(ctx: RuleContext, p) -> None:

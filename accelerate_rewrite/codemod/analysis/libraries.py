@@ -265,6 +265,18 @@ METHOD_TAKERS: dict[str, dict[str, tuple[Argument, str]]] = {
                                                     "buffers with use_buffers=True), the module's under DDP")},
 }
 
+#: what Accelerate's prepared optimizer answers itself (accelerate 1.15, accelerate/optimizer.py:
+#: AcceleratedOptimizer's own methods and properties, and the attributes its ``__init__`` sets;
+#: ``param_groups``, ``state`` and ``defaults`` read the optimizer's): any other attribute of a
+#: prepared optimizer, a method of the optimizer's own class (SAM's ``first_step``) or a hook of
+#: torch's Optimizer (which would hang on the wrapper, whose step is not the one that runs),
+#: is read on its ``optimizer``, the optimizer itself
+ACCELERATED_OPTIMIZER = frozenset({
+    "state", "param_groups", "defaults", "add_param_group", "load_state_dict", "state_dict", "zero_grad",
+    "train", "eval", "step", "step_was_skipped", "optimizer", "scaler", "accelerator_state", "gradient_state",
+    "device_placement",
+})
+
 #: calls that copy the model they are given (a deepcopy): on several processes Fabric's wrapper
 #: holds DistributedDataParallel, which can't be copied ("cannot pickle '_thread.lock' object",
 #: measured with lightning 2.6 on 2 gloo processes), so the Fabric backend hands them the module
