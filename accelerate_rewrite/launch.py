@@ -12,7 +12,10 @@ with, and the SLURM batch file ``--launcher slurm`` writes.
 - SLURM: ``sbatch train.sbatch``, one task per device (``--ntasks-per-node`` = devices), ``srun
   python train.py``: Fabric reads SLURM's environment (lightning's SLURMEnvironment), as its
   documentation's multi-node SLURM guide shows.
-- ``--backend accelerate``: ``accelerate launch --num_processes N train.py`` on one node; on
+- ``--backend accelerate``: ``accelerate launch --multi_gpu --num_processes N train.py`` on one
+  node (measured, accelerate 1.15: without ``--multi_gpu`` on a machine with no GPU its simple
+  launcher starts one process; with it, torch's elastic launcher starts N, and
+  ``Accelerator(cpu=True)``, which ``--accelerator cpu`` writes, runs them as N CPU processes); on
   several, one ``accelerate launch --multi_gpu --num_machines M --num_processes M*N
   --machine_rank R --main_process_ip MAIN --main_process_port P`` per node (its
   ``--num_processes`` counts every machine's; ``--multi_gpu``, since one GPU per node would
@@ -52,8 +55,8 @@ def run_lines(script: str, options: Options) -> list[str]:
     name = shlex.quote(script)
     if options.accelerate and nodes == 1:  # Accelerate's launcher starts the processes
         n = devices if devices else "N"
-        return [f"run it: accelerate launch --num_processes {n} {name} (or torchrun --nproc-per-node={n} {name}; "
-                f"`python {name}` runs one process)"]
+        return [f"run it: accelerate launch --multi_gpu --num_processes {n} {name} (or torchrun "
+                f"--nproc-per-node={n} {name}; `python {name}` runs one process)"]
     if nodes == 1:
         return [f"run it: python {name} (fabric.launch() starts the {per_node} on this machine)"]
     d = devices if devices else "D"

@@ -223,7 +223,7 @@ def test_several_processes_keep_what_the_module_gives_and_each_sampler_shards_on
     assert "accelerator.unwrap_model(model).state_dict()" in style
     from accelerate_rewrite.launch import run_lines
     [line] = run_lines("train.py", Options.create(backend="accelerate", devices=4))
-    assert line.startswith("run it: accelerate launch --num_processes 4 train.py")
+    assert line.startswith("run it: accelerate launch --multi_gpu --num_processes 4 train.py")
 
 
 def test_verify_on_several_processes_is_refused_before_anything_runs(tmp_path):
@@ -311,6 +311,53 @@ def test_a_shuffled_loader_built_before_the_model_keeps_the_model_s_initial_weig
     [(original, rewritten)] = _two_ways("mnist_style", tmp_path, [], ["--lr", "0", "--epochs", "1"])
     pattern = re.compile(r"^Test set: Average loss: .*$", re.M)
     assert pattern.findall(original.stdout) and pattern.findall(rewritten.stdout) == pattern.findall(original.stdout)
+
+
+@pytest.mark.runs
+@pytest.mark.parametrize("name, evaluation, trained", [
+    # a plain loop: the training loader's 4 batches of 16, logged every 2, are 2 on each process
+    ("mnist_style", r"^Test set: Average loss: .*$", r"^Train Epoch: .*$"),
+    # a Trainer class given its loaders
+    ("trainer_given_loaders", r"^test accuracy .*$", None),
+])
+def test_the_printed_line_starts_two_cpu_processes_with_the_original_s_evaluation(name, evaluation, trained,
+                                                                                 tmp_path):
+    """Issue 61: ``--backend accelerate --devices 2 --accelerator cpu``, written by the command
+    line and started with the line its summary prints (``accelerate launch --multi_gpu
+    --num_processes 2``: without ``--multi_gpu`` accelerate's simple launcher started one process
+    on this CPU machine), runs 2 processes that Accelerate ranks (``Accelerator(cpu=True)``),
+    each on its half of the training batches; with ``--lr 0`` the evaluation line is the
+    original's on one process, printed once."""
+    import shutil
+    import subprocess
+    import sys
+
+    from tests import processes
+
+    pytest.importorskip("accelerate")
+    for folder in ("original", "rewritten"):
+        (tmp_path / folder).mkdir()
+        shutil.copy(FIXTURES / name / "input.py", tmp_path / folder / "input.py")
+    done = subprocess.run([sys.executable, "-m", "accelerate_rewrite", "input.py", "--backend", "accelerate",
+                           "--devices", "2", "--accelerator", "cpu", "--write", "--no-cache"],
+                          cwd=tmp_path / "rewritten", capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "accelerator = Accelerator(cpu=True)" in (tmp_path / "rewritten" / "input.py").read_text()
+    [line] = [line.strip() for line in done.stderr.splitlines() if line.strip().startswith("run it:")]
+    command = line[len("run it: "):line.index(" (or ")].split()
+    assert command[:4] == ["accelerate", "launch", "--multi_gpu", "--num_processes"], line
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", processes.free_port(),
+               *command[2:]]
+    args = ["--lr", "0", "--epochs", "1"]
+    original = processes.run_ranks([sys.executable, "input.py", *args], tmp_path / "original")
+    rewritten = processes.run_ranks([*command, *args], tmp_path / "rewritten")
+    assert original.returncode == 0, original.stderr[-2000:]
+    assert rewritten.returncode == 0, rewritten.stderr[-3000:]
+    found = [re.findall(evaluation, run.stdout, re.M) for run in (original, rewritten)]
+    assert len(found[0]) == 1 and found[1] == found[0], (original.stdout, rewritten.stdout)
+    if trained:
+        lines = [re.findall(trained, run.stdout, re.M) for run in (original, rewritten)]
+        assert len(lines[1]) == len(lines[0]) // 2, lines  # each process draws half of the batches
 
 
 LOSS = r"(?:(?:rank |GPU)(\d+)\]? )?epoch (\d+) step (\d+) loss ([0-9.]+)"

@@ -26,7 +26,7 @@ Fabric                                 Accelerate
 ``model.state_dict()`` (several)       ``accelerator.unwrap_model(model).state_dict()``
 =====================================  ==============================================
 
-On several processes (one node: ``accelerate launch --num_processes N`` or torchrun starts
+On several processes (one node: ``accelerate launch --multi_gpu --num_processes N`` or torchrun starts
 them) the plan adds what Accelerate's wrapper needs: ``prepare`` returns the model wrapped in
 DistributedDataParallel, whose ``state_dict()`` keys, named parameters and attributes are not
 the module's (Fabric's wrapper keeps them), so every other read of the set-up model goes
