@@ -8,6 +8,7 @@ tests/test_fixtures.py; here, what they must hold, and runs both ways.
 from __future__ import annotations
 
 import ast
+import json
 import re
 
 import pytest
@@ -226,13 +227,25 @@ def test_several_processes_keep_what_the_module_gives_and_each_sampler_shards_on
     assert line.startswith("run it: accelerate launch --multi_gpu --num_processes 4 train.py")
 
 
-def test_verify_on_several_processes_is_refused_before_anything_runs(tmp_path):
-    from accelerate_rewrite.verify.session import VerifyError, verify
+@pytest.mark.runs
+def test_verify_on_two_processes_starts_them_with_torchrun_and_judges_as_fabric_s(tmp_path):
+    """Issue 61: ``verify --backend accelerate --run-devices 2`` (it was refused) starts the
+    rewrite's 2 processes with torchrun, each with the harness, on the CPU (ACCELERATE_USE_CPU,
+    as ``Accelerator(cpu=True)``): both ran, each process on its share of the data, and the
+    verdict is the one Fabric's rewrite gets on 2 devices (the curves side by side: 2 processes
+    change training on purpose)."""
+    from accelerate_rewrite.verify.compare import NOT_COMPARED
+    from accelerate_rewrite.verify.session import verify
 
+    pytest.importorskip("accelerate")
     script = tmp_path / "train.py"
-    script.write_text((FIXTURES / "gan" / "input.py").read_text(encoding="utf-8"), encoding="utf-8")
-    with pytest.raises(VerifyError, match="an Accelerate rewrite needs accelerate launch or torchrun"):
-        verify(script, Options.create(backend="accelerate"), run_devices=2)
+    script.write_text((FIXTURES / "mnist_style" / "input.py").read_text(encoding="utf-8"), encoding="utf-8")
+    done = verify(script, Options.create(backend="accelerate", devices=2), run_devices=2, run_on="cpu", steps=4,
+                  threads=1)
+    assert done.verdict.verdict == NOT_COMPARED, done.verdict.reason
+    assert done.rewritten.world_size == 2 and done.original.world_size == 1
+    assert "2 processes, each with its share of the data" in done.verdict.reason
+    assert "the rewritten script ran on 2 processes, started by torchrun" in done.notes
 
 
 # ---- several processes: 2 gloo processes on CPU, started by torchrun ----------------------------
@@ -832,7 +845,9 @@ def test_transformer_engine_is_accelerate_s_fp8():
 @pytest.mark.runs
 def test_tune_measures_accelerate_candidates_as_fabric_s(tmp_path, monkeypatch):
     """``tune --try "--backend accelerate ..."``: each candidate rewritten and verified as
-    ``verify --backend accelerate`` does; at 32-true it PASSes and its command applies it."""
+    ``verify --backend accelerate`` does; at 32-true it PASSes and its command applies it.
+    ``tune --backend accelerate`` spells every candidate in Accelerate (issue 61): two of them
+    ranked, each with its verdict."""
     import shutil
 
     from click.testing import CliRunner
@@ -848,6 +863,28 @@ def test_tune_measures_accelerate_candidates_as_fabric_s(tmp_path, monkeypatch):
     assert done.exit_code == 0, done.output
     out = " ".join(done.output.split())
     assert "--backend accelerate --precision 32-true" in out and "PASS" in out, done.output
+    done = CliRunner().invoke(cli, ["tune", "train.py", "--backend", "accelerate", "--try", "--precision 32-true",
+                                    "--try", "--precision bf16-mixed", "--steps", "6", "--threads", "1", "-q",
+                                    "--format", "json"])
+    assert done.exit_code == 0, done.output
+    ranked = json.loads(done.output)
+    labels = [row["candidate"] for row in ranked["candidates"]]
+    assert sorted(labels) == ["--backend accelerate --precision 32-true", "--backend accelerate --precision bf16-mixed"]
+    assert all(row["verdict"] in ("pass", "fail", "not-verified", "not-compared") for row in ranked["candidates"])
+
+
+def test_tune_s_backend_spells_the_default_candidates_in_it():
+    from accelerate_rewrite.verify import tune
+    from accelerate_rewrite.verify.environment import Machine
+
+    cpu = Machine(cuda_devices=0, modules={})
+    assert [c.label for c in tune.default_candidates(cpu, "accelerate")] == [
+        "--backend accelerate --precision 32-true", "--backend accelerate --precision bf16-mixed",
+        "--backend accelerate --precision bf16-mixed --compile"]
+    assert [c.label for c in tune.default_candidates(cpu, "torch")] == [
+        "--backend torch --precision bf16-mixed", "--backend torch --precision bf16-mixed --compile"]
+    own = tune.Candidate.parse("--backend fabric --precision 32-true")
+    assert tune.with_backend(own, "accelerate") is own
 
 
 @pytest.mark.runs

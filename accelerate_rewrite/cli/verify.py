@@ -139,6 +139,11 @@ def _try_options(option_values: dict) -> dict:
                    "--matmul-precision high, 16-mixed, --optimizer-8bit where bitsandbytes is installed).")
 @click.option("--against", "against_files", metavar="FILE", multiple=True, type=click.Path(dir_okay=False),
               help="A rewritten file of your own as a candidate, run as it is (repeatable).")
+@click.option("--backend", type=click.Choice(["fabric", "torch", "accelerate"]), default=None,
+              metavar="fabric|torch|accelerate",
+              help="Spell every candidate in this backend (the default set, and each --try that names none); "
+                   "with torch the default set has no 32-true candidate. [default: as each candidate says, "
+                   "else the configuration's]")
 @click.option("--steps", type=click.IntRange(min=2), default=30, show_default=True,
               help="Stop each run after this many optimizer steps.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, metavar="K",
@@ -152,7 +157,7 @@ def _try_options(option_values: dict) -> dict:
               help="Speed-up and memory bars per candidate, the verdict marked (needs matplotlib).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress display.")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT ARGS...]")
-def tune_command(script, tries, against_files, steps, repeat, min_speedup, run_on, timeout, rtol, mean_rtol,
+def tune_command(script, tries, against_files, backend, steps, repeat, min_speedup, run_on, timeout, rtol, mean_rtol,
                  last_rtol, grad_rtol, noise_multiple, warmup_steps, threads, python, output_format, plot_path,
                  quiet, script_args) -> None:
     """Run SCRIPT once, then each candidate rewrite of it through the verifier: its median step
@@ -200,10 +205,11 @@ def tune_command(script, tries, against_files, steps, repeat, min_speedup, run_o
             raise VerifyError(f"{where}{exc}") from None
         return choice.options, choice.rules
 
-    candidates = [tune.Candidate.parse(t) for t in tries] + [tune.Candidate(against=Path(f)) for f in against_files]
+    candidates = [tune.with_backend(tune.Candidate.parse(t), backend) for t in tries] + [
+        tune.Candidate(against=Path(f)) for f in against_files]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""} if run_on == "cpu" else None
     if not candidates:
-        candidates = tune.default_candidates(tune.machine_for_tuning(python or sys.executable, env=env))
+        candidates = tune.default_candidates(tune.machine_for_tuning(python or sys.executable, env=env), backend)
     for candidate in candidates:  # a bad --try fails before anything runs
         try:
             options_for(candidate)

@@ -413,8 +413,12 @@ def run_script(
     track_params: bool = False,
     force_fp32: bool = False,  # every autocast and GradScaler off (the structure run)
     autocast_forward: Optional[str] = None,  # "bfloat16": the noise run (see harness.Recorder)
+    launcher: Sequence[str] = (),  # ``python -m torch.distributed.run --nproc_per_node N ...``
 ) -> RunRecord:
-    """Run ``python script args`` under the harness and return what it recorded."""
+    """Run ``python script args`` (or ``launcher script args``) under the harness and return
+    what it recorded: each process the launcher starts loads the harness as the script's own
+    processes do (their records are merged by rank; the launcher's own, which trains nothing,
+    is the one of rank 0 that made no step)."""
     record = RunRecord(label=label)
     out_dir = Path(tempfile.mkdtemp(prefix="accelerate-rewrite-verify-"))
     try:
@@ -432,7 +436,7 @@ def run_script(
         log = out_dir / "output.log"
         with open(log, "wb") as handle:
             process = subprocess.Popen(
-                [python, str(script), *args], cwd=cwd, env=run_env,
+                [*(launcher or [python]), str(script), *args], cwd=cwd, env=run_env,
                 stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
@@ -493,6 +497,17 @@ def run_script(
         return record
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def torchrun(python: str, processes: int) -> list[str]:
+    """torch's launcher for ``processes`` processes on this machine, on a free port: what starts
+    an Accelerate rewrite's processes (``Accelerator()`` reads their ranks from its environment)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return [python, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port", str(port)]
 
 
 def _aborted_after_finishing(record: RunRecord) -> bool:

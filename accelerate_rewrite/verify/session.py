@@ -31,7 +31,7 @@ from accelerate_rewrite.verify.compare import (
     noise_floor,
 )
 from accelerate_rewrite.verify.evidence import HALF
-from accelerate_rewrite.verify.runner import RunRecord, ending_runs_on_signals, run_script
+from accelerate_rewrite.verify.runner import RunRecord, ending_runs_on_signals, run_script, torchrun
 
 
 class VerifyError(Exception):
@@ -268,10 +268,6 @@ def verify(
         source = read_source(script)
     except SourceError as exc:
         raise VerifyError(str(exc)) from None
-    if options.accelerate and run_devices not in (None, 1):
-        raise VerifyError("--run-devices: the verifier starts several processes through Fabric's launcher "
-                          "(LT_DEVICES), and an Accelerate rewrite needs accelerate launch or torchrun: not "
-                          "written yet (verify it on one process, or with --backend fabric)")
     notes: list[str] = []
     rule_kinds: list[str] = []
     structure_kinds: set[str] = set()
@@ -321,11 +317,19 @@ def verify(
         notes.append("both scripts ran on the CPU (CUDA hidden; Fabric's accelerator set to cpu)")
     elif run_on == "cuda":
         rewritten_env["LT_ACCELERATOR"] = "cuda"
-    if run_devices is not None:
+    processes = run_devices or (options.effective_devices if isinstance(options.effective_devices, int) else 1)
+    launcher: list[str] = []
+    if options.accelerate and processes > 1:
+        # Accelerate starts no process itself: torchrun starts them, as the summary's line does
+        # (``accelerate launch --multi_gpu`` is torch's elastic launcher too), each with the harness
+        launcher = torchrun(python, processes)
+        if run_on == "cpu" or (options.accelerator or "auto") == "cpu":
+            rewritten_env["ACCELERATE_USE_CPU"] = "1"  # as Accelerator(cpu=True): one process is not N
+        notes.append(f"the rewritten script ran on {processes} processes, started by torchrun")
+    elif run_devices is not None:
         rewritten_env["LT_DEVICES"] = str(run_devices)
         notes.append(f"the rewritten script ran on {run_devices} device(s) (LT_DEVICES)")
 
-    processes = run_devices or (options.effective_devices if isinstance(options.effective_devices, int) else 1)
     claims = claims_for(options, changing_rules, processes if processes > 1 else 1, rule_kinds)
     kind = tolerance_kind(options, rule_kinds, processes if processes > 1 else 1)
     base = tolerance or Tolerance()
@@ -369,10 +373,11 @@ def verify(
         notes.append(f"the rewritten script was not run: the original timed out after {timeout:g} s")
     elif against is not None:  # the user's own file, run where it is
         on_start("rewritten")
-        rewritten = run_script(Path(against), script_args, label="rewritten", env=rewritten_env, **common, **traced)
+        rewritten = run_script(Path(against), script_args, label="rewritten", env=rewritten_env, launcher=launcher,
+                               **common, **traced)
         if structural and rewritten.ok:
             on_start("structure")
-            structure = run_script(Path(against), script_args, label=STRUCTURE_LABEL,
+            structure = run_script(Path(against), script_args, label=STRUCTURE_LABEL, launcher=launcher,
                                    env={**rewritten_env, "LT_PRECISION": "32-true"}, force_fp32=True, **common)
     else:
         on_start("rewritten")
@@ -382,10 +387,10 @@ def verify(
                 rewritten_env["PYTHONPATH"] = os.pathsep.join(
                     filter(None, [str(script.resolve().parent), rewritten_env.get("PYTHONPATH")]))
             rewritten = run_script(rewritten_path, script_args, label="rewritten", env=rewritten_env,
-                                   **common, **traced)
+                                   launcher=launcher, **common, **traced)
             if structural and rewritten.ok:
                 on_start("structure")
-                structure = run_script(rewritten_path, script_args, label=STRUCTURE_LABEL,
+                structure = run_script(rewritten_path, script_args, label=STRUCTURE_LABEL, launcher=launcher,
                                        env={**rewritten_env, "LT_PRECISION": "32-true"}, force_fp32=True, **common)
         if rewritten.error:
             rewritten.error = rewritten.error.replace(str(rewritten_path), f"{script} (rewritten)")

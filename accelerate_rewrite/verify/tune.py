@@ -203,8 +203,9 @@ def machine_for_tuning(python: str, env: Optional[dict] = None, cwd=None) -> Mac
     return probe(python, [Need(CUDA, "tune"), Need("bitsandbytes", "tune")], env=env, cwd=cwd)
 
 
-def default_candidates(machine: Machine) -> list[Candidate]:
-    """The issue's default set for this machine."""
+def default_candidates(machine: Machine, backend: Optional[str] = None) -> list[Candidate]:
+    """The issue's default set for this machine; with ``backend``, each candidate spelled in
+    it (the torch backend has no 32-true candidate: it writes nothing at 32-true)."""
     if machine.cuda_devices:
         texts = ["--precision 32-true", "--precision 32-true --matmul-precision high", "--precision 16-mixed"]
         if machine.cuda_bf16:
@@ -215,7 +216,18 @@ def default_candidates(machine: Machine) -> list[Candidate]:
             texts += ["--precision bf16-mixed --optimizer-8bit" if machine.cuda_bf16 else "--optimizer-8bit"]
     else:
         texts = ["--precision 32-true", "--precision bf16-mixed", "--precision bf16-mixed --compile"]
-    return [Candidate.parse(t) for t in texts]
+    if backend == "torch":
+        texts = [t for t in texts if "32-true" not in t]
+    return [with_backend(Candidate.parse(t), backend) for t in texts]
+
+
+def with_backend(candidate: Candidate, backend: Optional[str]) -> Candidate:
+    """``candidate`` spelled in ``backend`` (``tune --backend accelerate``), unless it names a
+    backend of its own or is a file of one's own."""
+    if backend is None or candidate.against is not None or any(
+            f == "--backend" or f.startswith("--backend=") for f in candidate.flags):
+        return candidate
+    return Candidate(("--backend", backend, *candidate.flags))
 
 
 @ending_runs_on_signals()  # SIGTERM, SIGHUP: the run going on ends (see runner.py)
