@@ -24,6 +24,7 @@ from accelerate_rewrite.verify.compare import APPROXIMATE, EXACT, FAIL, PASS, To
 from accelerate_rewrite.verify.runner import RunRecord
 from accelerate_rewrite.verify.session import ended_early
 from accelerate_rewrite.verify.where import clip_difference, parting, settings_differences
+from tests.verify_support import slow_unless
 
 LOSSES = [2.0, 1.8, 1.6, 1.5]
 MODULES = ["conv1", "fc1", "fc2"]
@@ -413,3 +414,65 @@ def test_a_bug_planted_in_a_fixtures_fabric_rewrite_is_placed(fixture, old, new,
     v = verify(script, Options.create(), against=buggy, steps=8, threads=1, run_on="cpu")
     assert v.verdict.verdict == "fail", v.verdict.reason
     assert said in v.verdict.reason, v.verdict.reason
+
+
+#: issue 61: the optimizer/clipping arrangements a module left out of the optimizer is planted in
+_CLIP = "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+_ONE = "    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)\n"
+_TWO = ('    optimizer = torch.optim.AdamW([p for n, p in model.named_parameters() if not n.startswith("fc2")],\n'
+        '                                  lr=1e-3, weight_decay=0.01)\n'
+        '    optimizer2 = torch.optim.SGD(model.fc2.parameters(), lr=1e-2)\n')
+ARRANGEMENTS = {
+    "clip over model.parameters()": SCRIPT,
+    "clip over the optimizer's groups": SCRIPT.replace(_CLIP, _CLIP.replace(
+        "model.parameters()", '[p for g in optimizer.param_groups for p in g["params"]]')),
+    "no clip": SCRIPT.replace(_CLIP, ""),
+    "two optimizers, clip over their groups": SCRIPT.replace(_ONE, _TWO).replace(_CLIP, _CLIP.replace(
+        "model.parameters()", '[p for o in (optimizer, optimizer2) for g in o.param_groups for p in g["params"]]'))
+    .replace("        optimizer.zero_grad()\n", "        optimizer.zero_grad()\n        optimizer2.zero_grad()\n")
+    .replace("        optimizer.step()\n", "        optimizer.step()\n        optimizer2.step()\n"),
+    "two optimizers, no clip": SCRIPT.replace(_ONE, _TWO).replace(_CLIP, "")
+    .replace("        optimizer.zero_grad()\n", "        optimizer.zero_grad()\n        optimizer2.zero_grad()\n")
+    .replace("        optimizer.step()\n", "        optimizer.step()\n        optimizer2.step()\n"),
+}
+#: the left-out module, planted in each: fc1 out of the (first) optimizer
+_LEFT_OUT = {
+    _ONE: _ONE.replace("model.parameters()", "[p for n, p in model.named_parameters() if not n.startswith('fc1')]"),
+    _TWO: _TWO.replace('not n.startswith("fc2")', 'not n.startswith(("fc2", "fc1"))'),
+}
+#: causes that must not be offered beside the module left out
+_OTHER_CAUSES = ("a loss scaled", "the backward is scaled", "clipping threshold", "clipping lost",
+                 "the learning rate or the optimizer's settings", "gradients left from the previous step",
+                 "the forward or the loss")
+
+
+@pytest.mark.runs
+@pytest.mark.parametrize("arrangement", slow_unless(list(ARRANGEMENTS), {"clip over the optimizer's groups"}))
+def test_a_module_left_out_of_the_optimizer_is_named_in_every_arrangement(arrangement, tmp_path, originals,
+                                                                          monkeypatch):
+    """Issue 61: a module left out of the optimizer's groups is named, with no other cause, in
+    every optimizer/clipping arrangement. With the clip over the optimizer's parameters the
+    clip measures another norm, and every module's gradient looks scaled: the verdict used to
+    say "the backward is scaled, not the loss it reports". The correct copy still PASSes."""
+    from accelerate_rewrite.options import Options
+    from accelerate_rewrite.verify import session
+    from accelerate_rewrite.verify.session import verify
+
+    source = ARRANGEMENTS[arrangement]
+    assert (source != SCRIPT) == (arrangement != "clip over model.parameters()")
+    monkeypatch.setattr(session, "run_script", originals.run_script)
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text(source, encoding="utf-8")
+    optimizer = _TWO if "two optimizers" in arrangement else _ONE
+    bad = tmp_path / "left_out.py"
+    bad.write_text(source.replace(optimizer, _LEFT_OUT[optimizer]), encoding="utf-8")
+    v = verify(script, Options.create(), against=bad, **RUN)
+    assert v.verdict.verdict == "fail", v.verdict.reason
+    where = v.verdict.reason[v.verdict.reason.index("where the runs part:"):]
+    assert where.startswith("where the runs part: `fc1`: gradient computed but no update applied: not in any "
+                            "optimizer parameter group"), v.verdict.reason
+    assert not any(cause in where for cause in _OTHER_CAUSES), where
+    same = tmp_path / "same.py"
+    same.write_text(source, encoding="utf-8")
+    assert verify(script, Options.create(), against=same, **RUN).verdict.verdict == "pass"

@@ -5,8 +5,12 @@ module of the model it trains; each group's settings at the first step; the para
 ``requires_grad`` False and those in no optimizer group). compare.py puts what this finds in a
 failing verdict, where it used to give a fixed hint.
 
-At the first step where anything differs (the loss, the gradient a clip measured, a module's or
-a group's gradient, a module's or a group's update), in that order of cause:
+A module one run trains and the other does not (``requires_grad`` False, or in no optimizer
+group, in one run only) is named first, wherever the runs part, with no other cause: what else
+differs follows from it (a clip over the optimizer's parameters measures another norm, and every
+module's gradient then looks scaled). Otherwise, at the first step where anything differs (the
+loss, the gradient a clip measured, a module's or a group's gradient, a module's or a group's
+update), in that order of cause:
 
 - a module with a gradient in one run and none in the other: ``requires_grad`` False there, or
   its output does not reach the loss;
@@ -228,20 +232,30 @@ def static_differences(original: RunRecord, rewritten: RunRecord) -> list[str]:
     out: list[str] = []
     if o is not None and r is not None:
         runs = _Runs(original, rewritten, o, r, 0.0)
-        for m in runs.modules:
-            if runs.frozen("r", m) and not runs.frozen("o", m):
-                out.append(f"{runs.label(m)}: no gradient: requires_grad is False in the rewrite")
-            elif runs.frozen("o", m) and not runs.frozen("r", m):
-                out.append(f"{runs.label(m)}: trained in the rewrite: requires_grad is False in the original")
-            elif runs.no_group("r", m) and not runs.no_group("o", m):
-                out.append(f"{runs.label(m)}: gradient computed but no update applied: not in any optimizer "
-                           "parameter group")
-            elif runs.no_group("o", m) and not runs.no_group("r", m):
-                out.append(f"{runs.label(m)}: updated in the rewrite: in no optimizer parameter group of the original")
+        out += [text for _, text, _ in _held_differently(runs)]
         out += settings_differences(o, r)
     clip = clip_difference(original, rewritten)
     if clip is not None:
         out.append(clip)
+    return out
+
+
+def _held_differently(runs: _Runs) -> list[tuple[str, str, str]]:
+    """The modules one run trains and the other does not, as the records show them whatever the
+    figures: ``requires_grad`` False in one run only, or in no optimizer group of one run only
+    (module, the words, the figure that shows it: "g" the gradient, "u" the update)."""
+    out = []
+    for m in runs.modules:
+        if runs.frozen("r", m) and not runs.frozen("o", m):
+            out.append((m, f"{runs.label(m)}: no gradient: requires_grad is False in the rewrite", "g"))
+        elif runs.frozen("o", m) and not runs.frozen("r", m):
+            out.append((m, f"{runs.label(m)}: trained in the rewrite: requires_grad is False in the original", "g"))
+        elif runs.no_group("r", m) and not runs.no_group("o", m):
+            out.append((m, f"{runs.label(m)}: gradient computed but no update applied: not in any optimizer "
+                           "parameter group", "u"))
+        elif runs.no_group("o", m) and not runs.no_group("r", m):
+            out.append((m, f"{runs.label(m)}: updated in the rewrite: in no optimizer parameter group of the "
+                           "original", "u"))
     return out
 
 
@@ -260,9 +274,17 @@ def parting(original: RunRecord, rewritten: RunRecord, rtol: float, n: Optional[
         return Parting(0, (), f"the first optimizer to step trains {', '.join(models_r)} in the rewrite, "
                               f"{', '.join(models_o)} in the original: an optimizer's step lost, added or moved "
                               "(the steps compared are those of the first optimizer to step)")
+    # a module one run trains and the other does not is the cause wherever the runs part: what
+    # else differs there follows from it (a clip over the optimizer's parameters measures another
+    # norm, every module's gradient then looks scaled), and no other cause is offered
+    held = _held_differently(runs)
     updates_seen = True  # every update before this step was measured, and agreed
     for s in range(n):
         found = _at_step(runs, s, updates_seen)
+        if found is not None and held and not any(found.text.startswith(text) for _, text, _ in held):
+            more = f"; also {', '.join(runs.label(m) for m, _, _ in held[1:4])}" if len(held) > 1 else ""
+            return Parting(s, tuple(m for m, _, _ in held), f"{held[0][1]}{more} (the runs part at step {s + 1}, "
+                                                             "and what differs there follows from it)", held[0][2])
         if found is not None:
             return found
         if runs.module_values(s, "u") is None and runs.group_values(s, "gu") is None:
