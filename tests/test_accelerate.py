@@ -305,6 +305,7 @@ def test_a_train_function_with_evaluation_on_two_processes(tmp_path):
 
 
 @pytest.mark.runs
+@pytest.mark.slow  # CI time: the printed line's mnist_style run below checks the same evaluation line
 def test_a_shuffled_loader_built_before_the_model_keeps_the_model_s_initial_weights(tmp_path):
     """Issue 61, mnist_style (the loaders built before the model, the training one shuffled):
     on several processes Accelerate's ``prepare`` of a shuffled loader draws a seed from torch's
@@ -331,7 +332,7 @@ def test_a_shuffled_loader_built_before_the_model_keeps_the_model_s_initial_weig
     # a plain loop: the training loader's 4 batches of 16, logged every 2, are 2 on each process
     ("mnist_style", r"^Test set: Average loss: .*$", r"^Train Epoch: .*$"),
     # a Trainer class given its loaders
-    ("trainer_given_loaders", r"^test accuracy .*$", None),
+    pytest.param("trainer_given_loaders", r"^test accuracy .*$", None, marks=pytest.mark.slow),  # CI time
 ])
 def test_the_printed_line_starts_two_cpu_processes_with_the_original_s_evaluation(name, evaluation, trained,
                                                                                  tmp_path):
