@@ -200,7 +200,7 @@ def fixes(options: Optional[Options] = None) -> set[str]:
     migration brings the native rules with the torch backend; with Fabric it would bring the
     whole conversion, so it is not a fix there."""
     from accelerate_rewrite.rules import ALL_RULES, BY_CODE
-    from accelerate_rewrite.rules._fabric import FabricRule
+    from accelerate_rewrite.rules.base.plan import FabricRule
 
     out: set[str] = set()
     for rule in ALL_RULES:

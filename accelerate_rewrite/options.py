@@ -58,7 +58,7 @@ ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps", "tpu")
 
 #: How the rewrite speeds a script up: with Lightning Fabric, or with plain PyTorch (torch.autocast,
 #: torch.amp.GradScaler, a cast of the model) and no new dependency, or with Hugging Face
-#: Accelerate (the Fabric plan, spelled in Accelerate's API: rules/_accelerate.py).
+#: Accelerate (the Fabric plan, spelled in Accelerate's API: rules/accelerate/spelling.py).
 BACKENDS = ("fabric", "torch", "accelerate")
 #: ``--precision`` -> ``Accelerator(mixed_precision=...)`` (accelerate 1.x); the others have no
 #: Accelerate equivalent

@@ -1,5 +1,5 @@
 """Issue 47: ``--backend accelerate`` writes the Fabric plan in Hugging Face Accelerate's API
-(rules/_accelerate.py), on one process and on several (one node).
+(rules/accelerate/spelling.py), on one process and on several (one node).
 
 The goldens of every fixture (option set ``accelerate-bf16-mixed``) are checked by
 tests/test_fixtures.py; here, what they must hold, and runs both ways.
@@ -459,7 +459,7 @@ if __name__ == "__main__":
 
 
 def test_the_notes_say_what_was_written():
-    from accelerate_rewrite.rules._accelerate import said
+    from accelerate_rewrite.rules.accelerate.spelling import said
 
     assert said("`loss.backward()` became `fabric.backward(loss)`", None) == \
         "`loss.backward()` became `accelerator.backward(loss)`"

@@ -9,7 +9,7 @@ import pytest
 
 from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.options import Options
-from accelerate_rewrite.rules.amp_api import AmpApiMigration
+from accelerate_rewrite.rules.precision.amp_api import AmpApiMigration
 
 RULES = [AmpApiMigration()]
 

@@ -7,8 +7,8 @@ import textwrap
 
 from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.options import Options
-from accelerate_rewrite.rules.amp_scaler_once import ScalerOnce
-from accelerate_rewrite.rules.amp_unscale_before_clip import UnscaleBeforeClip
+from accelerate_rewrite.rules.precision.amp_scaler_once import ScalerOnce
+from accelerate_rewrite.rules.precision.amp_unscale_before_clip import UnscaleBeforeClip
 
 RULES = [UnscaleBeforeClip(), ScalerOnce()]
 

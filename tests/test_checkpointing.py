@@ -12,7 +12,7 @@ import pytest
 
 from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.options import OptionError, Options
-from accelerate_rewrite.rules.checkpointing import HELPER_CODE
+from accelerate_rewrite.rules.techniques.checkpointing import HELPER_CODE
 from tests.goldens import FIXTURES, run
 
 LOOP = """\

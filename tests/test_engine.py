@@ -419,7 +419,7 @@ def test_a_failing_fabric_rule_takes_the_whole_conversion_with_it():
     import libcst as _cst
 
     from accelerate_rewrite.rules import ALL_RULES
-    from accelerate_rewrite.rules.fabric_device import FabricDevice
+    from accelerate_rewrite.rules.fabric.device import FabricDevice
 
     class BrokenDevice(FabricDevice):
         def rewrite(self, ctx):

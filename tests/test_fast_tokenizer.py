@@ -10,7 +10,7 @@ import pytest
 
 from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.options import Options
-from accelerate_rewrite.rules.fast_tokenizer import SLOW
+from accelerate_rewrite.rules.data.fast_tokenizer import SLOW
 
 
 def _rewrite(source: str):

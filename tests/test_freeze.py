@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from accelerate_rewrite.cli import cli
 from accelerate_rewrite.api import rewrite
 from accelerate_rewrite.options import OptionError, Options, freeze_form
-from accelerate_rewrite.rules.freeze import helper_code
+from accelerate_rewrite.rules.techniques.freeze import helper_code
 from tests.goldens import FIXTURES, FREEZE_FORMS, run
 
 HEAD = """\

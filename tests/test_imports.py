@@ -27,7 +27,7 @@ def _lint(cwd: Path) -> subprocess.CompletedProcess:
 def test_the_import_contracts_hold():
     done = _lint(ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "5 kept, 0 broken" in done.stdout
+    assert "6 kept, 0 broken" in done.stdout
 
 
 def test_a_back_arrow_or_a_circle_breaks_a_contract(tmp_path):
@@ -43,6 +43,26 @@ def test_a_back_arrow_or_a_circle_breaks_a_contract(tmp_path):
     out = " ".join(done.stdout.split())
     assert "The engine (codemod/) knows no rule" in out and "BROKEN" in out
     assert "accelerate_rewrite.codemod.result -> accelerate_rewrite.rules" in out
+
+
+def test_a_rule_room_importing_up_breaks_its_contract(tmp_path):
+    """Issue 62: rules/ is rooms, one way down. The base every rule shares importing the Fabric
+    plan breaks the rules' rooms."""
+    shutil.copytree(ROOT / "accelerate_rewrite", tmp_path / "accelerate_rewrite",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    calls = tmp_path / "accelerate_rewrite" / "rules" / "base" / "calls.py"
+    calls.write_text(calls.read_text() + "\nfrom accelerate_rewrite.rules.fabric._plan import plan  # noqa: E402,F401\n")
+    done = _lint(tmp_path)
+    assert done.returncode != 0
+    out = " ".join(done.stdout.split())
+    assert "The rules' rooms" in out and "BROKEN" in out
+    assert "accelerate_rewrite.rules.base.calls -> accelerate_rewrite.rules.fabric._plan" in out
+
+
+def test_rules_has_at_most_twelve_entries_at_its_top():
+    top = [p.name for p in (ROOT / "accelerate_rewrite" / "rules").iterdir() if p.name != "__pycache__"]
+    assert len(top) <= 12, sorted(top)
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -187,7 +187,7 @@ def test_a_dropped_provider_takes_the_rules_that_stand_on_it():
     from accelerate_rewrite.codemod.engine import _dependents
     from accelerate_rewrite.codemod.rule import RuleContext
     from accelerate_rewrite.rules import BY_CODE
-    from accelerate_rewrite.rules._half import MIXED_GROUND
+    from accelerate_rewrite.rules.base.half import MIXED_GROUND
 
     rules = [BY_CODE["AR101"], BY_CODE["AR207"], BY_CODE["AR209"]]
     options = Options.create(precision="bf16-mixed")

@@ -42,7 +42,7 @@ _THREADED = re.compile(r"parameter `(\w+)` became `fabric` \(its callers pass it
 
 
 class Spelling(Protocol):
-    """How the rules' result is written for another target (rules/_accelerate.py)."""
+    """How the rules' result is written for another target (rules/accelerate/spelling.py)."""
 
     def spell(self, options: Options, source: str, code: str, program: Sequence[str] = ()
               ) -> tuple[str, Optional[str]]:
@@ -53,7 +53,7 @@ class Spelling(Protocol):
         """A note's ``message`` said of the target's API (``code``: the file as written)."""
 
 
-#: a refusal that found no training (rules/_fabric_plan.py, rules/_native.py)
+#: a refusal that found no training (rules/fabric/_plan.py, rules/native/_plan.py)
 _NO_TRAINING = re.compile(r"no training found \([^)]*\)")
 
 
@@ -154,7 +154,7 @@ def rewrite(
     (by default none: a conversion that needs them to is left out, and says so), and their
     results are ``result.members``. ``sources``: the text of some of them (by path), instead of
     what is on disk. ``spelling``: how each changed file's text is written for another target
-    than the rules' own (rules/_accelerate.py: Fabric's API as Accelerate's)."""
+    than the rules' own (rules/accelerate/spelling.py: Fabric's API as Accelerate's)."""
     scope = scope if scope is not None else Scope()
     look_again()  # the project's files as they are now
     with fewer_collections():
@@ -196,8 +196,8 @@ def _rewrite(
     spelling: Optional[Spelling] = None,
 ) -> Result:
     # on several processes, helpers whose side effects would run on each (a progress bar's
-    # sys.stdout.write, a download; rules/fabric_rank_zero.py) are read too, and with
-    # Accelerate every helper the set-up model is handed to (rules/_fabric_wrapped.py:
+    # sys.stdout.write, a download; rules/fabric/rank_zero.py) are read too, and with
+    # Accelerate every helper the set-up model is handed to (rules/fabric/_wrapped.py:
     # DistributedDataParallel is not the module there)
     # a helper that wraps the model in (Distributed)DataParallel (pytorch_image_classification's
     # ``apply_data_parallel_wrapper``) is read on several processes, where it would wrap the

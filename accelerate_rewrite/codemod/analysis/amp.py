@@ -4,7 +4,7 @@ one (libraries.py's ``LIBRARY_AUTOCASTS``), kept in a name as
 the arguments each is given by parameter, the dtype it computes in, and every GradScaler it
 creates, in the script or in a class of its own (a loss scaler), and the library loss scalers
 it creates (timm's NativeScaler). Read by the rules that set the precision asked for over it
-(rules/own_precision.py) and by the AMP API migration (rules/amp_api.py)."""
+(rules/precision/own_precision.py) and by the AMP API migration (rules/precision/amp_api.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The script's own device where a node stands, as an expression of its type (``device.type``,
 ``torch.device(args.device).type``, ``"cuda"``): what an autocast needs there. Read by the native
-plan (rules/_native.py) and by the precision of the script's own autocast (rules/own_precision.py)."""
+plan (rules/native/_plan.py) and by the precision of the script's own autocast (rules/precision/own_precision.py)."""
 
 from __future__ import annotations
 

@@ -320,12 +320,12 @@ MODEL_READERS: dict[str, tuple[Argument, str]] = {
 }
 
 
-#: calls that write to the terminal themselves (a progress bar's); print is rules/fabric_print.py's
+#: calls that write to the terminal themselves (a progress bar's); print is rules/fabric/printing.py's
 TERMINAL_WRITES = frozenset({"sys.stdout.write", "sys.stderr.write"})
 
 #: calls that prepare data on disk before training (fetch it, unpack it): every process then
 #: reads what they wrote, so on several processes they run on rank 0 while the others wait
-#: (rules/fabric_rank_zero.py); Python 3.11's urllib and shutil, torch 2.13's hub, torchvision
+#: (rules/fabric/rank_zero.py); Python 3.11's urllib and shutil, torch 2.13's hub, torchvision
 #: 0.28's datasets/utils.py, wget 3.2, gdown 5
 PREPARERS = frozenset({
     "urllib.request.urlretrieve", "shutil.unpack_archive", "torch.hub.download_url_to_file",

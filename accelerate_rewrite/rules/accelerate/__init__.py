@@ -1,0 +1,1 @@
+"""The Fabric plan spelled in Hugging Face Accelerate's API (--backend accelerate)."""

@@ -1,0 +1,1 @@
+"""Data loading: DataLoader hints, fast tokenizers, dynamic padding, length-grouped batching."""

@@ -1,0 +1,1 @@
+"""The native plan (torch.autocast and torch.amp.GradScaler, --backend torch) and its rules."""

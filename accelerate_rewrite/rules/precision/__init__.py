@@ -1,0 +1,1 @@
+"""Precision migrations and pitfalls: torch.cuda.amp and apex.amp to current APIs, pure .half() traps, the script's own autocast."""

@@ -1,0 +1,1 @@
+"""Training techniques: accumulation, freezing, clipping, activation checkpointing, torch.compile, 8-bit optimizers."""
