@@ -26,7 +26,7 @@ torch, random and numpy, and hooks the places every variant of a training loop p
   this step ran in low precision: an autocast elsewhere (an evaluation loop) leaves none.
 - ``DistributedSampler``: one in the run (Fabric's under ddp, even on one device) orders the
   data its own way.
-- where the runs part (issue 48, ``_Where``), for the first optimizer: per step, the gradient
+- where the runs part (issue 48, harness_where.py), for the first optimizer: per step, the gradient
   norm and the update size (the norm of the change the step made) of each parameter group and of
   each top-level module of the model(s) it trains (their ``named_children()``), each group's lr,
   and the max_norm a clip was called with; at the first step, each group's settings (lr,
@@ -94,174 +94,27 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _plain(value: Any) -> Any:
-    """A parameter group's setting as JSON can hold it (a 0-d tensor as its float), or _SKIP."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (tuple, list)):
-        items = [_plain(v) for v in value]
-        return _SKIP if any(v is _SKIP for v in items) else items
-    numel = getattr(value, "numel", None)
-    if callable(numel):
-        try:
-            if numel() == 1:
-                return float(value)
-        except Exception:
-            pass
-    return _SKIP
+
+def _sibling(name: str):
+    """A module of the harness, loaded from its file next to this one, as sitecustomize loads
+    this one: the run's Python need not have accelerate_rewrite installed."""
+    import importlib.util
+
+    key = f"accelerate_rewrite_verify_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                         f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
 
 
-_SKIP = object()
+_Where = _sibling("harness_where").Where
+Hooks = _sibling("harness_hooks").Hooks
 
 
-class _Where:
-    """Where two runs part (issue 48): per step of the first optimizer, the gradient norm and the
-    update size (the norm of the change the step made) of each of its parameter groups and of each
-    top-level module of the model(s) it trains (their ``named_children()``; a parameter of the
-    model itself counts as a module of its own), and each group's learning rate; at the first
-    step, each group's settings (lr, weight_decay, betas, eps, momentum, ...), and the parameters
-    with ``requires_grad`` False. Norms only: the update is measured against a copy of the
-    parameters on the CPU, made just before the step and dropped right after it (none where they
-    hold more than ``COPY_MAX_BYTES``)."""
-
-    COPY_MAX_BYTES = 1 << 30
-
-    def __init__(self, recorder: "Recorder", optimizer) -> None:
-        self.torch = recorder.torch
-        self.optimizer_type = type(optimizer).__name__
-        groups = optimizer.param_groups
-        wanted = [p for group in groups for p in group["params"]]
-        roots = recorder._roots(wanted)
-        self.modules: list[str] = []
-        self.types: list[str] = []  # each module's class ("Parameter": a parameter of the model itself)
-        self.params: list = []  # the parameters recorded (references, never copies)
-        self.names: list[str] = []  # their names in the user's model
-        self.module_of: list[int] = []  # their module's index in ``modules``
-        seen: dict[int, int] = {}
-        classes = self.models = [outer for outer, _, _ in roots]
-        for k, (_, root, path) in enumerate(roots):
-            prefix = path
-            if len(roots) > 1:  # several models trained by one optimizer: each named by its class
-                twin = f"[{classes[:k].count(classes[k])}]" if classes.count(classes[k]) > 1 else ""
-                prefix = f"{classes[k]}{twin}.{path}"
-            children = dict(root.named_children())
-            for name, param in root.named_parameters():
-                if id(param) in seen:
-                    continue
-                head = name.split(".", 1)[0]
-                module = prefix + (head if head in children else name)
-                if module not in self.modules:
-                    self.modules.append(module)
-                    self.types.append(type(children[head]).__name__ if head in children else "Parameter")
-                seen[id(param)] = len(self.params)
-                self.params.append(param)
-                self.names.append(prefix + name)
-                self.module_of.append(self.modules.index(module))
-        self.groups: list[list[int]] = []
-        for g, group in enumerate(groups):
-            positions = []
-            for j, param in enumerate(group["params"]):
-                if id(param) not in seen:  # a tensor of no module the verifier found
-                    seen[id(param)] = len(self.params)
-                    self.params.append(param)
-                    self.names.append(f"param_groups[{g}][{j}]")
-                    self.module_of.append(-1)
-                positions.append(seen[id(param)])
-            self.groups.append(positions)
-        self.settings = [{k: v for k, v in ((k, _plain(v)) for k, v in group.items() if k != "params")
-                          if v is not _SKIP} for group in groups]
-        self.frozen = [i for i, p in enumerate(self.params) if not p.requires_grad]
-        self.copy = sum(p.numel() * p.element_size() for p in self.params) <= self.COPY_MAX_BYTES
-        self.optimizer = optimizer
-        self.steps: list[Optional[dict]] = []
-        self.pending: Optional[dict] = None
-        self.before_copy: Optional[list] = None
-
-    def _sums(self, values: dict[int, float]) -> tuple[list, list]:
-        """Per module and per group, the norm over the parameters that have a value (None: none has)."""
-        modules: list[Optional[float]] = [None] * len(self.modules)
-        for i, v in values.items():
-            m = self.module_of[i]
-            if m >= 0:
-                modules[m] = (modules[m] or 0.0) + v * v
-        groups: list[Optional[float]] = []
-        for positions in self.groups:
-            present = [values[i] for i in positions if i in values]
-            groups.append(sum(v * v for v in present) if present else None)
-        root = self._root
-        return [root(x) for x in modules], [root(x) for x in groups]
-
-    @staticmethod
-    def _root(x: Optional[float]) -> Optional[float]:
-        return None if x is None else x ** 0.5
-
-    def _norms(self, tensors: dict[int, Any]) -> dict[int, float]:
-        torch = self.torch
-        if not tensors:
-            return {}
-        keys = list(tensors)
-        norms = [torch.linalg.vector_norm(tensors[i], dtype=torch.float32).to("cpu") for i in keys]
-        return dict(zip(keys, torch.stack(norms).tolist()))
-
-    def before(self) -> None:
-        grads = {i: p.grad.detach() for i, p in enumerate(self.params)
-                 if getattr(p, "grad", None) is not None and not p.grad.is_sparse}
-        grad_modules, grad_groups = self._sums(self._norms(grads))
-        self.pending = {"g": grad_modules, "gg": grad_groups}
-        self.before_copy = [p.detach().to("cpu", copy=True) for p in self.params] if self.copy else None
-
-    def after(self) -> None:
-        if self.pending is None:
-            return
-        if self.before_copy is not None:
-            torch = self.torch
-            with torch.no_grad():
-                changes = {i: p.detach().float() - b.to(p.device).float()
-                           for i, (p, b) in enumerate(zip(self.params, self.before_copy))}
-                update_modules, update_groups = self._sums(self._norms(changes))
-            self.pending.update(u=update_modules, gu=update_groups)
-        self.before_copy = None
-
-    def end_step(self, skipped: bool, clip_max: Optional[float] = None) -> None:
-        entry = None if skipped else self.pending
-        if entry is not None:
-            if clip_max is not None:
-                entry["clip_max"] = clip_max
-            lrs = []
-            for group in self.optimizer.param_groups:
-                value = _plain(group.get("lr"))
-                lrs.append(value if isinstance(value, (int, float)) else None)
-            entry["lr"] = lrs
-        self.steps.append(entry)
-        self.pending, self.before_copy = None, None
-
-    def record(self, optimizers: list) -> dict:
-        in_group = {id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]}
-
-        def by_module(positions) -> dict[str, list[str]]:
-            out: dict[str, list[str]] = {}
-            for i in positions:
-                if self.module_of[i] >= 0:
-                    out.setdefault(self.modules[self.module_of[i]], []).append(self.names[i])
-            return out
-
-        return {
-            "optimizer": self.optimizer_type,
-            "models": self.models,
-            "modules": self.modules,
-            "module_types": self.types,
-            "groups": [{"settings": settings, "params": len(positions),
-                        "modules": list(dict.fromkeys(self.modules[self.module_of[i]] for i in positions
-                                                      if self.module_of[i] >= 0))}
-                       for settings, positions in zip(self.settings, self.groups)],
-            "frozen": by_module(self.frozen),
-            "no_group": by_module(i for i, p in enumerate(self.params) if id(p) not in in_group),
-            "updates_measured": self.copy,
-            "steps": self.steps,
-        }
-
-
-class Recorder:
+class Recorder(Hooks):
     def __init__(self, config: dict) -> None:
         self.out_dir: str = config["out_dir"]
         self.max_steps: Optional[int] = config.get("max_steps")
@@ -395,193 +248,6 @@ class Recorder:
         backward.__doc__ = fn.__doc__
         return backward
 
-    def _hook_clip(self, torch) -> None:
-        """The norm each clip measured before it clipped (what ``clip_grad_norm_`` returns;
-        ``fabric.clip_gradients`` calls it too): clipped, two runs apply gradients of the same
-        norm whatever they computed, so the step records this one as well."""
-        import torch.nn.utils.clip_grad as clip_grad
-
-        recorder = self
-        original = clip_grad.clip_grad_norm_
-
-        def clip_grad_norm_(*args, **kwargs):
-            total = original(*args, **kwargs)
-            try:  # (parameters, max_norm, ...): the threshold, for where the runs part (issue 48)
-                recorder.clip_max = float(kwargs["max_norm"] if "max_norm" in kwargs else args[1])
-            except (IndexError, KeyError, TypeError, ValueError):
-                recorder.clip_max = None
-            try:
-                recorder.clip_norm = float(total)
-            except (TypeError, ValueError, RuntimeError):
-                recorder.clip_norm = None
-            return total
-
-        clip_grad_norm_.__wrapped__ = original
-        clip_grad_norm_.__doc__ = original.__doc__
-        clip_grad.clip_grad_norm_ = clip_grad_norm_
-        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
-
-    def _hook_forward(self, torch, dtype) -> None:
-        """What ``_FabricModule.forward`` does under a mixed precision (lightning/fabric/wrappers.py
-        and plugins/precision/amp.py), done to the outermost module call instead of the set-up
-        modules the original does not have."""
-        from lightning_utilities.core.apply_func import apply_to_collection
-
-        recorder = self
-        Module, Tensor = torch.nn.Module, torch.Tensor
-        original = Module.__call__
-
-        def cast(data, dst_type):
-            return apply_to_collection(data, dtype=Tensor, function=lambda t: t.to(dst_type)
-                                       if torch.is_floating_point(t) else t)
-
-        def __call__(self_, *args, **kwargs):
-            if recorder._forward_depth:
-                return original(self_, *args, **kwargs)
-            first = next(self_.parameters(), None)
-            if first is None:  # a loss module, an activation: not what Fabric sets up
-                return original(self_, *args, **kwargs)
-            recorder._forward_depth += 1
-            try:
-                args, kwargs = cast((args, kwargs), dtype)
-                with torch.autocast(first.device.type, dtype=dtype):
-                    output = original(self_, *args, **kwargs)
-            finally:
-                recorder._forward_depth -= 1
-            return cast(output, torch.get_default_dtype())
-
-        __call__.__wrapped__ = original
-        Module.__call__ = __call__
-
-    def _hook_autocast(self, torch) -> None:
-        recorder = self
-        cls = torch.amp.autocast_mode.autocast
-        original = cls.__enter__
-        if self.force_fp32:
-            original_init = cls.__init__
-
-            def __init__(self_, *args, **kwargs):
-                # (device_type, dtype=None, enabled=True, cache_enabled=None)
-                if len(args) >= 3:
-                    args = (*args[:2], False, *args[3:])
-                else:
-                    kwargs["enabled"] = False
-                original_init(self_, *args, **kwargs)
-
-            cls.__init__ = __init__
-
-        def __enter__(self_):
-            result = original(self_)
-            entry = [self_.device, str(self_.fast_dtype).replace("torch.", ""),
-                     bool(torch.is_autocast_enabled(self_.device))]
-            if entry not in recorder.autocast:
-                recorder.autocast.append(entry)
-            return result
-
-        cls.__enter__ = __enter__
-
-    def _hook_forward_autocast(self, torch) -> None:
-        """The autocast in force inside the training forwards (issue 59): read where each module's
-        forward begins with gradients on, for the first calls only (a hook on every call of every
-        module would weigh on the step times the verifier compares)."""
-        recorder = self
-        calls = [0]
-        get_dtype = getattr(torch, "get_autocast_dtype", None)
-
-        def hook(module, args):
-            if not torch.is_grad_enabled():
-                return
-            calls[0] += 1
-            if calls[0] > 256:
-                handle.remove()
-                return
-            try:  # (torch.is_autocast_enabled(device_type): torch 2.4 and later)
-                entries = [[device, str(get_dtype(device) if get_dtype is not None else "?").replace("torch.", "")]
-                           for device in ("cpu", "cuda") if torch.is_autocast_enabled(device)]
-            except (TypeError, RuntimeError):
-                handle.remove()
-                return
-            for entry in entries or [[None, "float32"]]:
-                if entry not in recorder.forward_autocast:
-                    recorder.forward_autocast.append(entry)
-
-        handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
-
-    def _hook_distributed_sampler(self, torch) -> None:
-        """A DistributedSampler (Fabric's setup_dataloaders under ddp puts one in, even on one
-        device) orders the samples its own way: the verifier names that as a data order change."""
-        try:
-            from torch.utils.data.distributed import DistributedSampler
-        except ImportError:  # pragma: no cover
-            return
-        recorder = self
-        original = DistributedSampler.__init__
-
-        def __init__(self_, *args, **kwargs):
-            original(self_, *args, **kwargs)
-            entry = [int(getattr(self_, "num_replicas", 1)), bool(getattr(self_, "shuffle", False))]
-            if entry not in recorder.distributed_samplers:
-                recorder.distributed_samplers.append(entry)
-
-        DistributedSampler.__init__ = __init__
-
-    def _hook_data_loader(self, torch) -> None:
-        """The batch size of every DataLoader iterated: where they all agree, a step's samples are
-        known. (``__iter__``, not ``__init__``: Fabric reads the constructor's signature to make a
-        loader again with a DistributedSampler.)"""
-        import functools
-
-        recorder = self
-        cls = torch.utils.data.DataLoader
-        original = cls.__iter__
-
-        @functools.wraps(original)
-        def __iter__(self_):
-            size = getattr(self_, "batch_size", None)
-            if isinstance(size, int) and size not in recorder.batch_sizes:
-                recorder.batch_sizes.append(size)
-            return original(self_)
-
-        cls.__iter__ = __iter__
-
-    def _hook_grad_scaler(self, torch) -> None:
-        recorder = self
-        cls = torch.amp.grad_scaler.GradScaler
-        original_init, original_scale = cls.__init__, cls.scale
-
-        def __init__(self_, *args, **kwargs):
-            if recorder.force_fp32:  # (device, init_scale, growth_factor, backoff_factor, growth_interval, enabled)
-                if len(args) >= 6:
-                    args = (*args[:5], False, *args[6:])
-                else:
-                    kwargs["enabled"] = False
-            original_init(self_, *args, **kwargs)
-            entry = [str(getattr(self_, "_device", "cuda")), bool(self_.is_enabled())]
-            if entry not in recorder.grad_scaler:
-                recorder.grad_scaler.append(entry)
-
-        original_step = cls.step
-
-        def step(self_, optimizer, *args, **kwargs):
-            # a step the scaler skips (inf/NaN gradients) calls no optimizer hook: record it
-            # here, so that its loss is not added to the next step's and the steps stay aligned
-            recorder._stepped = False
-            result = original_step(self_, optimizer, *args, **kwargs)
-            if not recorder._stepped:
-                recorder._end_step(optimizer, closure=None, skipped=True)
-            return result
-
-        def scale(self_, outputs):
-            result = original_scale(self_, outputs)
-            if isinstance(outputs, torch.Tensor) and outputs.numel() == 1 and result is not outputs:
-                recorder.scaled[id(result)] = float(outputs.detach().float().item())
-            return result
-
-        cls.__init__ = __init__
-        cls.scale = scale
-        cls.step = step
-
-    # ---- recording ---------------------------------------------------------------------------
     def _now(self) -> float:
         torch = self.torch
         if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():

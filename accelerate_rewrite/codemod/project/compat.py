@@ -51,9 +51,9 @@ from typing import Optional, Sequence
 
 import libcst as cst
 
+from accelerate_rewrite.codemod.project.guards import NAME, chosen, guard, reads_fabric
 from accelerate_rewrite.codemod.tree.parse import parse_module
 
-NAME = "fabric"
 #: whether the definition being merged is one no other file reads (``compatible``'s ``free``)
 _FREE: contextvars.ContextVar[bool] = contextvars.ContextVar("free", default=False)
 
@@ -130,18 +130,6 @@ def _with_optional_fabric(old: cst.Parameters, new: cst.Parameters) -> Optional[
         fabric = fabric.with_changes(comma=params[-1].comma)
         params[-1] = params[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
     return old.with_changes(params=[*params, fabric]), taken
-
-
-def _guard(test: str, new: Sequence[cst.BaseStatement], old: Sequence[cst.BaseStatement],
-           leading: Sequence[cst.EmptyLine]) -> cst.If:
-    """``if <test> is not None: new else: old`` (``if <test> is None: old`` without new)."""
-    def block(stmts: Sequence[cst.BaseStatement]) -> cst.IndentedBlock:
-        return cst.IndentedBlock(body=[s.with_changes(leading_lines=s.leading_lines) for s in stmts])
-
-    if not new:
-        return cst.If(test=cst.parse_expression(f"{test} is None"), body=block(old), leading_lines=leading)
-    return cst.If(test=cst.parse_expression(f"{test} is not None"), body=block(new),
-                  orelse=cst.Else(body=block(old)) if old else None, leading_lines=leading)
 
 
 #: (a function nested in the one that changes, MSN's ``def train_step():`` in ``main``: merged
@@ -236,13 +224,13 @@ def _changed(these: list[cst.BaseStatement], those: list[cst.BaseStatement], tes
     if not these and not those:
         return []
     leading = these[0].leading_lines if these else those[0].leading_lines
-    if not any(_reads_fabric(t) for t in those):
+    if not any(reads_fabric(t) for t in those):
         if not any(_PROCESSES.search(_stmt_code(t)) for t in these):
             return those if _FREE.get() else these
         if test is None:
             raise _Fail
         those = [s for s in those if not _PROCESSES.search(_stmt_code(s))] if those else []
-        return [_guard(test, [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(those)],
+        return [guard(test, [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(those)],
                        [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(these)], leading)]
     if test is None:
         raise _Fail
@@ -261,7 +249,7 @@ def _changed(these: list[cst.BaseStatement], those: list[cst.BaseStatement], tes
         held = _stmt_code(those[0].test)
         held = held if isinstance(those[0].test, (cst.Name, cst.Attribute, cst.Call)) else f"({held})"
         return [those[0].with_changes(test=cst.parse_expression(f"{test} is None or {held}"), leading_lines=leading)]
-    return [_guard(test, [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(those)],
+    return [guard(test, [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(those)],
                    [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(these)], leading)]
 
 
@@ -317,10 +305,10 @@ def _one_point(old: cst.BaseStatement, new: cst.BaseStatement, test: str) -> Opt
     if found is None:
         return None
     a, b = found
-    if not isinstance(a, cst.BaseExpression) or not isinstance(b, cst.BaseExpression) or not _reads_fabric(b) \
+    if not isinstance(a, cst.BaseExpression) or not isinstance(b, cst.BaseExpression) or not reads_fabric(b) \
             or a is getattr(old.body[0], "value", None) or _PROCESSES.search(_stmt_code(a)):
         return None
-    return old.deep_replace(a, _chosen(test, b, a))
+    return old.deep_replace(a, chosen(test, b, a))
 
 
 def _by_tests(these: list[cst.BaseStatement], those: list[cst.BaseStatement], test: str) -> list[cst.BaseStatement]:
@@ -368,11 +356,11 @@ def _by_header(old: cst.BaseStatement, new: cst.BaseStatement, test: str) -> cst
     if found is None:
         raise _Fail
     a, b = found
-    if not isinstance(a, cst.BaseExpression) or not isinstance(b, cst.BaseExpression) or not _reads_fabric(b) \
+    if not isinstance(a, cst.BaseExpression) or not isinstance(b, cst.BaseExpression) or not reads_fabric(b) \
             or _PROCESSES.search(_stmt_code(a)):
         raise _Fail
-    chosen = _chosen(test, b, a)
-    return _merge_inside(old.deep_replace(a, chosen), new.deep_replace(b, chosen), test)
+    either = chosen(test, b, a)
+    return _merge_inside(old.deep_replace(a, either), new.deep_replace(b, either), test)
 
 
 def _one_test_apart(old: cst.BaseStatement, new: cst.BaseStatement) -> bool:
@@ -383,29 +371,16 @@ def _one_test_apart(old: cst.BaseStatement, new: cst.BaseStatement) -> bool:
     return _header(old.with_changes(test=same)) == _header(new.with_changes(test=same))
 
 
-def _chosen(test: str, new: cst.BaseExpression, old: cst.BaseExpression) -> cst.IfExp:
-    """``(NEW if fabric is not None else OLD)``: the expression the conversion changed, chosen by
-    `fabric` (``test``: `fabric`, or ``self.fabric``)."""
-    return cst.IfExp(test=cst.parse_expression(f"{test} is not None"), body=_paren(new), orelse=_paren(old),
-                     lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-
-
-def _paren(expr: cst.BaseExpression) -> cst.BaseExpression:
-    if isinstance(expr, (cst.IfExp, cst.Lambda, cst.NamedExpr)) and not expr.lpar:
-        return expr.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    return expr
-
-
 def _by_test(one: cst.If, other: cst.If, test: str, new_side: bool = False) -> cst.If:
     """``one`` with the test that the conversion's tests chose by `fabric`: ``NEW if fabric is
     not None else OLD`` (the same in both, so that their blocks merge inside); an ``elif`` of
     both, in turn."""
     old, new = (other, one) if new_side else (one, other)
     if _stmt_code(old.test) == _stmt_code(new.test):
-        chosen = one.test
+        test_now = one.test
     else:
-        chosen = _chosen(test, new.test, old.test)
-    out = one.with_changes(test=chosen)
+        test_now = chosen(test, new.test, old.test)
+    out = one.with_changes(test=test_now)
     if isinstance(one.orelse, cst.If) and isinstance(other.orelse, cst.If) and _one_test_apart(one.orelse, other.orelse):
         out = out.with_changes(orelse=_by_test(one.orelse, other.orelse, test, new_side))
     return out
@@ -591,16 +566,3 @@ def compatible(old_code: str, new_code: str, old: Optional[cst.Module] = None, n
     out.tree = old.with_changes(body=body)
     out.code = layout.code_of(out.tree) if layout is not None and layout.module is old else out.tree.code
     return out
-
-
-def _reads_fabric(node: cst.CSTNode) -> bool:
-    """Whether ``node`` reads `fabric` (``fabric``, ``self.fabric``)."""
-    found = []
-
-    class _Reads(cst.CSTVisitor):
-        def visit_Name(self, n: cst.Name) -> None:
-            if n.value == NAME:
-                found.append(n)
-
-    node.visit(_Reads())
-    return bool(found)
