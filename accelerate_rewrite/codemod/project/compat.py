@@ -82,8 +82,31 @@ class Compatible:
     changed: list[str] = field(default_factory=list)
 
 
+#: within one ``compatible`` call, each node's code printed once (id -> (the node, kept alive so
+#: that its id is not reused, its code)): a merge compares the same statements' code many times
+_CODES: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("codes", default=None)
+
+
 def _stmt_code(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)
+    memo = _CODES.get()
+    if memo is None:
+        return cst.Module(body=[]).code_for_node(node)
+    found = memo.get(id(node))
+    if found is None:
+        found = memo[id(node)] = (node, cst.Module(body=[]).code_for_node(node))
+    return found[1]
+
+
+def _bare_code(node: cst.BaseStatement) -> str:
+    """``node``'s code without its leading blank lines and comments."""
+    memo = _CODES.get()
+    key = ("bare", id(node))
+    if memo is None or key not in memo:
+        code = _stmt_code(node.with_changes(leading_lines=()))
+        if memo is None:
+            return code
+        memo[key] = (node, code)
+    return memo[key][1]
 
 
 def _param_names(params: cst.Parameters) -> list[str]:
@@ -173,8 +196,8 @@ def _merge(old: Sequence[cst.BaseStatement], new: Sequence[cst.BaseStatement],
            test: Optional[str]) -> list[cst.BaseStatement]:
     """The statements of a block, ``old`` where the conversion kept them, guarded where it
     changed them (``_guard``); a compound statement whose header it kept is merged inside."""
-    old_codes = [_stmt_code(s.with_changes(leading_lines=())) for s in old]
-    new_codes = [_stmt_code(s.with_changes(leading_lines=())) for s in new]
+    old_codes = [_bare_code(s) for s in old]
+    new_codes = [_bare_code(s) for s in new]
     out: list[cst.BaseStatement] = []
     matcher = difflib.SequenceMatcher(None, old_codes, new_codes, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
@@ -183,13 +206,13 @@ def _merge(old: Sequence[cst.BaseStatement], new: Sequence[cst.BaseStatement],
             continue
         these, those = list(old[i1:i2]), list(new[j1:j2])
         # ``self.fabric = fabric`` as the conversion adds it: kept with or without `fabric`
-        kept_new = [s for s in those if _stmt_code(s.with_changes(leading_lines=())).strip()
+        kept_new = [s for s in those if _bare_code(s).strip()
                     in (f"self.{NAME} = {NAME}",)]
         those = [s for s in those if s not in kept_new]
         out.extend(s.with_changes(leading_lines=()) for s in kept_new)
         # statements of the same header (``if args.is_slurm_job:`` changed inside) are merged
         # inside; the others, in runs, guarded
-        keys = lambda stmts: [_header(s) or _stmt_code(s.with_changes(leading_lines=())) for s in stmts]  # noqa: E731
+        keys = lambda stmts: [_header(s) or _bare_code(s) for s in stmts]  # noqa: E731
         inner = difflib.SequenceMatcher(None, keys(these), keys(those), autojunk=False)
         for kind, a1, a2, b1, b2 in inner.get_opcodes():
             if kind == "replace" and test is not None:
@@ -242,8 +265,8 @@ def _changed(these: list[cst.BaseStatement], those: list[cst.BaseStatement], tes
             return [those[0].with_changes(leading_lines=these[0].leading_lines)]
     if len(those) == 1 and isinstance(those[0], cst.If) and those[0].orelse is None \
             and isinstance(those[0].body, cst.IndentedBlock) \
-            and [_stmt_code(x.with_changes(leading_lines=())) for x in those[0].body.body] \
-            == [_stmt_code(x.with_changes(leading_lines=())) for x in these]:
+            and [_bare_code(x) for x in those[0].body.body] \
+            == [_bare_code(x) for x in these]:
         # the old statements under a new test (``if fabric.is_global_zero:``): run where it holds,
         # or without `fabric`
         held = _stmt_code(those[0].test)
@@ -318,7 +341,7 @@ def _by_tests(these: list[cst.BaseStatement], those: list[cst.BaseStatement], te
     def loose(stmt: cst.BaseStatement) -> str:
         if isinstance(stmt, cst.If):
             return "if:" + (_header(stmt.with_changes(test=cst.Name("_"))) or "")
-        return _stmt_code(stmt.with_changes(leading_lines=()))
+        return _bare_code(stmt)
 
     out: list[cst.BaseStatement] = []
     pairs = difflib.SequenceMatcher(None, [loose(s) for s in these], [loose(s) for s in those], autojunk=False)
@@ -505,6 +528,15 @@ def compatible(old_code: str, new_code: str, old: Optional[cst.Module] = None, n
     ``free``: the top-level definitions no other file reads, whose changes that read no `fabric`
     (``GradScaler(enabled=False)``) are made, not kept as they were (a second run, which finds no
     other change there, would make them)."""
+    token = _CODES.set({})
+    try:
+        return _compatible(old_code, new_code, old, new, layout, free)
+    finally:
+        _CODES.reset(token)
+
+
+def _compatible(old_code: str, new_code: str, old: Optional[cst.Module], new: Optional[cst.Module], layout,
+                free: frozenset[str]) -> Optional[Compatible]:
     try:
         old = old if old is not None else parse_module(old_code)
         new = new if new is not None else parse_module(new_code)
@@ -521,11 +553,8 @@ def compatible(old_code: str, new_code: str, old: Optional[cst.Module] = None, n
         return [s for s in module.body if not isinstance(s, defs)
                 and not (isinstance(s, cst.SimpleStatementLine) and all(isinstance(b, imports) for b in s.body))]
 
-    def bare(stmt: cst.BaseStatement) -> str:
-        return _stmt_code(stmt.with_changes(leading_lines=()))
-
     plain_old, plain_new = plain(old), plain(new)
-    if len(plain_old) != len(plain_new) or any(a is not b and bare(a) != bare(b) for a, b in zip(plain_old, plain_new)):
+    if len(plain_old) != len(plain_new) or any(a is not b and _bare_code(a) != _bare_code(b) for a, b in zip(plain_old, plain_new)):
         return None
     out = Compatible(code="")
     body: list[cst.BaseStatement] = []
@@ -557,8 +586,8 @@ def compatible(old_code: str, new_code: str, old: Optional[cst.Module] = None, n
     # (and not at all where each is one of them)
     old_ids = {id(o) for o in old.body}
     new_imports = [s for s in new_imports if id(s) not in old_ids]
-    old_stmts = {bare(o) for o in old.body} if new_imports else set()
-    added = [s for s in new_imports if bare(s) not in old_stmts]
+    old_stmts = {_bare_code(o) for o in old.body} if new_imports else set()
+    added = [s for s in new_imports if _bare_code(s) not in old_stmts]
     if added:
         last = max((i for i, s in enumerate(body) if isinstance(s, cst.SimpleStatementLine)
                     and all(isinstance(b, imports) for b in s.body)), default=-1)
