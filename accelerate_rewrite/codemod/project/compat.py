@@ -82,31 +82,29 @@ class Compatible:
     changed: list[str] = field(default_factory=list)
 
 
-#: within one ``compatible`` call, each node's code printed once (id -> (the node, kept alive so
-#: that its id is not reused, its code)): a merge compares the same statements' code many times
-_CODES: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("codes", default=None)
+#: each node's code, printed once: id -> (the node, kept alive so that its id is not reused, its
+#: code); a merge compares the same statements' code many times, and each entry point of a
+#: repository merges the same shared module's statements again (``accelerate-rewrite .``)
+_CODES: dict[object, tuple[cst.CSTNode, str]] = {}
+_CODES_MAX = 50_000
 
 
 def _stmt_code(node: cst.CSTNode) -> str:
-    memo = _CODES.get()
-    if memo is None:
-        return cst.Module(body=[]).code_for_node(node)
-    found = memo.get(id(node))
+    found = _CODES.get(id(node))
     if found is None:
-        found = memo[id(node)] = (node, cst.Module(body=[]).code_for_node(node))
+        if len(_CODES) >= _CODES_MAX:
+            _CODES.clear()
+        found = _CODES[id(node)] = (node, cst.Module(body=[]).code_for_node(node))
     return found[1]
 
 
 def _bare_code(node: cst.BaseStatement) -> str:
     """``node``'s code without its leading blank lines and comments."""
-    memo = _CODES.get()
     key = ("bare", id(node))
-    if memo is None or key not in memo:
-        code = _stmt_code(node.with_changes(leading_lines=()))
-        if memo is None:
-            return code
-        memo[key] = (node, code)
-    return memo[key][1]
+    found = _CODES.get(key)
+    if found is None:
+        found = _CODES[key] = (node, _stmt_code(node.with_changes(leading_lines=())))
+    return found[1]
 
 
 def _param_names(params: cst.Parameters) -> list[str]:
@@ -528,15 +526,6 @@ def compatible(old_code: str, new_code: str, old: Optional[cst.Module] = None, n
     ``free``: the top-level definitions no other file reads, whose changes that read no `fabric`
     (``GradScaler(enabled=False)``) are made, not kept as they were (a second run, which finds no
     other change there, would make them)."""
-    token = _CODES.set({})
-    try:
-        return _compatible(old_code, new_code, old, new, layout, free)
-    finally:
-        _CODES.reset(token)
-
-
-def _compatible(old_code: str, new_code: str, old: Optional[cst.Module], new: Optional[cst.Module], layout,
-                free: frozenset[str]) -> Optional[Compatible]:
     try:
         old = old if old is not None else parse_module(old_code)
         new = new if new is not None else parse_module(new_code)
