@@ -30,17 +30,23 @@ def test_the_import_contracts_hold():
     assert "6 kept, 0 broken" in done.stdout
 
 
-def test_a_back_arrow_or_a_circle_breaks_a_contract(tmp_path):
-    """The check is real: the engine importing the rules registry (the back-arrow issue 29
-    removed) breaks the engine's contract, the layers and the circle check."""
+def _lint_with(tmp_path: Path, module: str, line: str) -> str:
+    """lint-imports over a copy of the package whose ``module`` (a path under it) gains ``line``;
+    it must fail: its output, on one line."""
     shutil.copytree(ROOT / "accelerate_rewrite", tmp_path / "accelerate_rewrite",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    result = tmp_path / "accelerate_rewrite" / "codemod" / "result.py"
-    result.write_text(result.read_text() + "\nfrom accelerate_rewrite.rules import BY_CODE  # noqa: E402,F401\n")
+    path = tmp_path / "accelerate_rewrite" / module
+    path.write_text(path.read_text() + f"\n{line}  # noqa: E402,F401\n")
     done = _lint(tmp_path)
     assert done.returncode != 0
-    out = " ".join(done.stdout.split())
+    return " ".join(done.stdout.split())
+
+
+def test_a_back_arrow_or_a_circle_breaks_a_contract(tmp_path):
+    """The check is real: the engine importing the rules registry (the back-arrow issue 29
+    removed) breaks the engine's contract, the layers and the circle check."""
+    out = _lint_with(tmp_path, "codemod/result.py", "from accelerate_rewrite.rules import BY_CODE")
     assert "The engine (codemod/) knows no rule" in out and "BROKEN" in out
     assert "accelerate_rewrite.codemod.result -> accelerate_rewrite.rules" in out
 
@@ -48,14 +54,7 @@ def test_a_back_arrow_or_a_circle_breaks_a_contract(tmp_path):
 def test_a_rule_room_importing_up_breaks_its_contract(tmp_path):
     """Issue 62: rules/ is rooms, one way down. The base every rule shares importing the Fabric
     plan breaks the rules' rooms."""
-    shutil.copytree(ROOT / "accelerate_rewrite", tmp_path / "accelerate_rewrite",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    calls = tmp_path / "accelerate_rewrite" / "rules" / "base" / "calls.py"
-    calls.write_text(calls.read_text() + "\nfrom accelerate_rewrite.rules.fabric._plan import plan  # noqa: E402,F401\n")
-    done = _lint(tmp_path)
-    assert done.returncode != 0
-    out = " ".join(done.stdout.split())
+    out = _lint_with(tmp_path, "rules/base/calls.py", "from accelerate_rewrite.rules.fabric._plan import plan")
     assert "The rules' rooms" in out and "BROKEN" in out
     assert "accelerate_rewrite.rules.base.calls -> accelerate_rewrite.rules.fabric._plan" in out
 

@@ -524,22 +524,9 @@ def test_sam_steps_in_two_halves_as_before(work):
     forward-backward passes go through fabric.backward, its first_step/second_step are its own:
     at 32-true every loss is the original's, digit for digit. At 16-mixed the precision is left
     out and the note says why (the GradScaler would not see those steps)."""
-    base = Path(work) / "sam"
-    original, rewritten = base / "original", base / "rewritten"
-    for folder in (original, rewritten):
-        shutil.copytree(PROJECTS / "sam", folder, ignore=shutil.ignore_patterns("expected"))
-    path = rewritten / "train.py"
-    result = rewrite(path.read_text(encoding="utf-8"), Options.create(accelerator="cpu"), path=str(path),
-                     scope=Scope(follow=True))
-    assert result.changed and not result.dropped and not any(m.changed for m in result.members)
+    result, _ = _sam_both_ways(Path(work) / "sam", Options.create(accelerator="cpu"))
     assert "fabric.setup(model, optimizer)" in result.output
-    path.write_text(result.output, encoding="utf-8")
-    runs = [_run(folder, []) for folder in (original, rewritten)]
-    for run in runs:
-        assert run.returncode == 0, run.stderr[-3000:]
-    assert re.search(r"epoch 1 loss \d", runs[0].stdout)
-    assert runs[1].stdout == runs[0].stdout
-    source = original / "train.py"
+    source = Path(work) / "sam" / "original" / "train.py"
     half = rewrite(source.read_text(encoding="utf-8"), Options.create(precision="16-mixed"), path=str(source),
                    scope=Scope(follow=True))
     assert any("steps by `first_step` and `second_step`, which Fabric's GradScaler does not see" in n.message
@@ -553,23 +540,29 @@ def test_sam_steps_in_two_halves_under_accelerate_as_before(work):
     ``first_step``: the rewrite crashed with "'AcceleratedOptimizer' object has no attribute
     'first_step'"); ``zero_grad`` and ``param_groups`` stay the wrapper's, which answers them.
     At 32-true on one process every loss is the original's, digit for digit."""
-    base = Path(work) / "sam-accelerate"
+    options = Options.create(backend="accelerate", accelerator="cpu")
+    result, path = _sam_both_ways(Path(work) / "sam-accelerate", options)
+    assert "model, optimizer = accelerator.prepare(model, optimizer)" in result.output
+    assert "optimizer.optimizer.first_step(" in result.output and "optimizer.optimizer.second_step(" in result.output
+    assert rewrite(result.output, options, path=str(path), scope=Scope(follow=True)).output == result.output
+
+
+def _sam_both_ways(base: Path, options: Options):
+    """fixtures/projects/sam and its rewrite, each run in its own folder under ``base``: every
+    loss line the same, digit for digit. The result, and the rewritten script's path."""
     original, rewritten = base / "original", base / "rewritten"
     for folder in (original, rewritten):
         shutil.copytree(PROJECTS / "sam", folder, ignore=shutil.ignore_patterns("expected"))
     path = rewritten / "train.py"
-    options = Options.create(backend="accelerate", accelerator="cpu")
     result = rewrite(path.read_text(encoding="utf-8"), options, path=str(path), scope=Scope(follow=True))
     assert result.changed and not result.dropped and not any(m.changed for m in result.members)
-    assert "model, optimizer = accelerator.prepare(model, optimizer)" in result.output
-    assert "optimizer.optimizer.first_step(" in result.output and "optimizer.optimizer.second_step(" in result.output
-    assert rewrite(result.output, options, path=str(path), scope=Scope(follow=True)).output == result.output
     path.write_text(result.output, encoding="utf-8")
     runs = [_run(folder, []) for folder in (original, rewritten)]
     for run in runs:
         assert run.returncode == 0, run.stderr[-3000:]
     assert re.search(r"epoch 1 loss \d", runs[0].stdout)
     assert runs[1].stdout == runs[0].stdout
+    return result, path
 
 
 @pytest.mark.runs
