@@ -56,7 +56,7 @@ SHARDING = ("get_world_size", "get_rank", "num_replicas")
 _SAMPLER_KEYWORDS = ("sampler", "batch_sampler")
 _DEPTH = 8
 
-#: a parameter -> (what the call passes for it, or its default; the names that expression reads)
+#: a parameter -> (what the call passes for it, or its default; the parameters that expression reads)
 Env = dict[str, tuple[cst.BaseExpression, "Env"]]
 
 
