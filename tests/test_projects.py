@@ -626,7 +626,7 @@ def test_each_file_of_a_project_is_parsed_once(tmp_path, monkeypatch):
     may be asked for twice (followed, and read through): one parse of each text."""
     import libcst
 
-    from accelerate_rewrite.codemod import engine
+    from accelerate_rewrite.codemod import engine, reading
 
     root = _engine_driver(tmp_path)
     path = root / "train.py"
@@ -636,6 +636,7 @@ def test_each_file_of_a_project_is_parsed_once(tmp_path, monkeypatch):
     for text in (path.read_text(encoding="utf-8"), _whole(path.read_text(encoding="utf-8"))):
         engine._analyse.cache_clear()
         engine._parsed.cache_clear()
+        reading._module_read.cache_clear()  # the modules' parses kept across rewrites
         parsed.clear()
         result = rewrite(text, Options.create(), path=str(path), scope=Scope(follow=True))
         assert result.changed and result.members
@@ -647,6 +648,7 @@ def test_each_file_of_a_project_is_parsed_once(tmp_path, monkeypatch):
     alone = "import helper\n" + (FIXTURES / "module_loop" / "input.py").read_text(encoding="utf-8")
     engine._analyse.cache_clear()
     engine._parsed.cache_clear()
+    reading._module_read.cache_clear()
     parsed.clear()
     assert rewrite(alone, Options.create(), path=str(solo / "train.py"), scope=Scope(follow=True)).changed
     assert alone in parsed and len(parsed) == len(set(parsed))

@@ -77,6 +77,19 @@ def _parse(source: str, path: str, make=None):
         ) from None
 
 
+@lru_cache(maxsize=64)
+def _module_read(text: str) -> Optional[tuple[str, str, str, cst.Module]]:
+    """A module of the project, parsed: (text, head, tail, tree), or None where it can't be
+    read. Kept for the next program that imports the same text: the entry points of a repository
+    (``accelerate-rewrite .``) share their modules, each read once (a tree is never changed,
+    only read and rebuilt)."""
+    try:
+        module, head, tail = _parse(text, "<module>", make=parse_module)
+    except RewriteError:
+        return None
+    return text, head, tail, module
+
+
 def _project(source: str, path: str, scope: Scope, sources: Optional[dict[str, str]],
              words: tuple[str, ...] = TRAINING_WORDS) -> Optional[Project]:
     """The script with the project's modules it imports (codemod/project/program.py), or None.
@@ -113,13 +126,7 @@ def _project(source: str, path: str, scope: Scope, sources: Optional[dict[str, s
 
     def _read(file: Path):
         text = text_of(file)
-        if text is None:
-            return None
-        try:
-            module, head, tail = _parse(text, str(file), make=parse_module)
-        except RewriteError:
-            return None
-        return text, head, tail, module
+        return None if text is None else _module_read(text)
 
     module, head, _ = _parse(source, path, make=_parsed)
     return build(path, head, module, source, read, words=words, peek=text_of)
