@@ -760,6 +760,31 @@ def test_a_copy_of_timm_s_train_py_converts_with_its_ddp_options_and_timm_s_load
                for n in result.skips)
 
 
+def test_timm_s_loader_told_by_a_dict_beside_another_that_changes_is_each_process_s_own():
+    """timm's train.py (1.0.29): one branch builds the loader with ``create_naflex_loader(...,
+    **patch_loader_kwargs, **common_loader_kwargs)``, the other ``create_loader(...,
+    **common_loader_kwargs)``; ``patch_loader_kwargs`` is filled in place, but
+    ``common_loader_kwargs`` holds ``distributed=``: every binding is told the run is
+    distributed, and the loader is not set up. (A rewrite of the check through every ``**`` of
+    the call, which gives up where one dict changes, lost timm's train.py on the corpus.)"""
+    source = TIMM_DDP.replace("from timm.data import create_loader\n",
+                              "from timm.data import create_loader, create_naflex_loader\n").replace(
+        """    loader_train = create_loader(DATASET, input_size=(4,), batch_size=2, is_training=True,
+                                 distributed=args.distributed)
+""".replace("DATASET", "None"), """    common_loader_kwargs = dict(batch_size=2, distributed=args.distributed)
+    if args.no_ddp_bb:
+        patch_loader_kwargs = {}
+        patch_loader_kwargs["patch_size"] = 4
+        loader_train = create_naflex_loader(None, **patch_loader_kwargs, **common_loader_kwargs)
+    else:
+        loader_train = create_loader(None, input_size=(4,), is_training=True, **common_loader_kwargs)
+""")
+    assert "common_loader_kwargs" in source
+    result = convert(source, devices=2)
+    assert "fabric = Fabric(devices=2" in result.output and "setup_dataloaders" not in result.output
+    assert not any("can't show to be a DataLoader" in n.message for n in result.skips)
+
+
 def test_a_library_that_starts_the_process_group_itself_becomes_the_values_it_sets():
     """timm's own train.py: ``device = utils.init_distributed_device(args)`` starts the process
     group itself, which under Fabric's processes would start it a second time and fail (issue

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Iterator, Optional
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.analysis.arguments import keywords, positional
+from accelerate_rewrite.codemod.analysis.arguments import positional
 from accelerate_rewrite.codemod.analysis.kinds import DATALOADERS
 from accelerate_rewrite.codemod.analysis.libraries import SHARDED_LOADER_FACTORIES
 from accelerate_rewrite.codemod.analysis.returns import _returns
@@ -103,11 +103,27 @@ def sharding_factory(f: "Facts", bound: list[cst.BaseStatement]) -> Optional[str
         if not calls:
             return None
         name = min(f.qualnames(calls[0]) & set(SHARDED_LOADER_FACTORIES))
-        # told by keyword, or by a ``**common_loader_kwargs`` dict that holds it (timm's train.py)
-        if SHARDED_LOADER_FACTORIES[name].distributed.keyword not in (keywords(f, calls[0]) or {}):
+        keyword = SHARDED_LOADER_FACTORIES[name].distributed.keyword
+        # told by keyword, or by a ``**common_loader_kwargs`` dict that holds it (timm's train.py,
+        # whose other ``**`` dicts need not be readable)
+        told = any(a.keyword is not None and a.keyword.value == keyword for a in calls[0].args) or any(
+            a.star == "**" and isinstance(a.value, cst.Name) and _dict_holds(f, a.value, keyword) for a in calls[0].args)
+        if not told:
             return None  # never told: one process's loader over all the data
         found = name
     return found
+
+
+def _dict_holds(f: "Facts", name: cst.Name, keyword: str) -> bool:
+    """``common_loader_kwargs = dict(..., distributed=args.distributed, ...)`` (timm's train.py,
+    passed as ``**common_loader_kwargs``): the dict its one assignment builds has ``keyword``."""
+    value = f.assigned_value(name)
+    if m.matches(value, m.Call(func=m.Name("dict"))):
+        return any(a.keyword is not None and a.keyword.value == keyword for a in value.args)
+    if isinstance(value, cst.Dict):
+        return any(isinstance(e, cst.DictElement) and m.matches(e.key, m.SimpleString()) and
+                   e.key.evaluated_value == keyword for e in value.elements)
+    return False
 
 
 def _sharding(f: "Facts", expr: cst.BaseExpression, env: Env, depth: int) -> Optional[cst.Call]:
