@@ -42,7 +42,7 @@ from accelerate_rewrite.codemod.analysis.arguments import positional
 from accelerate_rewrite.codemod.analysis.kinds import DATALOADERS
 from accelerate_rewrite.codemod.analysis.libraries import SHARDED_LOADER_FACTORIES
 from accelerate_rewrite.codemod.analysis.returns import _returns
-from accelerate_rewrite.codemod.analysis.siblings import _file, _parsed, import_folders, relative_base
+from accelerate_rewrite.codemod.analysis.siblings import _file, import_folders, parsed_file, relative_base
 from accelerate_rewrite.codemod.analysis.syntax import param_for, positional_params
 
 if TYPE_CHECKING:
@@ -300,7 +300,7 @@ def _class_from(file: Optional[Path], qual: str, folders: list[Path], depth: int
         where = _file(base, dotted) if base is not None else None
     else:
         where = next((p for p in (_file(folder, dotted) for folder in folders) if p is not None), None)
-    tree = _tree(where) if where is not None else None
+    tree = parsed_file(where) if where is not None else None
     if tree is None:
         return None
     for node in tree.body:
@@ -311,14 +311,6 @@ def _class_from(file: Optional[Path], qual: str, folders: list[Path], depth: int
             inner = "." * node.level + ".".join(p for p in (node.module, alias.name) if p)
             return _class_from(where, inner, folders, depth + 1)
     return None
-
-
-def _tree(path: Path) -> Optional[ast.Module]:
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return _parsed(str(path), stat.st_mtime_ns, stat.st_size)
 
 
 def _read_class(cls: ast.ClassDef, tree: ast.Module) -> tuple[bool, bool]:

@@ -62,8 +62,11 @@ def _parsed(path: str, mtime_ns: int, size: int) -> Optional[ast.Module]:
 
 def _module(folder: Path, dotted: str) -> Optional[ast.Module]:
     path = _file(folder, dotted)
-    if path is None:
-        return None
+    return parsed_file(path) if path is not None else None
+
+
+def parsed_file(path: Path) -> Optional[ast.Module]:
+    """Python's parse of the file at ``path`` (kept while it is unchanged), or None."""
     try:
         stat = path.stat()
     except OSError:
