@@ -188,10 +188,10 @@ def _allowed(tolerance: Tolerance, key: str, flag: str, precision: Optional[str]
     if noise is None or key in tolerance.fixed:
         return f"the {value:g} allowed for {precision} ({flag})"
     own = max(noise.get(key) or 0.0, noise.get("mean_rel") or 0.0) if key == "last_rel" else noise.get(key) or 0.0
+    effect, run = noise.get("effect") or precision, noise.get("run") or f"the original under {precision} autocast"
     if value <= NOISE_MINIMUM[key] and tolerance.noise_multiple * own < NOISE_MINIMUM[key]:
-        return (f"the {value:.2g} allowed at least for {precision} (the original under {precision} "
-                f"autocast differs by {own:.2e}; {flag})")
-    return (f"the {value:.2g} allowed ({tolerance.noise_multiple:g}x the {own:.2e} that {precision} "
+        return f"the {value:.2g} allowed at least for {effect} ({run} differs by {own:.2e}; {flag})"
+    return (f"the {value:.2g} allowed ({tolerance.noise_multiple:g}x the {own:.2e} that {effect} "
             f"alone makes to the original: --noise-multiple, {flag})")
 
 
@@ -230,10 +230,12 @@ def _approximate_problem(original: RunRecord, rewritten: RunRecord, comparison: 
         ratios = [a / b for a, b in own if a is not None and b]
         grads = (f", gradient norms {mean_grad:.2e} against {noise['grad_rel']:.2e}"
                  if mean_grad is not None and noise.get("grad_rel") is not None else "")
-        within = (f"within {max(ratios):.1f}x of {precision}'s own effect on this script" if ratios
-                  else f"within {precision}'s own effect on this script")
+        effect, run = noise.get("effect") or precision, noise.get("run") or f"the original under {precision} autocast"
+        own_effect = f"{effect}'s own effect"
+        within = (f"within {max(ratios):.1f}x of {own_effect} on this script" if ratios
+                  else f"within {own_effect} on this script")
         return None, (f"{within} (mean relative difference of the losses {mean_rel:.2e} against "
-                      f"{noise['mean_rel']:.2e} for the original under {precision} autocast{grads}; "
+                      f"{noise['mean_rel']:.2e} for {run}{grads}; "
                       f"allowed {tolerance.noise_multiple:g}x, at least {NOISE_MINIMUM['mean_rel']:g})")
     grads = (f", gradient norms {mean_grad:.2e} (allowed {tolerance.grad_rel:g})"
              if mean_grad is not None else "")

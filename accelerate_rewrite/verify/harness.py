@@ -34,6 +34,8 @@ torch, random and numpy, and hooks the places every variant of a training loop p
   parameters in no optimizer's group. Norms only: the update is measured against a copy on the
   CPU made just before the step and dropped right after it; the time it takes is left out of
   the step's time.
+- on several processes (harness_shards.py): the sample indices of every batch each process's
+  loaders draw, and the original run again on the union of the processes' batches.
 - with ``track_params`` (``--freeze``): a fingerprint (blake2b of the bytes) of every parameter
   of the model the first optimizer trains, by name (wrappers' prefixes taken off), before the
   first step and at the end.
@@ -112,9 +114,10 @@ def _sibling(name: str):
 
 _Where = _sibling("harness_where").Where
 Hooks = _sibling("harness_hooks").Hooks
+Shards = _sibling("harness_shards").Shards
 
 
-class Recorder(Hooks):
+class Recorder(Hooks, Shards):
     def __init__(self, config: dict) -> None:
         self.out_dir: str = config["out_dir"]
         self.max_steps: Optional[int] = config.get("max_steps")
@@ -173,6 +176,7 @@ class Recorder(Hooks):
         self.written = False
         self._inside_backward = False
         self._last_snapshot = 0.0
+        self._init_shards(config)  # several processes: their batches (harness_shards.py)
 
     # ---- installation ----------------------------------------------------------------------
     def boot(self) -> None:
@@ -228,6 +232,7 @@ class Recorder(Hooks):
         self._hook_distributed_sampler(torch)
         self._hook_data_loader(torch)
         self._hook_clip(torch)
+        self._hook_batch_norm(torch)
         if self.autocast_forward:
             self._hook_forward(torch, getattr(torch, self.autocast_forward))
 
@@ -380,6 +385,8 @@ class Recorder(Hooks):
             entry["time_s"] = max(0.0, now - (self.last_time if self.last_time is not None else now) - self._where_s)
             self.last_time, self._where_s = now, 0.0
         self.steps[index].append(entry)
+        if index == 0:
+            self._after_step(len(self.steps[0]))
         if self.device is None:
             try:
                 param = optimizer.param_groups[0]["params"][0]
@@ -567,6 +574,7 @@ class Recorder(Hooks):
             "params_start": self.params_start,
             "params_end": self.params_end,
             "where": self._where_record(),
+            **self._shards_record(),
         }
         path = os.path.join(self.out_dir, f"rank{rank}-{os.getpid()}.json")
         try:

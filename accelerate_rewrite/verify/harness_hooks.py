@@ -155,7 +155,7 @@ class Hooks:
             size = getattr(self_, "batch_size", None)
             if isinstance(size, int) and size not in recorder.batch_sizes:
                 recorder.batch_sizes.append(size)
-            return original(self_)
+            return recorder._sampled_iter(self_, original)  # harness_shards.py: several processes
 
         cls.__iter__ = __iter__
 

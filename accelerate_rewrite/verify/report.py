@@ -59,6 +59,9 @@ def render(console, v: Verification) -> None:
                   _loss(r.losses[0] if r.losses else None))
     table.add_row("loss at end", _loss(o.losses[-1] if o.losses else None),
                   _loss(r.losses[-1] if r.losses else None))
+    if v.joined is not None and v.joined.losses:  # what the processes' steps were compared with
+        j = v.joined.losses
+        table.add_row(f"{v.joined.label}: loss at start, end", f"{_loss(j[0])}, {_loss(j[-1])}", "")
     table.add_row("device", f"{o.device or '-'} x{o.world_size}", f"{r.device or '-'} x{r.world_size}")
     table.add_row("precision used", *(run.precision if ran(run) else "-" for run in (o, r)))
     table.add_row("forward computed in", *(run.computed_in if ran(run) else "-" for run in (o, r)))
@@ -146,11 +149,11 @@ def where_curves(v: Verification) -> Optional[dict]:
     tol = c.get("tolerance") or {}
     structure_failed = v.structure is not None and (c.get("structure") or {}).get("verdict") == "fail"
     other = v.structure if structure_failed else v.rewritten
-    o, r = usable(v.original), usable(other)
+    o, r = usable(v.reference), usable(other)
     if o is None or r is None:
         return None
     exact = structure_failed or c.get("basis", tol.get("kind")) == "exact"
-    part = parting(v.original, other, tol.get("max_rel", 1e-5) if exact else tol.get("grad_rel", 1e-1))
+    part = parting(v.reference, other, tol.get("max_rel", 1e-5) if exact else tol.get("grad_rel", 1e-1))
     key, ylabel = _FIGURES[part.figure if part is not None else "g"]
     if key == "gu":
         names = [f"param_groups[{i}]" for i in range(min(len(o.get("groups", [])), len(r.get("groups", []))))]
@@ -190,8 +193,8 @@ def write_plot(path: Path, v: Verification) -> None:
 
     from accelerate_rewrite.verify.compare import rel_diffs
 
-    o, r = v.original.losses, v.rewritten.losses
-    go, gr = v.original.grad_norms, v.rewritten.grad_norms
+    o, r = v.reference.losses, v.rewritten.losses
+    go, gr = v.reference.grad_norms, v.rewritten.grad_norms
     failed = failing_figure(v)
     where = where_curves(v)
     if where is not None and where["curves"]:
@@ -216,14 +219,14 @@ def write_plot(path: Path, v: Verification) -> None:
     def steps(values):
         return range(1, len(values) + 1)
 
-    top.plot(steps(o), o, label="original", linewidth=2)
+    top.plot(steps(o), o, label=v.reference.label, linewidth=2)
     top.plot(steps(r), r, label="rewritten", linestyle="--")
     top.set_ylabel("loss")
     top.set_title(f"{v.script.name}: {v.verdict.label} ({v.rewritten.precision})"
                   + (" - failed on the loss" if failed == "loss" else ""),
                   color="tab:red" if failed == "loss" else "black")
     top.legend()
-    middle.plot(steps(go), [g if g is not None else float("nan") for g in go], label="original", linewidth=2)
+    middle.plot(steps(go), [g if g is not None else float("nan") for g in go], label=v.reference.label, linewidth=2)
     middle.plot(steps(gr), [g if g is not None else float("nan") for g in gr], label="rewritten", linestyle="--")
     middle.set_ylabel("gradient norm")
     middle.set_title("gradient norm applied per step" + (" - failed here" if failed == "gradient norm" else ""),

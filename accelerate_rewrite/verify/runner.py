@@ -129,6 +129,11 @@ class RunRecord:
     params_end: Optional[dict[str, str]] = None
     #: where the runs part (harness ``_Where``): the first optimizer's groups and top-level modules
     where: Optional[dict] = None
+    #: several processes (harness_shards.py): each rank's passes of its samplers, their batches'
+    #: sample indices ({"length": len(dataset), "batches": [[i, ...], ...]}); None: not recorded
+    sampled: Optional[list[list[dict]]] = None
+    batch_norm_trained: bool = False  # a BatchNorm normalised a training batch (each rank its own)
+    replay_problem: Optional[str] = None  # why the union's batches were not all drawn
 
     @property
     def ok(self) -> bool:
@@ -414,6 +419,9 @@ def run_script(
     force_fp32: bool = False,  # every autocast and GradScaler off (the structure run)
     autocast_forward: Optional[str] = None,  # "bfloat16": the noise run (see harness.Recorder)
     launcher: Sequence[str] = (),  # ``python -m torch.distributed.run --nproc_per_node N ...``
+    record_batches: Optional[int] = None,  # the sample indices of this many batches a pass, per process
+    replay: Optional[Path] = None,  # the union of the processes' batches, drawn instead (harness_shards.py)
+    reseed: Optional[int] = None,  # torch, random and numpy seeded again after the first step
 ) -> RunRecord:
     """Run ``python script args`` (or ``launcher script args``) under the harness and return
     what it recorded: each process the launcher starts loads the harness as the script's own
@@ -424,7 +432,8 @@ def run_script(
     try:
         config = {"out_dir": str(out_dir), "max_steps": max_steps, "seed": seed, "threads": threads,
                   "trace_precision": trace_precision, "track_params": track_params, "force_fp32": force_fp32,
-                  "autocast_forward": autocast_forward}
+                  "autocast_forward": autocast_forward, "record_batches": record_batches,
+                  "replay": str(replay) if replay is not None else None, "reseed": reseed}
         run_env = dict(os.environ if env is None else env)
         run_env[CONFIG_ENV] = json.dumps(config)
         run_env["PYTHONPATH"] = os.pathsep.join(
@@ -563,6 +572,10 @@ def _merge(record: RunRecord, out_dir: Path) -> None:
     record.batch_sizes = main.get("batch_sizes") or []
     record.params_start, record.params_end = main.get("params_start"), main.get("params_end")
     record.where = main.get("where")
+    if all(r.get("sampled") is not None for r in ranks):
+        record.sampled = [r["sampled"] for r in ranks]
+    record.batch_norm_trained = any(r.get("batch_norm_trained") for r in ranks)
+    record.replay_problem = main.get("replay_problem")
 
 
 def _mean(values: list[Optional[float]]) -> Optional[float]:

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
 from accelerate_rewrite.options import Options
-from accelerate_rewrite.verify import environment
+from accelerate_rewrite.verify import environment, shards
 from accelerate_rewrite.verify.compare import (
     APPROXIMATE,
     CHANGES_TRAINING,
     EXACT,
     FAIL,
+    NOT_COMPARED,
     NOT_VERIFIED,
     PASS,
     Claims,
@@ -49,10 +50,19 @@ class Verification:
     notes: list[str] = field(default_factory=list)  # what the verifier did to run things
     #: the structure run (the rewrite with its precision switched off), where there was one
     structure: Optional[RunRecord] = None
+    #: several processes: the original run on their batches joined, which the verdict compared
+    joined: Optional[RunRecord] = None
+
+    @property
+    def reference(self) -> RunRecord:
+        """The run the rewritten one was compared with, step by step."""
+        return self.joined or self.original
 
     def to_json(self) -> dict:
         runs = {}
-        for key, run in (("original", self.original), ("rewritten", self.rewritten)):
+        for key, run in (("original", self.original), ("rewritten", self.rewritten), ("joined", self.joined)):
+            if run is None:
+                continue
             runs[key] = run.to_json()
             # per step, each parameter group's and top-level module's gradient norm and update size
             runs[key]["where"] = run.where
@@ -124,6 +134,39 @@ NOISE_PRECISIONS = ("bf16-mixed",)
 #: GradScaler, the script's own autocast and scaler set to it; what they write is switched off in
 #: the structure run
 PRECISION_RULES = ("AR101", "AR207", "AR208", "AR213")
+
+
+def _on_the_processes_batches(script: Path, script_args: Sequence[str], rewritten: RunRecord, env: dict,
+                              common: dict, on_start: Callable[[str], None], notes: list[str], tolerance: Tolerance,
+                              claims: Claims, precision: Optional[str]) -> tuple[Optional[Verdict], Optional[RunRecord]]:
+    """The processes held to the original run on their batches joined (shards.py), and that run;
+    or None with a note saying why not (the verdict stays "not compared")."""
+    n = rewritten.world_size
+    same = shards.same_samples(rewritten.sampled or [])
+    if same is not None:
+        return Verdict(FAIL, same, {"tolerance": asdict(tolerance)}), None
+    why = shards.why_not(rewritten)
+    replayed = other = None
+    if why is None:
+        folder = Path(tempfile.mkdtemp(prefix="accelerate-rewrite-union-"))
+        try:
+            union = shards.write_union(rewritten, folder)
+            on_start("original, joined batches")
+            replayed = run_script(script, script_args, label=shards.REPLAY_LABEL.format(n=n), env=env,
+                                  replay=union, **common)
+            if replayed.ok and not replayed.replay_problem:
+                on_start("original, reseeded")
+                other = run_script(script, script_args, label=shards.RESEED_LABEL.format(n=n), env=env,
+                                   replay=union, reseed=shards.RESEED, **common)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        verdict, why = shards.judge(replayed, other, rewritten, tolerance, claims, precision)
+        if verdict is not None:
+            notes.append(f"the original ran again on the batches the {n} processes drew, joined step by step, "
+                         "and once more reseeded after its first step (what other random draws change)")
+            return verdict, replayed
+    notes.append(f"the {n} processes were not held to the original on their batches joined: {why}")
+    return None, None
 
 
 def _with_structure(precision: Verdict, structure: Verdict, run: RunRecord, notes: list[str]) -> Verdict:
@@ -353,6 +396,8 @@ def verify(
 
     common = dict(max_steps=steps, cwd=Path.cwd(), timeout=timeout, python=python, threads=threads,
                   track_params=bool(options.freeze))
+    # several processes: each one's batches, to hold them to the original on them joined (shards.py)
+    sampled = dict(record_batches=shards.batches_to_record(steps, options.accumulate)) if processes > 1 else {}
     traced = dict(trace_precision=HALF.get(options.precision or "", False))
     # the structure run (issue 27.1): a mixed precision whose rewrite keeps the math otherwise
     # runs once more with its precision switched off, and that run is held to the original exactly
@@ -374,7 +419,7 @@ def verify(
     elif against is not None:  # the user's own file, run where it is
         on_start("rewritten")
         rewritten = run_script(Path(against), script_args, label="rewritten", env=rewritten_env, launcher=launcher,
-                               **common, **traced)
+                               **common, **traced, **sampled)
         if structural and rewritten.ok:
             on_start("structure")
             structure = run_script(Path(against), script_args, label=STRUCTURE_LABEL, launcher=launcher,
@@ -387,7 +432,7 @@ def verify(
                 rewritten_env["PYTHONPATH"] = os.pathsep.join(
                     filter(None, [str(script.resolve().parent), rewritten_env.get("PYTHONPATH")]))
             rewritten = run_script(rewritten_path, script_args, label="rewritten", env=rewritten_env,
-                                   launcher=launcher, **common, **traced)
+                                   launcher=launcher, **common, **traced, **sampled)
             if structural and rewritten.ok:
                 on_start("structure")
                 structure = run_script(rewritten_path, script_args, label=STRUCTURE_LABEL, launcher=launcher,
@@ -416,6 +461,12 @@ def verify(
         claims = claims_for(options, changing_rules, rewritten.world_size, rule_kinds)
         tol = replace(tol, kind=CHANGES_TRAINING)
     verdict = compare(original, rewritten, tol, requested_precision=options.precision, claims=claims, noise=floor)
+    joined = None
+    if sampled and verdict.verdict == NOT_COMPARED and rewritten.world_size > 1:
+        held, joined = _on_the_processes_batches(script, script_args, rewritten, env, common, on_start, notes,
+                                                 replace(base, kind=tolerance_kind(options, rule_kinds, 1)),
+                                                 claims_for(options, changing_rules, 1, rule_kinds), options.precision)
+        verdict = held or verdict
     if structure_verdict is not None:
         verdict = _with_structure(verdict, structure_verdict, structure, notes)
     verdict.comparison.update(load_average=max(load, load_average()), cores=os.cpu_count(), steps_asked=steps)
@@ -426,5 +477,5 @@ def verify(
     if substituted is not None and verdict.verdict not in ("error",):
         verdict = Verdict(NOT_VERIFIED, f"{substituted}; with ddp: {verdict.label}: "
                                         f"{verdict.reason}", verdict.comparison)
-    return Verification(script, options, verdict, original, rewritten, against, notes, structure)
+    return Verification(script, options, verdict, original, rewritten, against, notes, structure, joined)
 

@@ -1,0 +1,149 @@
+"""Several processes held to the original (issue 61): the original run on the batches the
+processes drew together.
+
+Under DDP (Fabric's, Accelerate's) each of N processes computes its loss on its own batch of B
+samples, and the gradients are averaged over the processes: with a loss that is a mean over its
+batch, a step is the step the original makes on the N x B samples of the processes' batches
+together. So the rewritten run records each process's batches (their sample indices:
+harness_shards.py), and the original runs once more with its loaders drawing, pass by pass,
+those batches joined (rank 0's, then rank 1's...). Its losses and gradients are what the
+processes' averaged ones must be.
+
+What else differs is what the processes draw at random: each process runs the script's own
+seed, so its dropout masks and augmentations are not those the original draws for the joined
+batch. The original runs a third time on the same batches with everything seeded again after
+the first step: how far that moves it is the tolerance's floor (``noise_multiple`` times it,
+as for a precision's own effect). Where the steps draw nothing at random the two runs are
+equal, and the rewrite is held to the tolerance its options set.
+
+Not compared, with the reason: a BatchNorm in training (each process normalises over its own
+batch; SyncBatchNorm would not), passes the processes did not all make alike (one process
+evaluating alone), batches that are not lists of indices (an iterable dataset), and a first
+step whose loss is N times the processes' (a loss summed over its batch: the averaged gradient
+is 1/N of the original's, a change of training).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from accelerate_rewrite.verify.runner import RunRecord
+
+#: the recorded batches of a pass, per process: the steps asked for times the micro-batches of
+#: a step, and what a loader's workers fetch ahead
+AHEAD = 64
+#: the seed of the run with other random draws
+RESEED = 1_000_003
+REPLAY_LABEL = "original on the {n} processes' batches"
+RESEED_LABEL = "original on the {n} processes' batches, other random draws"
+
+
+def batches_to_record(steps: int, accumulate: Optional[int]) -> int:
+    return steps * max(1, accumulate or 1) + AHEAD
+
+
+def union(sampled: list[list[dict]]) -> list[dict]:
+    """Pass by pass, the batches the processes drew together: batch k of a pass is every rank's
+    batch k, joined in rank order. A pass counts while every process made it over a dataset of
+    the same length; its batches while every process's has the same size (their mean losses
+    then average to the joined batch's); the passes stop at the first that differs."""
+    passes: list[dict] = []
+    for entries in zip(*sampled):
+        if any(e["batches"] is None for e in entries) or len({e["length"] for e in entries}) > 1:
+            break
+        batches = []
+        for parts in zip(*(e["batches"] for e in entries)):
+            if len({len(p) for p in parts}) > 1:
+                break
+            batches.append([i for part in parts for i in part])
+        passes.append({"length": entries[0]["length"], "batches": batches})
+    return passes
+
+
+def why_not(rewritten: RunRecord) -> Optional[str]:
+    """Why the processes can't be held to the original on their joined batches (None: they can)."""
+    if rewritten.batch_norm_trained:
+        return ("a BatchNorm normalised the training batches, each process over its own batch, not over the "
+                "processes' batches together (SyncBatchNorm would)")
+    if not rewritten.sampled:
+        return "the processes' batches were not recorded"
+    passes = union(rewritten.sampled)
+    if not passes or not any(p["batches"] for p in passes):
+        return ("the processes' loaders drew no batches of sample indices that they all drew alike "
+                "(an iterable dataset, or loaders of their own)")
+    return None
+
+
+def same_samples(sampled: list[list[dict]]) -> Optional[str]:
+    """Where the processes drew the same samples in a pass they trained on (the first batches of
+    each hold mostly the same indices): the data is not shared between them."""
+    for number, entries in enumerate(zip(*sampled), 1):
+        if not entries[0].get("steps") or any(not e["batches"] for e in entries):
+            continue
+        drawn = [{i for batch in e["batches"][:3] for i in batch} for e in entries]
+        shared = set.intersection(*drawn)
+        if shared and 2 * len(shared) >= min(len(d) for d in drawn):
+            return (f"the {len(entries)} processes drew the same samples: the first batches of training pass "
+                    f"{number} hold {len(shared)} of their {min(len(d) for d in drawn)} samples in every "
+                    "process, so the data is not shared between them and each trains on the whole set "
+                    "(a training loader left out of the set-up, or one each process builds alike)")
+    return None
+
+
+def write_union(rewritten: RunRecord, folder: Path) -> Path:
+    path = folder / "union.json"
+    path.write_text(json.dumps(union(rewritten.sampled or [])), encoding="utf-8")
+    return path
+
+
+def summed_loss(replayed: RunRecord, rewritten: RunRecord) -> Optional[str]:
+    """Where the first step's loss is N times the processes' average: a loss summed over the batch."""
+    n = rewritten.world_size
+    first, theirs = (replayed.losses or [None])[0], (rewritten.losses or [None])[0]
+    if first is None or not theirs:
+        return None
+    if abs(first / (theirs * n) - 1) < 1e-3:
+        return (f"the original's first loss on the joined batches is {n} times the processes' average "
+                f"({first:.6g} against {theirs:.6g}): a loss summed over its batch, whose gradient the "
+                f"processes average to 1/{n} of the original's (a change of training)")
+    return None
+
+
+def judge(replayed: RunRecord, other: Optional[RunRecord], rewritten: RunRecord, tolerance, claims,
+          requested_precision: Optional[str]):
+    """(the verdict of the processes against the original on their joined batches, or None; a
+    note on why not). ``tolerance`` and ``claims`` are those of the same options on one process."""
+    from dataclasses import replace
+
+    from accelerate_rewrite.verify.compare import APPROXIMATE, CHANGES_TRAINING, EXACT, Verdict, compare, \
+        measured, noise_floor
+
+    n = rewritten.world_size
+    if not replayed.ok or not replayed.losses:
+        return None, f"the original did not run on the joined batches ({(replayed.error or 'no step').strip()[-300:]})"
+    if replayed.replay_problem:
+        return None, f"the original could not draw the processes' batches: {replayed.replay_problem}"
+    summed = summed_loss(replayed, rewritten)
+    if summed is not None:
+        return None, summed
+    floor = noise_floor(replayed, other) if other is not None else None
+    noise = None
+    if floor is not None and floor["max_rel"] > 0:  # the steps draw at random: that is the floor
+        floor.update(effect="a reseed after step 1", run="the original on the same batches, reseeded after step 1")
+        basis = claims.basis if tolerance.kind == CHANGES_TRAINING else tolerance.kind
+        if basis == EXACT:
+            noise = floor
+            claims = replace(claims, basis=APPROXIMATE)
+            if tolerance.kind == EXACT:
+                tolerance = replace(tolerance, kind=APPROXIMATE)
+        else:  # a mixed precision already: the larger of its tolerance and the draws' own effect
+            wider = measured(tolerance, floor)
+            tolerance = replace(tolerance, **{k: max(getattr(tolerance, k), getattr(wider, k))
+                                              for k in ("mean_rel", "last_rel", "grad_rel")})
+    verdict = compare(replayed, rewritten, tolerance, requested_precision=requested_precision, claims=claims,
+                      noise=noise)
+    verdict.comparison["against"] = REPLAY_LABEL.format(n=n)
+    return Verdict(verdict.verdict, f"held to the original on the {n} processes' batches, joined step by step: "
+                                    f"{verdict.reason}", verdict.comparison), None
