@@ -228,24 +228,28 @@ def test_several_processes_keep_what_the_module_gives_and_each_sampler_shards_on
 
 
 @pytest.mark.runs
-def test_verify_on_two_processes_starts_them_with_torchrun_and_judges_as_fabric_s(tmp_path):
+@pytest.mark.parametrize("name", ["mnist_style", pytest.param("trainer_given_loaders", marks=pytest.mark.slow)])
+def test_verify_on_two_processes_passes_them_against_the_original_on_their_batches_joined(name, tmp_path):
     """Issue 61: ``verify --backend accelerate --run-devices 2`` (it was refused) starts the
     rewrite's 2 processes with torchrun, each with the harness, on the CPU (ACCELERATE_USE_CPU,
-    as ``Accelerator(cpu=True)``): both ran, each process on its share of the data, and the
-    verdict is the one Fabric's rewrite gets on 2 devices (the curves side by side: 2 processes
-    change training on purpose)."""
-    from accelerate_rewrite.verify.compare import NOT_COMPARED
+    as ``Accelerator(cpu=True)``), each process on its share of the data; the original runs again
+    on the batches the 2 processes drew, joined step by step, and the processes' averaged losses
+    and gradients PASS against it: a plain loop with dropout (within 3x of what a reseed of the
+    original changes) and a Trainer class given its loaders (exactly)."""
+    from accelerate_rewrite.verify.compare import PASS
     from accelerate_rewrite.verify.session import verify
 
     pytest.importorskip("accelerate")
     script = tmp_path / "train.py"
-    script.write_text((FIXTURES / "mnist_style" / "input.py").read_text(encoding="utf-8"), encoding="utf-8")
+    script.write_text((FIXTURES / name / "input.py").read_text(encoding="utf-8"), encoding="utf-8")
     done = verify(script, Options.create(backend="accelerate", devices=2), run_devices=2, run_on="cpu", steps=4,
                   threads=1)
-    assert done.verdict.verdict == NOT_COMPARED, done.verdict.reason
-    assert done.rewritten.world_size == 2 and done.original.world_size == 1
-    assert "2 processes, each with its share of the data" in done.verdict.reason
+    assert done.verdict.verdict == PASS, done.verdict.reason
+    assert done.rewritten.world_size == 2 and done.original.world_size == done.joined.world_size == 1
+    assert done.verdict.reason.startswith("held to the original on the 2 processes' batches, joined step by step")
     assert "the rewritten script ran on 2 processes, started by torchrun" in done.notes
+    if name == "mnist_style":  # dropout: each process draws its own masks
+        assert "a reseed after step 1's own effect" in done.verdict.reason
 
 
 # ---- several processes: 2 gloo processes on CPU, started by torchrun ----------------------------

@@ -9,7 +9,8 @@ Two suites:
   options it claims (``OPTIONS``). The default run (CI) holds one correct rewrite (good_fabric)
   and one mutant of each kind that a run shows quickly (no step, a lost scaler update, an
   undivided loss, another lr, autocast disabled in the training step, a precision the machine
-  can't run); the ``slow`` set holds the rest (the other correct rewrites, freeze, 2 processes,
+  can't run); the ``slow`` set holds the rest (the other correct rewrites, freeze, 2 processes
+  held to the original on their batches joined,
   ddp on one device, fsdp, a lost parameter group, zero_grad moved, a model set up twice) and
   the summary.
 - the planted-bug suite over the fixtures (``slow``): generic mutations of the 32-true Fabric
@@ -50,6 +51,8 @@ FREEZE_BODY = ("    model = MLP()\n", "    model = MLP()\n    model.body.require
 #: correct rewrites made by an edit of a file (freeze), verified with their own options
 GOOD_EDITED = {
     "good_freeze": ("good_fabric", *FREEZE_BODY),
+    # issue 61: on 2 processes, held to the original on their batches joined (verify/shards.py)
+    "good_two_processes": ("good_fabric", "", ""),
 }
 #: planted bug -> (the correct rewrite it is planted in, the text replaced, its replacement)
 BAD = {
@@ -74,8 +77,11 @@ BAD = {
     "bad_freeze_forgotten": ("good_fabric", "    model = MLP()\n", "    model = MLP()\n"),
     "bad_freeze_too_much": ("good_fabric", "    model = MLP()\n", "    model = MLP()\n"
                             "    model.body.requires_grad_(False)\n    model.head.bias.requires_grad_(False)\n"),
-    # --devices 2: an lr x10 on two processes is never a pass ("not compared")
+    # --devices 2: an lr x10 on two processes fails against the original on their batches joined
     "bad_two_processes_lr": ("good_fabric", "lr=3e-3,", "lr=3e-2,"),
+    # --devices 2: the loader left out of Fabric's sampler: each process trains on the whole set
+    "bad_two_processes_unsharded": ("good_fabric", "fabric.setup_dataloaders(loader)",
+                                    "fabric.setup_dataloaders(loader, use_distributed_sampler=False)"),
     # ddp on one device: the DistributedSampler reorders the data
     "bad_ddp_one_device": ("good_fabric", 'Fabric(accelerator="cpu", devices=1,',
                            'Fabric(accelerator="cpu", strategy="ddp", devices=1,'),
@@ -88,19 +94,22 @@ OPTIONS = {
     "good_freeze": {"freeze": ("body",)},
     "bad_freeze_forgotten": {"freeze": ("body",)},
     "bad_freeze_too_much": {"freeze": ("body",)},
+    "good_two_processes": {"devices": 2},
     "bad_two_processes_lr": {"devices": 2},
+    "bad_two_processes_unsharded": {"devices": 2},
     "bad_ddp_one_device": {"strategy": "ddp", "devices": 1},
     "bad_te_on_cpu": {"precision": "transformer-engine"},
     "bad_fsdp_on_cpu": {"strategy": "fsdp"},
 }
 ARGS = {
+    "good_two_processes": {"run_devices": 2},
     "bad_two_processes_lr": {"run_devices": 2},
+    "bad_two_processes_unsharded": {"run_devices": 2},
     "bad_fsdp_on_cpu": {"run_on": None},  # as the machine is: no CUDA, so nothing runs
 }
 #: the verdict each planted bug gets (fail where not said)
 EXPECTED = {
     "bad_autocast_disabled": "not-verified",
-    "bad_two_processes_lr": "not-compared",
     "bad_ddp_one_device": "data-order-changed",
     "bad_te_on_cpu": "not-verified",
     "bad_fsdp_on_cpu": "not-verified",
@@ -108,7 +117,8 @@ EXPECTED = {
 #: kinds another default case already shows, and the runs that take long (lightning's ddp
 #: start-up, two processes, a second original run for the parameter fingerprints)
 SLOW = {"bad_lost_group", "good_freeze", "bad_freeze_forgotten", "bad_freeze_too_much",
-        "bad_two_processes_lr", "bad_ddp_one_device", "bad_fsdp_on_cpu",
+        "bad_two_processes_lr", "bad_two_processes_unsharded", "bad_ddp_one_device", "bad_fsdp_on_cpu",
+        "good_two_processes",
         # the correct rewrites whose planted bugs run in the default set (good_fabric passes
         # there), a second bug of the step's order, and a second wrapped model (CI time)
         "good_amp16", "good_accumulate", "bad_zero_grad_moved", "bad_setup_twice"}
@@ -177,8 +187,16 @@ def test_a_correct_rewrite_passes(case, verified):
     assert v.verdict.verdict == "pass", v.verdict.reason
     assert v.verdict.exit_code == 0
     assert v.original.ok and v.rewritten.ok
-    assert len(v.original.losses) == len(v.rewritten.losses) == 12
     kind = v.verdict.comparison["tolerance"]["kind"]
+    if case == "good_two_processes":
+        # each process's 4 batches of 16 an epoch: 8 steps, each the original's on their 32 samples
+        assert v.rewritten.world_size == 2 and len(v.rewritten.losses) == 8
+        assert v.joined is not None and len(v.joined.losses) == 8
+        assert kind == EXACT and v.verdict.comparison["max_rel_diff"] <= 1e-5
+        assert v.verdict.reason.startswith("held to the original on the 2 processes' batches, joined step by step: "
+                                           "identical within 1e-05")
+        return
+    assert len(v.original.losses) == len(v.rewritten.losses) == 12
     if case == "good_fabric":
         assert kind == EXACT
         assert v.verdict.comparison["max_rel_diff"] == 0
@@ -249,7 +267,10 @@ def test_a_planted_bug_is_flagged(case, verified):
         assert "1 parameter(s) it does not name did not change (head.bias)" in reason
         assert "more was frozen than asked" in reason
     elif case == "bad_two_processes_lr":
-        assert v.rewritten.world_size == 2 and "2 processes" in reason
+        assert v.rewritten.world_size == 2 and reason.startswith("held to the original on the 2 processes' batches")
+        assert "step 2" in reason  # the same first step, then the weights part ways
+    elif case == "bad_two_processes_unsharded":
+        assert v.rewritten.world_size == 2 and reason.startswith("the 2 processes drew the same samples")
     elif case == "bad_ddp_one_device":
         assert v.rewritten.world_size == 1 and v.rewritten.distributed_samplers == [[1, True]]
     else:  # bad_lr, bad_lost_group: the same first loss, then the weights part ways

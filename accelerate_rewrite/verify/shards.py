@@ -36,6 +36,9 @@ from accelerate_rewrite.verify.runner import RunRecord
 AHEAD = 64
 #: the seed of the run with other random draws
 RESEED = 1_000_003
+#: between ``noise_multiple`` and this many times it, what a reseed changes: not compared (each
+#: process's draws, from the same seed, are correlated as no reseed of the original makes them)
+GREY = 10 / 3
 REPLAY_LABEL = "original on the {n} processes' batches"
 RESEED_LABEL = "original on the {n} processes' batches, other random draws"
 
@@ -117,8 +120,8 @@ def judge(replayed: RunRecord, other: Optional[RunRecord], rewritten: RunRecord,
     note on why not). ``tolerance`` and ``claims`` are those of the same options on one process."""
     from dataclasses import replace
 
-    from accelerate_rewrite.verify.compare import APPROXIMATE, CHANGES_TRAINING, EXACT, Verdict, compare, \
-        measured, noise_floor
+    from accelerate_rewrite.verify.compare import APPROXIMATE, CHANGES_TRAINING, EXACT, FAIL, NOT_COMPARED, PASS, \
+        Verdict, compare, measured, noise_floor
 
     n = rewritten.world_size
     if not replayed.ok or not replayed.losses:
@@ -129,21 +132,34 @@ def judge(replayed: RunRecord, other: Optional[RunRecord], rewritten: RunRecord,
     if summed is not None:
         return None, summed
     floor = noise_floor(replayed, other) if other is not None else None
-    noise = None
-    if floor is not None and floor["max_rel"] > 0:  # the steps draw at random: that is the floor
+    drawn = floor is not None and floor["max_rel"] > 0  # the steps draw at random: that is the floor
+    if drawn:
         floor.update(effect="a reseed after step 1", run="the original on the same batches, reseeded after step 1")
         basis = claims.basis if tolerance.kind == CHANGES_TRAINING else tolerance.kind
-        if basis == EXACT:
+        claims = replace(claims, basis=APPROXIMATE)
+        if tolerance.kind == EXACT:
+            tolerance = replace(tolerance, kind=APPROXIMATE)
+
+    def held(multiple: float):
+        noise = None
+        wide = replace(tolerance, noise_multiple=multiple)
+        if drawn and basis == EXACT:
             noise = floor
-            claims = replace(claims, basis=APPROXIMATE)
-            if tolerance.kind == EXACT:
-                tolerance = replace(tolerance, kind=APPROXIMATE)
-        else:  # a mixed precision already: the larger of its tolerance and the draws' own effect
-            wider = measured(tolerance, floor)
-            tolerance = replace(tolerance, **{k: max(getattr(tolerance, k), getattr(wider, k))
-                                              for k in ("mean_rel", "last_rel", "grad_rel")})
-    verdict = compare(replayed, rewritten, tolerance, requested_precision=requested_precision, claims=claims,
-                      noise=noise)
+        elif drawn:  # a mixed precision already: the larger of its tolerance and the draws' own effect
+            wider = measured(wide, floor)
+            wide = replace(wide, **{k: max(getattr(wide, k), getattr(wider, k))
+                                    for k in ("mean_rel", "last_rel", "grad_rel")})
+        return compare(replayed, rewritten, wide, requested_precision=requested_precision, claims=claims, noise=noise)
+
+    verdict = held(tolerance.noise_multiple)
+    if drawn and verdict.verdict == FAIL and held(GREY * tolerance.noise_multiple).verdict == PASS:
+        # each process draws its own random numbers, alike: the joined batch's are not the original's
+        verdict = Verdict(NOT_COMPARED, (
+            f"the curves differ by more than {tolerance.noise_multiple:g}x, and less than "
+            f"{GREY * tolerance.noise_multiple:g}x, what a reseed after step 1 changes in the original "
+            f"({verdict.reason}): each process draws the random numbers of its own batch (dropout masks, "
+            "noise) from the same seed, which no run of the original draws alike; both ran without error, "
+            "NaN or inf"), verdict.comparison)
     verdict.comparison["against"] = REPLAY_LABEL.format(n=n)
     return Verdict(verdict.verdict, f"held to the original on the {n} processes' batches, joined step by step: "
                                     f"{verdict.reason}", verdict.comparison), None
