@@ -36,6 +36,8 @@ class _Sampled:
         return len(self.real)
 
     def __getattr__(self, name: str) -> Any:  # a loader's iterator reading the sampler's own fields
+        if name in ("recorder", "real", "length"):  # not set yet (a copy being made)
+            raise AttributeError(name)
         return getattr(self.real, name)
 
     def __iter__(self):
