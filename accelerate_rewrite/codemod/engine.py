@@ -339,6 +339,9 @@ def _rewrite(
     #: that import what changes there
     compats: dict[int, tuple[Compatible, list[str]]] = {}
     refusals: set[str] = set()  # the problems that are a file which may not change
+    #: (unit, its text, its free names) -> its compatible change: the attempts of the bisection
+    #: below make the same text of a file again where the rules they add leave it alone
+    compat_made: dict[tuple, Optional[Compatible]] = {}
 
     def attempt(chosen: Sequence[Rule]) -> tuple[list[str], list[str]]:
         splices.clear()
@@ -363,9 +366,14 @@ def _rewrite(
             if why is None:
                 continue
             same = unit.printed_as_read  # the view is the file's tree
-            made = compatible(unit.head, head_code, unit.view if same else None, made_trees.get(unit.index),
-                              unit.layout if same else None, free=unit.free(unit.source, code)) \
-                if unit.compatible else None
+            made = None
+            if unit.compatible:  # the same text again (another prefix of the rules): made once
+                free = unit.free(unit.source, code)
+                key = (unit.index, head_code, free)
+                if key not in compat_made:
+                    compat_made[key] = compatible(unit.head, head_code, unit.view if same else None,
+                                                  made_trees.get(unit.index), unit.layout if same else None, free=free)
+                made = compat_made[key]
             if made is None:
                 refused[unit.index] = why
                 refusals.add(why)

@@ -52,7 +52,7 @@ from typing import Optional, Sequence
 import libcst as cst
 
 from accelerate_rewrite.codemod.project.guards import NAME, chosen, guard, reads_fabric
-from accelerate_rewrite.codemod.tree.parse import parse_module
+from accelerate_rewrite.codemod.tree.parse import parsed_text
 
 #: whether the definition being merged is one no other file reads (``compatible``'s ``free``)
 _FREE: contextvars.ContextVar[bool] = contextvars.ContextVar("free", default=False)
@@ -527,8 +527,8 @@ def compatible(old_code: str, new_code: str, old: Optional[cst.Module] = None, n
     (``GradScaler(enabled=False)``) are made, not kept as they were (a second run, which finds no
     other change there, would make them)."""
     try:
-        old = old if old is not None else parse_module(old_code)
-        new = new if new is not None else parse_module(new_code)
+        old = old if old is not None else parsed_text(old_code)
+        new = new if new is not None else parsed_text(new_code)
     except cst.ParserSyntaxError:
         return None
     defs = (cst.FunctionDef, cst.ClassDef)

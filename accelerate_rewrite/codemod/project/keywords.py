@@ -12,7 +12,7 @@ import libcst as cst
 
 from accelerate_rewrite.codemod.analysis.syntax import code
 from accelerate_rewrite.codemod.project.compat import NAME, Taken
-from accelerate_rewrite.codemod.tree.parse import parse_module
+from accelerate_rewrite.codemod.tree.parse import parsed_text
 from accelerate_rewrite.codemod.tree.walk import Along
 
 
@@ -84,7 +84,7 @@ def calls_by_keyword(text: str, calls: dict[str, Taken], tree: Optional[cst.Modu
     if named is None or NAME not in text or not named.search(text):
         return text  # (no such call can be there: the text is not parsed)
     try:
-        module = tree if tree is not None else parse_module(text)
+        module = tree if tree is not None else parsed_text(text)
     except cst.ParserSyntaxError:
         return text
     visitor = _ByKeyword(calls)

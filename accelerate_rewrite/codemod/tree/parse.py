@@ -24,6 +24,7 @@ errors are LibCST's own."""
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Iterator, NamedTuple, Optional
 
 import libcst as cst
@@ -74,6 +75,15 @@ def parse_module(text: str, piece_lines: int = PIECE_LINES) -> cst.Module:
     one by one as they are made (``_unchecked``)."""
     with _unchecked():
         return _parse_module(text, piece_lines)
+
+
+@lru_cache(maxsize=16)
+def parsed_text(text: str) -> cst.Module:
+    """``parse_module(text)``, kept for the next reader of the same text: a tree is never changed,
+    only read and rebuilt. The compatible change and the keyword calls (codemod/project/) read a
+    module's text at every attempt of a rewrite, and a repository's entry points the same
+    modules' texts again."""
+    return parse_module(text)
 
 
 def _parse_module(text: str, piece_lines: int) -> cst.Module:
