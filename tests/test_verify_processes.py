@@ -12,24 +12,26 @@ from accelerate_rewrite.verify.runner import RunRecord
 
 
 def _pass(batches, length=8, steps=0):
-    return {"length": length, "batches": batches, "steps": steps}
+    return {"length": length, "batch_size": 2, "count": 2, "batches": batches, "steps": steps}
+
+
+def _joined(batches, length=8):
+    return {"length": length, "batch_size": 2, "count": 2, "batches": batches}
 
 
 def test_the_union_joins_each_step_s_batches_in_rank_order():
     rank0 = [_pass([[0, 2], [4, 6]], steps=2), _pass([[0, 1]], length=4)]
     rank1 = [_pass([[1, 3], [5, 7]], steps=2), _pass([[2, 3]], length=4)]
-    assert shards.union([rank0, rank1]) == [{"length": 8, "batches": [[0, 2, 1, 3], [4, 6, 5, 7]]},
-                                            {"length": 4, "batches": [[0, 1, 2, 3]]}]
+    assert shards.union([rank0, rank1]) == [_joined([[0, 2, 1, 3], [4, 6, 5, 7]]), _joined([[0, 1, 2, 3]], length=4)]
 
 
 def test_the_union_stops_where_the_processes_part():
     # batches of different sizes: their mean losses no longer average to the joined batch's
-    assert shards.union([[_pass([[0, 2], [4]])], [_pass([[1, 3], [5, 7]])]]) == [
-        {"length": 8, "batches": [[0, 2, 1, 3]]}]
+    assert shards.union([[_pass([[0, 2], [4]])], [_pass([[1, 3], [5, 7]])]]) == [_joined([[0, 2, 1, 3]])]
     # one process made a pass the other did not (rank 0 evaluates alone): the passes stop there
     rank0 = [_pass([[0, 2]]), _pass([[0, 1]], length=4), _pass([[4, 6]])]
     rank1 = [_pass([[1, 3]]), _pass([[5, 7]])]
-    assert shards.union([rank0, rank1]) == [{"length": 8, "batches": [[0, 2, 1, 3]]}]
+    assert shards.union([rank0, rank1]) == [_joined([[0, 2, 1, 3]])]
     # not batches of indices (an iterable dataset)
     assert shards.union([[_pass(None)], [_pass(None)]]) == []
 
@@ -69,12 +71,14 @@ def main():
     loader = DataLoader(data, batch_size=8, shuffle=True)
     model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=3 * len(loader))
     for epoch in range(3):
         for x, y in loader:
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()
             optimizer.step()
+            scheduler.step()
         print(f"epoch {epoch} loss {loss.item():.4f}")
 
 
@@ -101,8 +105,9 @@ PLANTED = {
                                   pytest.param("batch norm", marks=pytest.mark.slow)])
 def test_an_accelerate_rewrite_on_two_processes_against_the_original_on_their_batches(case, tmp_path, monkeypatch):
     """The rewrite (``--backend accelerate --devices 2 --accelerator cpu``) of a plain loop with a
-    shuffled loader, on 2 processes: the correct one passes exactly (the same samples each step,
-    the averaged gradient is the joined batch's); a doubled loss fails at step 1; a loader left
+    shuffled loader and a schedule sized by ``len(loader)``, on 2 processes: the correct one
+    passes exactly (the same samples each step, the averaged gradient is the joined batch's, and
+    the original's ``len(loader)`` is each process's, as the rewrite's schedule reads it); a doubled loss fails at step 1; a loader left
     out of ``prepare`` (each process trains on the whole set) fails, said so; a BatchNorm (each
     process normalises over its own batch) is not compared, with the reason in the notes."""
     from accelerate_rewrite.api import rewrite

@@ -158,6 +158,14 @@ class Hooks:
             return recorder._sampled_iter(self_, original)  # harness_shards.py: several processes
 
         cls.__iter__ = __iter__
+        if self.replay_counts:  # the run on the processes' joined batches (harness_shards.py)
+            length = cls.__len__
+
+            @functools.wraps(length)
+            def __len__(self_):
+                return recorder._replayed_len(self_, length)
+
+            cls.__len__ = __len__
 
     def _hook_grad_scaler(self, torch) -> None:
         recorder = self

@@ -25,24 +25,35 @@ import operator
 from typing import Any, Optional
 
 
+def _length(loader) -> Optional[int]:
+    try:
+        return len(loader.dataset)
+    except TypeError:
+        return None
+
+
 class _Sampled:
     """A loader's (batch) sampler for one pass: what it yields is recorded, or replaced by the
     union's batches of the same pass."""
 
-    def __init__(self, recorder, real, length: Optional[int]) -> None:
-        self.recorder, self.real, self.length = recorder, real, length
+    def __init__(self, recorder, real, length: Optional[int], batch_size: Optional[int]) -> None:
+        self.recorder, self.real, self.length, self.batch_size = recorder, real, length, batch_size
 
     def __len__(self) -> int:
         return len(self.real)
 
     def __getattr__(self, name: str) -> Any:  # a loader's iterator reading the sampler's own fields
-        if name in ("recorder", "real", "length"):  # not set yet (a copy being made)
+        if name in ("recorder", "real", "length", "batch_size"):  # not set yet (a copy being made)
             raise AttributeError(name)
         return getattr(self.real, name)
 
     def __iter__(self):
         recorder = self.recorder
-        entry: dict = {"length": self.length, "batches": []}
+        try:  # the batches of a pass, as ``len(loader)`` says (each process's own)
+            count: Optional[int] = len(self.real)
+        except TypeError:
+            count = None
+        entry: dict = {"length": self.length, "batch_size": self.batch_size, "count": count, "batches": []}
         index = len(recorder.sampled)
         recorder.sampled.append(entry)
         source = recorder._replayed(index, self.length)
@@ -68,9 +79,17 @@ class Shards:
         self.record_batches: Optional[int] = config.get("record_batches")
         self.replay: Optional[list] = None
         self.replay_problem: Optional[str] = None
+        #: (len(dataset), batch_size) -> the batches of a pass on each process: what ``len(loader)``
+        #: says in the run on the joined batches, as it said in the processes (a schedule's length)
+        self.replay_counts: dict[tuple, int] = {}
         if config.get("replay"):
             with open(config["replay"]) as handle:
                 self.replay = json.load(handle)
+            seen: dict[tuple, set] = {}
+            for entry in self.replay:
+                if entry is not None and entry.get("count") is not None:
+                    seen.setdefault((entry["length"], entry.get("batch_size")), set()).add(entry["count"])
+            self.replay_counts = {key: counts.pop() for key, counts in seen.items() if len(counts) == 1}
         self.reseed: Optional[int] = config.get("reseed")
         self.batch_norm_trained = False
         self._pass: Optional[dict] = None  # the pass that gave the last batch
@@ -101,15 +120,20 @@ class Shards:
         real = getattr(loader, name, None)
         if real is None:
             return original(loader)
-        try:
-            length: Optional[int] = len(loader.dataset)
-        except TypeError:
-            length = None
-        object.__setattr__(loader, name, _Sampled(self, real, length))
+        # (Accelerate's loader has a batch sampler, BatchSamplerShard, which knows the batch size)
+        size = loader.batch_size if loader.batch_size is not None else getattr(real, "batch_size", None)
+        object.__setattr__(loader, name, _Sampled(self, real, _length(loader), size))
         try:
             return original(loader)
         finally:
             object.__setattr__(loader, name, real)
+
+    def _replayed_len(self, loader, original) -> int:
+        """``len(loader)`` in the run on the joined batches: each process's count of batches, where
+        the processes' passes over a dataset of this length in batches of this size said one."""
+        count = self.replay_counts.get((_length(loader), getattr(loader, "batch_size", None))) \
+            if self.replay_counts else None
+        return original(loader) if count is None else count
 
     def _hook_batch_norm(self, torch) -> None:
         """Whether a BatchNorm (not SyncBatchNorm, which has its own forward) normalised a

@@ -6,8 +6,9 @@ samples, and the gradients are averaged over the processes: with a loss that is 
 batch, a step is the step the original makes on the N x B samples of the processes' batches
 together. So the rewritten run records each process's batches (their sample indices:
 harness_shards.py), and the original runs once more with its loaders drawing, pass by pass,
-those batches joined (rank 0's, then rank 1's...). Its losses and gradients are what the
-processes' averaged ones must be.
+those batches joined (rank 0's, then rank 1's...), and ``len(loader)`` saying each process's
+count of batches, as it said to each process (a schedule sized by it: its steps are the
+processes'). Its losses and gradients are what the processes' averaged ones must be.
 
 What else differs is what the processes draw at random: each process runs the script's own
 seed, so its dropout masks and augmentations are not those the original draws for the joined
@@ -61,7 +62,9 @@ def union(sampled: list[list[dict]]) -> list[dict]:
             if len({len(p) for p in parts}) > 1:
                 break
             batches.append([i for part in parts for i in part])
-        passes.append({"length": entries[0]["length"], "batches": batches})
+        counts = {e.get("count") for e in entries}
+        passes.append({"length": entries[0]["length"], "batch_size": entries[0].get("batch_size"),
+                       "count": counts.pop() if len(counts) == 1 else None, "batches": batches})
     return passes
 
 
