@@ -157,13 +157,15 @@ def _on_the_processes_batches(script: Path, script_args: Sequence[str], rewritte
             if replayed.ok and not replayed.replay_problem:
                 on_start("original, reseeded")
                 other = run_script(script, script_args, label=shards.RESEED_LABEL.format(n=n), env=env,
-                                   replay=union, reseed=shards.RESEED, **common)
+                                   replay=union, reseed=shards.RESEED,
+                                   **{**common, "threads": shards.other_threads(common.get("threads"))})
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         verdict, why = shards.judge(replayed, other, rewritten, tolerance, claims, precision)
         if verdict is not None:
             notes.append(f"the original ran again on the batches the {n} processes drew, joined step by step, "
-                         "and once more reseeded after its first step (what other random draws change)")
+                         "and once more reseeded after its first step with another thread count (what other random "
+                         "draws and another summation order change)")
             return verdict, replayed
     notes.append(f"the {n} processes were not held to the original on their batches joined: {why}")
     return None, None

@@ -13,9 +13,12 @@ processes'). Its losses and gradients are what the processes' averaged ones must
 What else differs is what the processes draw at random: each process runs the script's own
 seed, so its dropout masks and augmentations are not those the original draws for the joined
 batch. The original runs a third time on the same batches with everything seeded again after
-the first step: how far that moves it is the tolerance's floor (``noise_multiple`` times it,
-as for a precision's own effect). Where the steps draw nothing at random the two runs are
-equal, and the rewrite is held to the tolerance its options set.
+the first step, and another thread count (which sums in another order, as the processes' averaged
+gradients do): how far that moves it is the tolerance's floor (``noise_multiple`` times it, as
+for a precision's own effect). Where it moves no step by more than ``ORDER_ONLY`` the steps draw
+nothing at random, and the rewrite is held to the tolerance its options set, its exact figure
+widened to ``ORDER_MULTIPLE`` times the move, at most ``ORDER_ONLY`` (a chaotic run grows a
+difference of summation order).
 
 Not compared, with the reason: a BatchNorm in training (each process normalises over its own
 batch; SyncBatchNorm would not), passes the processes did not all make alike (one process
@@ -27,6 +30,7 @@ is 1/N of the original's, a change of training).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -41,7 +45,18 @@ RESEED = 1_000_003
 #: process's draws, from the same seed, are correlated as no reseed of the original makes them)
 GREY = 10 / 3
 REPLAY_LABEL = "original on the {n} processes' batches"
-RESEED_LABEL = "original on the {n} processes' batches, other random draws"
+RESEED_LABEL = "original on the {n} processes' batches, reseeded, another thread count"
+#: a probe that moved no step by more than this changed the summation order, not what was drawn
+ORDER_ONLY = 1e-3
+#: how far the exact figure widens for another summation order: a chaotic run grows such a
+#: difference by orders of magnitude from one order to the next (measured: scheduled_optim's
+#: probe moved step 12 by 5.3e-6, the 2 processes by 5.7e-5); a planted lr x1.1 moves step 2 by 1e-2
+ORDER_MULTIPLE = 100.0
+
+
+def other_threads(threads: Optional[int]) -> int:
+    """The thread count of the probe: another than the runs', so that it sums in another order."""
+    return 2 if (threads or os.cpu_count() or 1) <= 1 else 1
 
 
 def batches_to_record(steps: int, accumulate: Optional[int]) -> int:
@@ -104,13 +119,15 @@ def write_union(rewritten: RunRecord, folder: Path) -> Path:
     return path
 
 
-def summed_loss(replayed: RunRecord, rewritten: RunRecord) -> Optional[str]:
-    """Where the first step's loss is N times the processes' average: a loss summed over the batch."""
+def summed_loss(replayed: RunRecord, rewritten: RunRecord, spread: float = 0.0) -> Optional[str]:
+    """Where the first step's loss is N times the processes' average: a loss summed over the batch
+    (within 1e-3, or 3x the ``spread`` a probe of the original measured where the steps draw at
+    random, a VAE's noise: at most 0.25, far from the 1/N of a mean)."""
     n = rewritten.world_size
     first, theirs = (replayed.losses or [None])[0], (rewritten.losses or [None])[0]
     if first is None or not theirs:
         return None
-    if abs(first / (theirs * n) - 1) < 1e-3:
+    if abs(first / (theirs * n) - 1) < min(0.25, max(1e-3, 3 * spread)):
         return (f"the original's first loss on the joined batches is {n} times the processes' average "
                 f"({first:.6g} against {theirs:.6g}): a loss summed over its batch, whose gradient the "
                 f"processes average to 1/{n} of the original's (a change of training)")
@@ -124,18 +141,32 @@ def judge(replayed: RunRecord, other: Optional[RunRecord], rewritten: RunRecord,
     from dataclasses import replace
 
     from accelerate_rewrite.verify.compare import APPROXIMATE, CHANGES_TRAINING, EXACT, FAIL, NOT_COMPARED, PASS, \
-        Verdict, compare, measured, noise_floor
+        Verdict, compare, measured, noise_floor, rel_diffs
 
     n = rewritten.world_size
     if not replayed.ok or not replayed.losses:
         return None, f"the original did not run on the joined batches ({(replayed.error or 'no step').strip()[-300:]})"
     if replayed.replay_problem:
         return None, f"the original could not draw the processes' batches: {replayed.replay_problem}"
-    summed = summed_loss(replayed, rewritten)
+    floor = noise_floor(replayed, other) if other is not None else None
+    spread = 0.0  # the most a step's loss or gradient norm moved in the probe
+    if floor is not None:
+        k = floor["steps"]
+        spread = max([floor["max_rel"], *rel_diffs(replayed.grad_norms[:k], other.grad_norms[:k])])
+    summed = summed_loss(replayed, rewritten, spread)
     if summed is not None:
         return None, summed
-    floor = noise_floor(replayed, other) if other is not None else None
-    drawn = floor is not None and floor["max_rel"] > 0  # the steps draw at random: that is the floor
+    # another summation order alone moves a step by ~1e-7, which a chaotic run (a warm-up to a
+    # high learning rate) grows step by step; the processes sum their gradients in another order
+    # than the original: the exact tolerance takes that in, measured
+    orderly = floor is not None and 0 < spread <= ORDER_ONLY
+    widened = ""
+    if orderly and ORDER_MULTIPLE * spread > tolerance.max_rel and "max_rel" not in tolerance.fixed:
+        tolerance = replace(tolerance, max_rel=min(ORDER_ONLY, ORDER_MULTIPLE * spread))
+        widened = (f" (allowed {tolerance.max_rel:.2g}: {ORDER_MULTIPLE:g}x, at most {ORDER_ONLY:g}, the {spread:.2g} "
+                   "that another thread count, which sums in another order, and a reseed change in the original "
+                   "on the same batches)")
+    drawn = floor is not None and spread > ORDER_ONLY  # the steps draw at random: that is the floor
     if drawn:
         floor.update(effect="a reseed after step 1", run="the original on the same batches, reseeded after step 1")
         basis = claims.basis if tolerance.kind == CHANGES_TRAINING else tolerance.kind
@@ -165,4 +196,4 @@ def judge(replayed: RunRecord, other: Optional[RunRecord], rewritten: RunRecord,
             "NaN or inf"), verdict.comparison)
     verdict.comparison["against"] = REPLAY_LABEL.format(n=n)
     return Verdict(verdict.verdict, f"held to the original on the {n} processes' batches, joined step by step: "
-                                    f"{verdict.reason}", verdict.comparison), None
+                                    f"{verdict.reason}{widened}", verdict.comparison), None
