@@ -124,11 +124,20 @@ def numerics(result: "Result", options: Options) -> str:
             parts.append(f"devices={options.devices} replaces the script's own world size: with another "
                          "number of processes, each one's shard of the data changes")
     elif options.fabric and options.many_devices and any(n.rule == "AR101" for n in result.changes):
-        parts.append(f"devices={options.effective_devices}: with several processes each trains on "
-                     "its shard of the training data, so a step sees N times the batch (the loss "
-                     "curve changes); "
-                     + ("evaluation loaders are sharded, their sums all-reduced (--shard-eval)"
-                        if options.shard_eval else "evaluation loaders are not sharded"))
+        # the training data is sharded only where a loader of it was set up (AR104): data made by
+        # hand (a batchify of tensors) is each process's whole set
+        by_hand = any(n.rule == "AR104" and n.skipped and "not in a loop over data" in n.message
+                      for n in result.notes)
+        if any(n.rule == "AR104" for n in result.changes) and not by_hand:
+            parts.append(f"devices={options.effective_devices}: with several processes each trains on "
+                         "its shard of the training data, so a step sees N times the batch (the loss "
+                         "curve changes); "
+                         + ("evaluation loaders are sharded, their sums all-reduced (--shard-eval)"
+                            if options.shard_eval else "evaluation loaders are not sharded"))
+        else:
+            parts.append(f"devices={options.effective_devices}: no loader of the training data was set up "
+                         "(AR104, left alone), so every process trains on the whole set it makes itself: "
+                         "with the same seed, each makes the original's steps")
     if Kind.CHANGES_TRAINING in by_kind:
         parts.append(f"changes training on purpose ({', '.join(by_kind[Kind.CHANGES_TRAINING])}): "
                      "the rewritten script is not expected to match the original step for step")

@@ -267,6 +267,18 @@ def test_the_numerics_line_states_the_precision_the_file_sets():
     assert "approximate (Fabric at 16-mixed" in numerics(apex, Options.create())
 
 
+def test_the_numerics_line_says_shards_only_where_a_training_loader_was_set_up():
+    """word_lm batches its tensors by hand: on 2 processes no loader of the training data is set
+    up (AR104 says why), and each process trains on the whole set; the line said "each trains on
+    its shard of the training data" (the verifier's 2 processes computed the original's losses)."""
+    options = Options.create(devices=2)
+    word_lm = rewrite((FIXTURES / "word_lm" / "input.py").read_text(), options)
+    assert numerics(word_lm, options).startswith("devices=2: no loader of the training data was set up (AR104, "
+                                                 "left alone), so every process trains on the whole set")
+    mnist = rewrite((FIXTURES / "mnist_style" / "input.py").read_text(), options)
+    assert numerics(mnist, options).startswith("devices=2: with several processes each trains on its shard")
+
+
 # ---- 7. notes true to the code -------------------------------------------------------------------
 
 def test_one_note_for_one_place():

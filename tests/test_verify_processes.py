@@ -45,6 +45,15 @@ def test_processes_that_drew_the_same_training_samples_are_named():
     assert shards.same_samples([[_pass([[0, 2], [4, 6]], steps=2)], [_pass([[1, 3], [5, 7]], steps=2)]]) is None
 
 
+def test_processes_that_computed_the_original_s_losses_drew_its_batches():
+    # data batched by hand (word_lm's batchify): each process trains on the whole set
+    original = RunRecord(label="original", losses=[2.5, 2.25, 2.0])
+    same = RunRecord(label="rewritten", world_size=2, losses=[2.5, 2.25, 2.0])
+    assert shards.original_steps(original, same).startswith("the 2 processes computed the original's losses, step by "
+                                                            "step (3 steps)")
+    assert shards.original_steps(original, RunRecord(label="r", world_size=2, losses=[2.5, 2.2, 2.0])) is None
+
+
 def test_what_can_t_be_held_to_the_joined_batches_says_why():
     record = RunRecord(label="rewritten", world_size=2, sampled=[[_pass([[0]])], [_pass([[1]])]])
     assert shards.why_not(record) is None

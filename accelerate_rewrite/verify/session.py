@@ -136,13 +136,14 @@ NOISE_PRECISIONS = ("bf16-mixed",)
 PRECISION_RULES = ("AR101", "AR207", "AR208", "AR213")
 
 
-def _on_the_processes_batches(script: Path, script_args: Sequence[str], rewritten: RunRecord, env: dict,
-                              common: dict, on_start: Callable[[str], None], notes: list[str], tolerance: Tolerance,
-                              claims: Claims, precision: Optional[str]) -> tuple[Optional[Verdict], Optional[RunRecord]]:
+def _on_the_processes_batches(script: Path, script_args: Sequence[str], original: RunRecord, rewritten: RunRecord,
+                              env: dict, common: dict, on_start: Callable[[str], None], notes: list[str],
+                              tolerance: Tolerance, claims: Claims,
+                              precision: Optional[str]) -> tuple[Optional[Verdict], Optional[RunRecord]]:
     """The processes held to the original run on their batches joined (shards.py), and that run;
     or None with a note saying why not (the verdict stays "not compared")."""
     n = rewritten.world_size
-    same = shards.same_samples(rewritten.sampled or [])
+    same = shards.same_samples(rewritten.sampled or []) or shards.original_steps(original, rewritten)
     if same is not None:
         return Verdict(FAIL, same, {"tolerance": asdict(tolerance)}), None
     why = shards.why_not(rewritten)
@@ -465,9 +466,10 @@ def verify(
     verdict = compare(original, rewritten, tol, requested_precision=options.precision, claims=claims, noise=floor)
     joined = None
     if sampled and verdict.verdict == NOT_COMPARED and rewritten.world_size > 1:
-        held, joined = _on_the_processes_batches(script, script_args, rewritten, env, common, on_start, notes,
-                                                 replace(base, kind=tolerance_kind(options, rule_kinds, 1)),
-                                                 claims_for(options, changing_rules, 1, rule_kinds), options.precision)
+        held, joined = _on_the_processes_batches(
+            script, script_args, original, rewritten, env, common, on_start, notes,
+            replace(base, kind=tolerance_kind(options, rule_kinds, 1)),
+            claims_for(options, changing_rules, 1, rule_kinds), options.precision)
         verdict = held or verdict
     if structure_verdict is not None:
         verdict = _with_structure(verdict, structure_verdict, structure, notes)

@@ -113,6 +113,19 @@ def same_samples(sampled: list[list[dict]]) -> Optional[str]:
     return None
 
 
+def original_steps(original: RunRecord, rewritten: RunRecord) -> Optional[str]:
+    """Where the processes' averaged losses are the original's, step by step (within 1e-6, over at
+    least 2 steps): each process drew the original's batches (data batched by hand, which no
+    sampler shards), so the data is not shared between them."""
+    n = min(len(original.losses), len(rewritten.losses))
+    pairs = [(a, b) for a, b in zip(original.losses[:n], rewritten.losses[:n]) if a is not None and b is not None]
+    if len(pairs) < 2 or any(abs(b - a) > 1e-6 * max(abs(a), 1e-12) for a, b in pairs):
+        return None
+    return (f"the {rewritten.world_size} processes computed the original's losses, step by step ({len(pairs)} "
+            "steps): each drew the original's batches, so the data is not shared between them and each trains "
+            "on the whole set (data batched by hand, which no sampler shards)")
+
+
 def write_union(rewritten: RunRecord, folder: Path) -> Path:
     path = folder / "union.json"
     path.write_text(json.dumps(union(rewritten.sampled or [])), encoding="utf-8")
