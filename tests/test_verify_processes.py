@@ -67,6 +67,20 @@ def test_what_can_t_be_held_to_the_joined_batches_says_why():
     assert shards.summed_loss(joined, RunRecord(label="r", world_size=2, losses=[4.0])) is None
 
 
+def test_every_run_a_verification_starts_has_words_in_the_command_line_s_status():
+    """``verify --run-devices 2`` crashed on the status line of the runs on the joined batches
+    (a KeyError): each ``on_start("...")`` of the session has its words in verify's and tune's."""
+    import inspect
+    import re
+
+    from accelerate_rewrite.cli.verify import RUN_LABELS, TUNE_WORDS
+    from accelerate_rewrite.verify import session
+
+    started = set(re.findall(r'on_start\("([^"]+)"\)', inspect.getsource(session)))
+    assert {"original", "rewritten", "original, joined batches", "original, reseeded"} <= started
+    assert started <= RUN_LABELS.keys() and started <= TUNE_WORDS.keys()
+
+
 SCRIPT = '''\
 import torch
 import torch.nn as nn

@@ -17,6 +17,20 @@ from accelerate_rewrite.cli.options import (
 )
 
 
+
+#: what the status line says while each run of a verification goes on (session.py's ``on_start``)
+RUN_LABELS = {"original": "running the original", "rewritten": "running the rewritten script",
+              "structure": "running the rewritten script at 32-true (its structure)",
+              "noise": "running the original under the rewritten run's precision (its own effect)",
+              "original, joined batches": "running the original on the batches the processes drew, joined",
+              "original, reseeded": "running the original on those batches again, reseeded, another thread count"}
+#: the same, in tune's line (a candidate's name comes first)
+TUNE_WORDS = {"original": "the original", "rewritten": "the rewrite", "structure": "its structure run (32-true)",
+              "noise": "the original under the precision",
+              "original, joined batches": "the original on the processes' batches joined",
+              "original, reseeded": "the original on them, reseeded"}
+
+
 @click.command(
     "verify", context_settings=CONTEXT_SETTINGS,
     short_help="Run the original and the rewritten script side by side, and compare.",
@@ -75,13 +89,11 @@ def verify_command(script, option_values, against, steps,
             _fail("--plot needs matplotlib: pip install 'accelerate-rewrite[plot]'")
     console = make_console(stderr=True)
     status = None if quiet else console.status("starting", spinner="dots")
-    labels = {"original": f"running the original {script}", "rewritten": "running the rewritten script",
-              "structure": "running the rewritten script at 32-true (its structure)",
-              "noise": "running the original under the rewritten run's precision (its own effect)"}
+    labels = {**RUN_LABELS, "original": f"running the original {script}"}
 
     def on_start(label: str) -> None:
         if status is not None:
-            status.update(labels[label] + f" (up to {steps} steps)")
+            status.update(labels.get(label, f"running the {label}") + f" (up to {steps} steps)")
 
     try:
         if status is not None:
@@ -217,8 +229,7 @@ def tune_command(script, tries, against_files, backend, steps, repeat, min_speed
             _fail(str(exc))
     console = make_console(stderr=True)
     status = None if quiet else console.status("starting", spinner="dots")
-    words = {"original": "the original", "rewritten": "the rewrite", "structure": "its structure run (32-true)",
-             "noise": "the original under the precision"}
+    words = TUNE_WORDS
 
     def on_start(label: str, run: str) -> None:
         if status is not None:

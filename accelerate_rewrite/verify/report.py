@@ -60,8 +60,8 @@ def render(console, v: Verification) -> None:
     table.add_row("loss at end", _loss(o.losses[-1] if o.losses else None),
                   _loss(r.losses[-1] if r.losses else None))
     if v.joined is not None and v.joined.losses:  # what the processes' steps were compared with
-        j = v.joined.losses
-        table.add_row(f"{v.joined.label}: loss at start, end", f"{_loss(j[0])}, {_loss(j[-1])}", "")
+        table.add_row("loss at start (joined)", _loss(v.joined.losses[0]), "")
+        table.add_row("loss at end (joined)", _loss(v.joined.losses[-1]), "")
     table.add_row("device", f"{o.device or '-'} x{o.world_size}", f"{r.device or '-'} x{r.world_size}")
     table.add_row("precision used", *(run.precision if ran(run) else "-" for run in (o, r)))
     table.add_row("forward computed in", *(run.computed_in if ran(run) else "-" for run in (o, r)))

@@ -175,7 +175,7 @@ def judge(replayed: RunRecord, other: Optional[RunRecord], rewritten: RunRecord,
     orderly = floor is not None and 0 < spread <= ORDER_ONLY
     widened = ""
     if orderly and ORDER_MULTIPLE * spread > tolerance.max_rel and "max_rel" not in tolerance.fixed:
-        tolerance = replace(tolerance, max_rel=min(ORDER_ONLY, ORDER_MULTIPLE * spread))
+        tolerance = replace(tolerance, max_rel=min(ORDER_ONLY, float(f"{ORDER_MULTIPLE * spread:.2g}")))
         widened = (f" (allowed {tolerance.max_rel:.2g}: {ORDER_MULTIPLE:g}x, at most {ORDER_ONLY:g}, the {spread:.2g} "
                    "that another thread count, which sums in another order, and a reseed change in the original "
                    "on the same batches)")
