@@ -105,6 +105,7 @@ def numerics(result: "Result", options: Options) -> str:
     """What the applied rules do to the numbers, by their kinds, in one line (Fabric's own
     rules keep the math, but the precision they set on Fabric does not)."""
     from accelerate_rewrite.codemod.result import Kind
+    from accelerate_rewrite.rules.fabric._devices import NOT_IN_A_DATA_LOOP
 
     by_kind: dict[Kind, list[str]] = {}
     for note in result.changes:
@@ -126,7 +127,7 @@ def numerics(result: "Result", options: Options) -> str:
     elif options.fabric and options.many_devices and any(n.rule == "AR101" for n in result.changes):
         # the training data is sharded only where a loader of it was set up (AR104): data made by
         # hand (a batchify of tensors) is each process's whole set
-        by_hand = any(n.rule == "AR104" and n.skipped and "not in a loop over data" in n.message
+        by_hand = any(n.rule == "AR104" and n.skipped and NOT_IN_A_DATA_LOOP in n.message
                       for n in result.notes)
         if any(n.rule == "AR104" for n in result.changes) and not by_hand:
             parts.append(f"devices={options.effective_devices}: with several processes each trains on "

@@ -181,6 +181,12 @@ def _exact_problem(original: RunRecord, rewritten: RunRecord, diffs, grad_diffs,
             f"rewrite that keeps the math: --rtol){where}")
 
 
+def _noise_words(noise: dict, precision: Optional[str]) -> tuple[str, str]:
+    """(what the noise run's effect is called, that run in words): a precision's own by default,
+    the several processes' probe where it says (verify/shards.py)."""
+    return noise.get("effect") or str(precision), noise.get("run") or f"the original under {precision} autocast"
+
+
 def _allowed(tolerance: Tolerance, key: str, flag: str, precision: Optional[str],
              noise: Optional[dict]) -> str:
     """Where an approximate tolerance comes from, in words."""
@@ -188,7 +194,7 @@ def _allowed(tolerance: Tolerance, key: str, flag: str, precision: Optional[str]
     if noise is None or key in tolerance.fixed:
         return f"the {value:g} allowed for {precision} ({flag})"
     own = max(noise.get(key) or 0.0, noise.get("mean_rel") or 0.0) if key == "last_rel" else noise.get(key) or 0.0
-    effect, run = noise.get("effect") or precision, noise.get("run") or f"the original under {precision} autocast"
+    effect, run = _noise_words(noise, precision)
     if value <= NOISE_MINIMUM[key] and tolerance.noise_multiple * own < NOISE_MINIMUM[key]:
         return f"the {value:.2g} allowed at least for {effect} ({run} differs by {own:.2e}; {flag})"
     return (f"the {value:.2g} allowed ({tolerance.noise_multiple:g}x the {own:.2e} that {effect} "
@@ -230,7 +236,7 @@ def _approximate_problem(original: RunRecord, rewritten: RunRecord, comparison: 
         ratios = [a / b for a, b in own if a is not None and b]
         grads = (f", gradient norms {mean_grad:.2e} against {noise['grad_rel']:.2e}"
                  if mean_grad is not None and noise.get("grad_rel") is not None else "")
-        effect, run = noise.get("effect") or precision, noise.get("run") or f"the original under {precision} autocast"
+        effect, run = _noise_words(noise, precision)
         own_effect = f"{effect}'s own effect"
         within = (f"within {max(ratios):.1f}x of {own_effect} on this script" if ratios
                   else f"within {own_effect} on this script")

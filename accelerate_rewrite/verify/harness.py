@@ -204,17 +204,8 @@ class Recorder(Hooks, Shards):
             pass
 
     def install(self, torch) -> None:
-        import random
-
         self.torch = torch
-        random.seed(self.seed)
-        torch.manual_seed(self.seed)
-        try:
-            import numpy
-
-            numpy.random.seed(self.seed)
-        except ImportError:
-            pass
+        self._seed_all(self.seed)
         if self.threads:
             torch.set_num_threads(int(self.threads))
         torch.Tensor.backward = self._wrap_backward(torch.Tensor.backward)
@@ -235,6 +226,19 @@ class Recorder(Hooks, Shards):
         self._hook_batch_norm(torch)
         if self.autocast_forward:
             self._hook_forward(torch, getattr(torch, self.autocast_forward))
+
+    def _seed_all(self, seed: int) -> None:
+        """torch, random and numpy seeded (at the start; again in the probe, harness_shards.py)."""
+        import random
+
+        random.seed(seed)
+        self.torch.manual_seed(seed)
+        try:
+            import numpy
+
+            numpy.random.seed(seed)
+        except ImportError:
+            pass
 
     def _wrap_backward(self, fn):
         recorder = self

@@ -156,18 +156,8 @@ class Shards:
         that measures other random draws, everything seeded again after step 1."""
         if self._pass is not None:
             self._pass["steps"] = self._pass.get("steps", 0) + 1
-        if self.reseed is None or steps != 1:
-            return
-        import random
-
-        random.seed(self.reseed)
-        self.torch.manual_seed(self.reseed)
-        try:
-            import numpy
-
-            numpy.random.seed(self.reseed)
-        except ImportError:
-            pass
+        if self.reseed is not None and steps == 1:
+            self._seed_all(self.reseed)
 
     def _shards_record(self) -> dict:
         return {"sampled": self.sampled if self.record_batches else None,

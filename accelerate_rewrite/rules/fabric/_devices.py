@@ -33,6 +33,10 @@ from accelerate_rewrite.rules.base.half import low_casts, strip_half
 from accelerate_rewrite.options import MIXED_PRECISIONS
 from accelerate_rewrite.rules.base.plan import MoveDecision, short
 
+#: what AR104 says of a backward whose batches no loop over a loader gives (report.py reads it:
+#: on several processes, such data is each process's whole set)
+NOT_IN_A_DATA_LOOP = "is not in a loop over data"
+
 
 _SETTINGS = re.compile(r"\b(args|cfg|config|conf|opt|opts|options|hparams|hp|params|flags|settings)\b", re.I)
 
@@ -125,7 +129,7 @@ class Devices:
                 continue  # ``x, y = next(data_iter)``, ``data_iter = iter(train_loader)``
             if loop is None:
                 if o.many_devices:  # synthetic data, a benchmark: nothing to shard, but say so
-                    p.loader_skips.append((site.call, f"`{short(site.call)}` is not in a loop over data: with "
+                    p.loader_skips.append((site.call, f"`{short(site.call)}` {NOT_IN_A_DATA_LOOP}: with "
                                                       f"devices={o.effective_devices} every process trains on "
                                                       "whatever it makes itself (the same data, if it is "
                                                       "seeded alike)"))
