@@ -343,6 +343,39 @@ def _rewrite(
     #: below make the same text of a file again where the rules they add leave it alone
     compat_made: dict[tuple, Optional[Compatible]] = {}
 
+    def made_compatible(unit: Unit, head_code: str, code: str) -> Optional[Compatible]:
+        """The unit's compatible change (codemod/project/compat.py), made once per text."""
+        if not unit.compatible:
+            return None
+        same = unit.printed_as_read  # the view is the file's tree
+        free = unit.free(unit.source, code)
+        key = (unit.index, head_code, free)
+        if key not in compat_made:
+            compat_made[key] = compatible(unit.head, head_code, unit.view if same else None,
+                                          made_trees.get(unit.index), unit.layout if same else None, free=free)
+        return compat_made[key]
+
+    def refused_only(chosen: Sequence[Rule]) -> list[str]:
+        """The problems of ``attempt(chosen)`` that are a file which may not change, and only
+        those: what the bisection below asks where every problem is one. The files that may change
+        (the script) are not made, and no result is checked."""
+        swallowed.clear()
+        edit_sets = [contexts[r.code].edits for r in chosen]
+        if not any(e or e.unused_imports for e in edit_sets):
+            return []
+        found = []
+        for unit in units:
+            if unit.refusal is None:
+                continue
+            head_code = apply_to(unit, edit_sets, None, swallowed)[0]
+            code = head_code + unit.tail
+            if code == unit.source:
+                continue
+            why = unit.refusal(unit.source, code)
+            if why is not None and made_compatible(unit, head_code, code) is None:
+                found.append(why)
+        return found
+
     def attempt(chosen: Sequence[Rule]) -> tuple[list[str], list[str]]:
         splices.clear()
         swallowed.clear()
@@ -365,15 +398,7 @@ def _rewrite(
             why = unit.refusal(unit.source, code) if unit.refusal is not None else None
             if why is None:
                 continue
-            same = unit.printed_as_read  # the view is the file's tree
-            made = None
-            if unit.compatible:  # the same text again (another prefix of the rules): made once
-                free = unit.free(unit.source, code)
-                key = (unit.index, head_code, free)
-                if key not in compat_made:
-                    compat_made[key] = compatible(unit.head, head_code, unit.view if same else None,
-                                                  made_trees.get(unit.index), unit.layout if same else None, free=free)
-                made = compat_made[key]
+            made = made_compatible(unit, head_code, code)  # the same text again (another prefix): made once
             if made is None:
                 refused[unit.index] = why
                 refusals.add(why)
@@ -439,10 +464,12 @@ def _rewrite(
         # edits change it: a shorter prefix that fails otherwise (a rule without those it relies
         # on) is not the cause, and would be named as one
         wanted = set(problems) if set(problems) <= refusals else None
+        # (and then only those files are made: a spelling's refusal may stand for one there)
+        cheap = wanted is not None and spelling is None
         low, high = 1, len(active)
         while low < high:
             middle = (low + high) // 2
-            found = attempt(active[:middle])[1]
+            found = refused_only(active[:middle]) if cheap else attempt(active[:middle])[1]
             tried[middle] = found if wanted is None else [p for p in found if p in wanted]
             if tried[middle]:
                 high = middle

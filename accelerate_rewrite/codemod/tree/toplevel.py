@@ -103,7 +103,7 @@ def python_tree(text: str) -> ast.Module:
     return _python_tree(text)
 
 
-@lru_cache(maxsize=8)  # (its nodes are objects the collector goes through while they are kept)
+@lru_cache(maxsize=32)  # (its nodes are objects the collector goes through while they are kept)
 def _python_tree(text: str) -> ast.Module:
     return ast.parse(text)
 

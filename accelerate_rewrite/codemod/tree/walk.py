@@ -78,7 +78,6 @@ def _token_classes() -> frozenset[type]:
 
 #: the nodes the walks here go past (the module's docstring)
 TOKENS = _token_classes()
-_TOKEN_BASES = tuple(TOKENS)
 
 
 def _tokens_only(annotation: object) -> bool:
@@ -90,7 +89,8 @@ def _tokens_only(annotation: object) -> bool:
     if origin is not None:  # Union, Optional, Sequence
         return all(_tokens_only(a) for a in typing.get_args(annotation))
     if isinstance(annotation, type):
-        return annotation in (type(None), str, cst.MaybeSentinel) or issubclass(annotation, _TOKEN_BASES)
+        # (a token class among its bases: ``issubclass`` with the tokens' ABCs, without their checks)
+        return annotation in (type(None), str, cst.MaybeSentinel) or not TOKENS.isdisjoint(annotation.__mro__)
     return False  # a forward reference: kept
 
 
