@@ -1,0 +1,41 @@
+"""The engine's start, made shorter: ``libcst.matchers`` imported without the docstrings that
+``dataclasses`` writes for its classes that have none (``import_matchers``).
+
+Each of those classes (174 in LibCST 1.9) gets ``Name(value: Union[str, ...] = ...)`` as its
+``__doc__``: ``inspect.signature`` of the class, printed, every annotation of it rendered. That
+is 50-130 ms of every run's start (the command's, the hook's, the cached answer's: every path
+reads the rule registry, whose rules are written with matchers; docs/benchmarks.md). Here such a
+class's ``__doc__`` is its name alone, as ``dataclasses`` writes it where no signature can be
+taken; nothing reads it, and the classes are otherwise LibCST's own.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+class _NoSignatures:
+    """What ``dataclasses`` reads of ``inspect`` (only ``signature``, for the docstring), giving
+    none: ``dataclasses`` then writes the class's name alone."""
+
+    @staticmethod
+    def signature(obj, *args, **kwargs):
+        raise TypeError("no signature: the docstring is the class's name (codemod/tree/startup.py)")
+
+
+def import_matchers() -> None:
+    """``import libcst.matchers``, its classes without docstrings given their names as docstrings,
+    not their signatures printed; where it is imported already, nothing."""
+    if "libcst.matchers" in sys.modules:
+        return
+    import dataclasses
+
+    inspect = getattr(dataclasses, "inspect", None)
+    if inspect is None:  # dataclasses' internals moved: imported as it is
+        import libcst.matchers  # noqa: F401
+        return
+    dataclasses.inspect = _NoSignatures  # type: ignore[attr-defined]
+    try:
+        import libcst.matchers  # noqa: F401
+    finally:
+        dataclasses.inspect = inspect  # type: ignore[attr-defined]
