@@ -954,3 +954,19 @@ def test_a_field_holds_tokens_only_as_issubclass_says():
               and dataclasses.is_dataclass(c) for f in dataclasses.fields(c)]
     assert len(fields) > 500
     assert [_tokens_only(f.type) for f in fields] == [by_issubclass(f.type) for f in fields]
+
+
+def test_node_classes_are_issubclass_without_the_abcs_checks():
+    """codemod/tree/walk.py's ``node_classes``, which the walk's, the scopes' and the positions'
+    tables are made with at each start, is ``issubclass`` over LibCST's classes."""
+    from libcst.metadata import scope_provider
+
+    from accelerate_rewrite.codemod.tree.walk import node_classes
+
+    def by_issubclass(*bases: type) -> frozenset:
+        return frozenset(c for c in vars(cst).values() if isinstance(c, type) and issubclass(c, bases))
+
+    for bases in [(cst.CSTNode,), (cst.BaseCompoundStatement,), (cst.BaseSuite,), (cst.ExceptHandler,),
+                  (cst.BaseExpression, cst.BaseSmallStatement), tuple(scope_provider._ASSIGNMENT_LIKE_NODES)]:
+        assert node_classes(*bases) == by_issubclass(*bases), bases
+    assert len(node_classes(cst.CSTNode)) >= 200

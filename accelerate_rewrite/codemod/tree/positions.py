@@ -15,12 +15,13 @@ from libcst.metadata.position_provider import PositionProvider, PositionProvidin
 
 from accelerate_rewrite.codemod.tree.layout import Layout
 from accelerate_rewrite.codemod.tree.pairing import _HEADERS, Told, _pair
+from accelerate_rewrite.codemod.tree.walk import node_classes
 
 
 def _classes(base: type) -> frozenset[type]:
     """LibCST's node classes that are ``base`` (a set lookup of a node's class is cheaper than
     ``isinstance`` against an abstract class)."""
-    return frozenset(c for c in vars(cst).values() if isinstance(c, type) and issubclass(c, base))
+    return node_classes(base)
 
 
 _COMPOUND = _classes(cst.BaseCompoundStatement)

@@ -19,7 +19,7 @@ from libcst.metadata import scope_provider
 from libcst.metadata.expression_context_provider import ExpressionContext, ExpressionContextVisitor
 from libcst.metadata.scope_provider import ScopeVisitor
 
-from accelerate_rewrite.codemod.tree.walk import LeanVisitor, _children, _reading, _walk
+from accelerate_rewrite.codemod.tree.walk import LeanVisitor, _children, _reading, _walk, node_classes
 
 
 class _Contexts(LeanVisitor, ExpressionContextVisitor):
@@ -32,7 +32,7 @@ def _assignment_like() -> Optional[frozenset[type]]:
     kinds = getattr(scope_provider, "_ASSIGNMENT_LIKE_NODES", None)
     if not isinstance(kinds, tuple):
         return None
-    return frozenset(c for c in vars(cst).values() if isinstance(c, type) and issubclass(c, kinds))
+    return node_classes(*kinds)
 
 
 _ASSIGNMENT_LIKE = _assignment_like()
