@@ -8,6 +8,7 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
+from libcst._nodes.base import CSTCodegenError
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
@@ -62,6 +63,26 @@ def test_code_and_positions_are_libcsts(name, source):
         if node is not module:
             assert mine.get(node) == where, (name, type(node).__name__)
     assert mine.get(module) == theirs[module]
+
+
+@pytest.mark.parametrize("name,source", _sources(), ids=[n for n, _ in _sources()])
+def test_the_plain_code_generation_is_libcsts(name, source):
+    """codemod/tree/printing.py: LibCST's code generation with no context manager per node gives
+    ``Module.code`` and ``code_for_node``, of the module and of every node, in and out of it."""
+    from accelerate_rewrite.codemod.tree.printing import code_for, module_code
+
+    def printed(make, *args):  # the code, or the error (a node that is printed only in its parent)
+        try:
+            return make(*args)
+        except CSTCodegenError as exc:
+            return str(exc)
+
+    module = cst.parse_module(source)
+    assert module_code(module) == module.code
+    empty = cst.Module(body=[])
+    for node in MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider):
+        assert printed(code_for, node, module) == printed(module.code_for_node, node), (name, type(node).__name__)
+        assert printed(code_for, node) == printed(empty.code_for_node, node), (name, type(node).__name__)
 
 
 @pytest.mark.parametrize("name,source", _sources(), ids=[n for n, _ in _sources()])

@@ -19,6 +19,7 @@ from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
 from accelerate_rewrite.codemod.analysis.siblings import look_again
 from accelerate_rewrite.codemod.tree.flow import maybe_unbound
 from accelerate_rewrite.codemod.tree.layout import Splice
+from accelerate_rewrite.codemod.tree.printing import module_code
 from accelerate_rewrite.codemod.result import Kind, Result  # noqa: F401 (plain data: codemod/result.py)
 from accelerate_rewrite.codemod.collector import GC_THRESHOLDS, fewer_collections  # noqa: F401 (benchmarks, tests read them here)
 from accelerate_rewrite.codemod.claims import true_claims
@@ -302,7 +303,7 @@ def _rewrite(
         if splice is None and (unit.aliases or unit.renames):  # printed whole: the kept ones read back too
             back = Realias(unit.aliases, unit.renames)
             new = new.with_changes(body=[back.along(s) if id(s) in unit.layout.statements else s for s in new.body])
-        code = restore(unit.head, unit.roundtrip, splice.code if splice is not None else new.code)
+        code = restore(unit.head, unit.roundtrip, splice.code if splice is not None else module_code(new))
         # the tree whose code the text is, where it is (no alias read back, no line put back)
         made_trees[unit.index] = new if unit.printed_as_read else None
         return code, (splice if unit.roundtrip == unit.head else None)

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Optional
 import libcst as cst
 import libcst.matchers as m
 
+from accelerate_rewrite.codemod.tree.printing import code_for
+
 if TYPE_CHECKING:
     from accelerate_rewrite.codemod.analysis.kinds import Key
     from accelerate_rewrite.codemod.analysis.view import Facts
@@ -54,13 +56,10 @@ def _comments(stmt: cst.CSTNode) -> list[str]:
     return out
 
 
-_EMPTY = cst.Module(body=[])
-
-
 def hints_of(stmt: cst.CSTNode) -> dict[str, Optional[str]]:
     """The hints on ``stmt``'s lines: name -> its value (None for a hint without one)."""
     out: dict[str, Optional[str]] = {}
-    if isinstance(stmt, cst.SimpleStatementLine) and MARK_WORD not in _EMPTY.code_for_node(stmt):
+    if isinstance(stmt, cst.SimpleStatementLine) and MARK_WORD not in code_for(stmt):
         # no comment of the line can hold a hint: its code, every comment in it, is a third of
         # the time of looking for the comments (matchers' findall)
         return out

@@ -45,6 +45,7 @@ from accelerate_rewrite.codemod.edits.imports import (
     NamesRead, blank_line_after, bound_by, plan_imports, plan_unused_imports,
 )
 from accelerate_rewrite.codemod.tree.walk import read_tree
+from accelerate_rewrite.codemod.tree.printing import code_for
 
 Replacement = Callable[[cst.CSTNode], cst.CSTNode]
 Wrapper = Callable[[list[cst.BaseStatement]], cst.BaseCompoundStatement]
@@ -387,7 +388,7 @@ def _squeezed(node: cst.CSTNode) -> str:
     """A node's code without whitespace: what a rebuilt node holds of it, however laid out."""
     if isinstance(node, cst.RemovalSentinel) or node is None:
         return ""
-    return "".join(cst.Module([]).code_for_node(node).split())
+    return "".join(code_for(node).split())
 
 
 def names_read(node: cst.CSTNode) -> frozenset[str]:

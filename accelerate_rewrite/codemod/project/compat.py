@@ -53,6 +53,7 @@ import libcst as cst
 
 from accelerate_rewrite.codemod.project.guards import NAME, chosen, guard, reads_fabric
 from accelerate_rewrite.codemod.tree.parse import parsed_text
+from accelerate_rewrite.codemod.tree.printing import code_for, module_code
 
 #: whether the definition being merged is one no other file reads (``compatible``'s ``free``)
 _FREE: contextvars.ContextVar[bool] = contextvars.ContextVar("free", default=False)
@@ -94,7 +95,7 @@ def _stmt_code(node: cst.CSTNode) -> str:
     if found is None:
         if len(_CODES) >= _CODES_MAX:
             _CODES.clear()
-        found = _CODES[id(node)] = (node, cst.Module(body=[]).code_for_node(node))
+        found = _CODES[id(node)] = (node, code_for(node))
     return found[1]
 
 
@@ -582,5 +583,5 @@ def compatible(old_code: str, new_code: str, old: Optional[cst.Module] = None, n
                     and all(isinstance(b, imports) for b in s.body)), default=-1)
         body[last + 1:last + 1] = added
     out.tree = old.with_changes(body=body)
-    out.code = layout.code_of(out.tree) if layout is not None and layout.module is old else out.tree.code
+    out.code = layout.code_of(out.tree) if layout is not None and layout.module is old else module_code(out.tree)
     return out

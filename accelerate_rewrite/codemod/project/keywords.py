@@ -13,6 +13,7 @@ import libcst as cst
 from accelerate_rewrite.codemod.analysis.syntax import code
 from accelerate_rewrite.codemod.project.compat import NAME, Taken
 from accelerate_rewrite.codemod.tree.parse import parsed_text
+from accelerate_rewrite.codemod.tree.printing import module_code
 from accelerate_rewrite.codemod.tree.walk import Along
 
 
@@ -98,5 +99,5 @@ def calls_by_keyword(text: str, calls: dict[str, Taken], tree: Optional[cst.Modu
     if not visitor.changed:
         return text
     new = module.with_changes(body=body)
-    return layout.code_of(new) if known else new.code
+    return layout.code_of(new) if known else module_code(new)
 

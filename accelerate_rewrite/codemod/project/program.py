@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 import libcst as cst
 
 from accelerate_rewrite.codemod.tree.layout import Layout
+from accelerate_rewrite.codemod.tree.printing import module_code
 from accelerate_rewrite.codemod.tree.toplevel import python_tree
 from accelerate_rewrite.codemod.project.names import (
     _Dealias,
@@ -140,12 +141,25 @@ class Project:
         return locate
 
 
+#: a module's text (``head``) -> its text without its main block: each program of a repository
+#: that follows the module asks, and each statement that imports it (``accelerate-rewrite .``)
+_MAINLESS: dict[str, str] = {}
+_MAINLESS_MAX = 64
+
+
 def _without_main(module: cst.Module, head: str) -> str:
     """A module's text as importing it runs it: without its ``if __name__ == "__main__":``
-    block (what it does when run as a script of its own)."""
+    block (what it does when run as a script of its own). ``module``: LibCST's parse of
+    ``head``."""
     if not any(is_main_guard(stmt) for stmt in module.body):
         return head
-    return module.with_changes(body=[stmt for stmt in module.body if not is_main_guard(stmt)]).code
+    found = _MAINLESS.get(head)
+    if found is None:
+        if len(_MAINLESS) >= _MAINLESS_MAX:
+            _MAINLESS.pop(next(iter(_MAINLESS)))
+        found = _MAINLESS[head] = module_code(module.with_changes(
+            body=[stmt for stmt in module.body if not is_main_guard(stmt)]))
+    return found
 
 
 def build(path: str, head: str, module: cst.Module, source: str,

@@ -15,6 +15,7 @@ from typing import Optional
 import libcst as cst
 
 from accelerate_rewrite.codemod.tree.toplevel import python_tree
+from accelerate_rewrite.codemod.tree.printing import code_for
 from accelerate_rewrite.codemod.analysis.siblings import _file, relative_base
 
 
@@ -37,7 +38,7 @@ class _Target:
 
 
 def _dotted(node: cst.BaseExpression) -> str:
-    return cst.Module(body=[]).code_for_node(node)
+    return code_for(node)
 
 
 def _targets(stmt: cst.CSTNode, file: Optional[Path], package: str, folders: list[Path]

@@ -24,6 +24,7 @@ import libcst as cst
 from libcst._nodes.internal import CodegenState
 
 from accelerate_rewrite.codemod.tree.pairing import Told, _pair
+from accelerate_rewrite.codemod.tree.printing import PlainState, code_for, module_code
 from accelerate_rewrite.codemod.tree.toplevel import KEPT_TREE_LINES, line_list, python_tree
 from accelerate_rewrite.codemod.tree.toplevel import statements as python_statements
 
@@ -69,13 +70,13 @@ class Layout:
             if "statements" not in self.__dict__:
                 self._build()
             if name == "code" and "code" not in self.__dict__:
-                self.code = self.module.code  # not its pieces joined: printed whole, when asked
+                self.code = module_code(self.module)  # not its pieces joined: printed whole, when asked
             return self.__dict__[name]
         raise AttributeError(name)
 
     def _build(self) -> None:
         module = self.module
-        state = CodegenState(default_indent=module.default_indent, default_newline=module.default_newline)
+        state = PlainState(default_indent=module.default_indent, default_newline=module.default_newline)
         for line in module.header:
             line._codegen(state)
         self.header = "".join(state.tokens)
@@ -158,7 +159,7 @@ class Layout:
             code = "".join(lines[a - 1:b - 1])
             if _may_print_otherwise(code):  # as LibCST prints it, if it prints it
                 # otherwise in as many lines
-                printed = module.code_for_node(node)
+                printed = code_for(node, module)
                 if printed != code and _lines_in([printed]) != b - a:
                     return False
                 if printed != code:
@@ -207,7 +208,7 @@ class Layout:
         """``new.code``, for a module made from this one (the edits applied): the statements it
         keeps as they were are not generated again."""
         splice = self.splice(new)
-        return splice.code if splice is not None else new.code
+        return splice.code if splice is not None else module_code(new)
 
     def splice(self, new: cst.Module) -> Optional["Splice"]:
         """``new`` as this module's statements, some kept and some new (``Splice``); None where
@@ -244,18 +245,18 @@ class Layout:
         statements on the way to what changed."""
         if old is None or type(old) is not type(stmt) or not isinstance(getattr(stmt, "body", None), cst.IndentedBlock) \
                 or id(old) not in self.python_at:
-            return new.code_for_node(stmt)
+            return code_for(stmt, new)
         told: dict[int, Told] = {}
         whole = self.python_body()
         at = self.python_at[id(old)]
         if whole is None or not _pair([old], whole[at:at + 1], 0, told):
-            return new.code_for_node(stmt)
+            return code_for(stmt, new)
         kept: list[str] = []
         marked = self._marked(stmt, old, told, kept, self._text_lines,
                               self.statements[id(old)][1] + self.heights[id(old)])
         if not kept:
-            return new.code_for_node(stmt)
-        return _put_back(new.code_for_node(marked), kept, new.default_newline) or new.code_for_node(stmt)
+            return code_for(stmt, new)
+        return _put_back(code_for(marked, new), kept, new.default_newline) or code_for(stmt, new)
 
     def _marked(self, stmt, old, told: dict[int, Told], kept: list[str], lines: list[str], end: Optional[int]):
         """``stmt`` with each inner statement of its body that ``old``'s body has as it is (and

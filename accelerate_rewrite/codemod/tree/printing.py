@@ -1,0 +1,45 @@
+"""A node's code, LibCST's own code generation without a context manager made for each node
+(``code_for``, ``module_code``).
+
+LibCST's ``CodegenState.record_syntactic_position`` is a generator-made context manager that
+records nothing (the position providers' states record there); every node's code generation
+enters one, a fifth of printing a statement. ``PlainState`` is LibCST's state with one shared
+context that does nothing instead: the same tokens, in the same order (tests/test_layout.py
+compares ``code_for`` with ``Module.code_for_node`` on every fixture). The rewrite prints a
+module's changed statements at every attempt, and a repository's programs print their shared
+modules' statements again (docs/benchmarks.md, issue 62).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Optional
+
+import libcst as cst
+from libcst._nodes.internal import CodegenState
+
+_NOTHING = nullcontext()
+
+
+class PlainState(CodegenState):
+    """LibCST's CodegenState whose positions (which it records none of) cost no context
+    manager per node."""
+
+    def record_syntactic_position(self, node, *, start_node=None, end_node=None):  # noqa: ARG002
+        return _NOTHING
+
+
+_EMPTY = cst.Module(body=[])
+
+
+def code_for(node: cst.CSTNode, module: Optional[cst.Module] = None) -> str:
+    """``module.code_for_node(node)`` (by default an empty module's: four spaces, ``\\n``)."""
+    module = module if module is not None else _EMPTY
+    state = PlainState(default_indent=module.default_indent, default_newline=module.default_newline)
+    node._codegen(state)
+    return "".join(state.tokens)
+
+
+def module_code(module: cst.Module) -> str:
+    """``module.code``."""
+    return code_for(module, module)
