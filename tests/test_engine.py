@@ -566,9 +566,18 @@ def test_the_engine_imports_libcst_matchers_without_printing_their_signatures():
     """codemod/tree/startup.py: the engine's first import of libcst.matchers leaves the classes
     that have no docstring with their names as one (not ``inspect.signature`` printed: 50-130 ms
     of every start), gives ``dataclasses`` its ``inspect`` back, and the matchers match as ever."""
+    for way_in in ("accelerate_rewrite.api", "accelerate_rewrite.rules"):  # the engine, the rule registry
+        _matchers_imported_by(way_in)
+    # the cache's answer imports neither (tests/test_cache.py): the engine's package does not either
+    done = subprocess.run([sys.executable, "-c", "import sys, accelerate_rewrite.codemod.files.paths\n"
+                           "assert 'libcst' not in sys.modules"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def _matchers_imported_by(way_in: str) -> None:
     probe = (
         "import dataclasses, inspect\n"
-        "import accelerate_rewrite.codemod\n"
+        f"import {way_in}\n"
         "import libcst as cst, libcst.matchers as m\n"
         "assert dataclasses.inspect is inspect\n"
         "assert m.Name.__doc__ == 'Name' and m.Call.__doc__ == 'Call', (m.Name.__doc__, m.Call.__doc__)\n"

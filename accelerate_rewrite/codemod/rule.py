@@ -9,7 +9,11 @@ from typing import TYPE_CHECKING, ClassVar, Optional
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.edits.edit_set import EditSet
+from accelerate_rewrite.codemod.tree.startup import import_matchers
+
+import_matchers()  # before the rules' first import of them (codemod/tree/startup.py)
+
+from accelerate_rewrite.codemod.edits.edit_set import EditSet  # noqa: E402
 from accelerate_rewrite.codemod.result import Kind, Note  # noqa: F401 (their home is codemod/result.py)
 from accelerate_rewrite.options import Options
 

@@ -1,12 +1,13 @@
 """The engine's start, made shorter: ``libcst.matchers`` imported without the docstrings that
-``dataclasses`` writes for its classes that have none (``import_matchers``).
+``dataclasses`` writes for its classes that have none (``import_matchers``, called by the two
+ways into the engine, codemod/engine.py and codemod/rule.py, before anything else of theirs).
 
 Each of those classes (174 in LibCST 1.9) gets ``Name(value: Union[str, ...] = ...)`` as its
 ``__doc__``: ``inspect.signature`` of the class, printed, every annotation of it rendered. That
-is 50-130 ms of every run's start (the command's, the hook's, the cached answer's: every path
-reads the rule registry, whose rules are written with matchers; docs/benchmarks.md). Here such a
-class's ``__doc__`` is its name alone, as ``dataclasses`` writes it where no signature can be
-taken; nothing reads it, and the classes are otherwise LibCST's own.
+is 50-130 ms of the start of every run that rewrites (docs/benchmarks.md; the cache's answer
+imports neither LibCST nor the rules). Here such a class's ``__doc__`` is its name alone, as
+``dataclasses`` writes it where no signature can be taken; nothing reads it, and the classes
+are otherwise LibCST's own.
 """
 
 from __future__ import annotations
