@@ -103,7 +103,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             ours, theirs = (statistics.median(times[key][k]) for k in ("ours", "torchfix"))
             files, lines = python_files(root)
             rows.append({"repo": key, "files": files, "lines": lines, "ours": ours, "torchfix": theirs,
-                         "ratio": theirs / ours if ours else None})
+                         "ratio": theirs / ours if ours else None, "rounds": times[key]})
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     total_ours = sum(r["ours"] for r in rows)
