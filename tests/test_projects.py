@@ -654,6 +654,31 @@ def test_each_file_of_a_project_is_parsed_once(tmp_path, monkeypatch):
     assert alone in parsed and len(parsed) == len(set(parsed))
 
 
+def test_a_script_read_again_as_a_module_of_another_program_is_parsed_once(tmp_path, monkeypatch):
+    """A script of a repository that another script's program imports (DINO's main_dino.py, which
+    run_with_submitit.py imports) is parsed once for both rewrites: its own, and the other's."""
+    import libcst
+
+    from accelerate_rewrite.codemod import engine, reading
+
+    root = _engine_driver(tmp_path)
+    module = root / "engine.py"
+    module.write_text(module.read_text(encoding="utf-8") + '\n\nif __name__ == "__main__":\n    print("a demo")\n',
+                      encoding="utf-8")
+    engine._analyse.cache_clear()
+    engine._parsed.cache_clear()
+    reading._module_read.cache_clear()
+    parsed: list[str] = []
+    real = libcst.parse_module
+    monkeypatch.setattr(libcst, "parse_module", lambda text, *a, **k: parsed.append(text) or real(text, *a, **k))
+    own = module.read_text(encoding="utf-8")
+    rewrite(own, Options.create(), path=str(module), scope=Scope(follow=True))
+    script = root / "train.py"
+    result = rewrite(script.read_text(encoding="utf-8"), Options.create(), path=str(script), scope=Scope(follow=True))
+    assert any(m.path.endswith("engine.py") for m in result.members)  # read as a module of train.py's program
+    assert parsed.count(own) == 1
+
+
 def test_the_files_importing_a_module_are_found_whatever_the_spelling(tmp_path):
     """importers.importers: a file counts where it imports the module (``import utils``, ``from
     .utils import x``, ``from . import utils``, through a package, or through another file that

@@ -17,7 +17,7 @@ from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
 from accelerate_rewrite.codemod.analysis.words import TRAINING_WORDS
 from accelerate_rewrite.codemod.edits.preserve import split_tail
 from accelerate_rewrite.codemod.project.program import Project, Scope, build, candidates
-from accelerate_rewrite.codemod.tree.parse import parse_module
+from accelerate_rewrite.codemod.tree.parse import parsed_text
 
 
 class RewriteError(Exception):
@@ -32,13 +32,12 @@ def _analyse(source: str, folder: Optional[Path] = None) -> ScriptFacts:
     return ScriptFacts(_parsed(source), folder, fresh=True, text=source)  # no copy of a new tree
 
 
-@lru_cache(maxsize=2)
-def _parsed(text: str) -> cst.Module:
-    """LibCST's parse of the text (in pieces where it is long: codemod/tree/parse.py), kept for the
-    next parse of the same text: the script is parsed to look for its project's modules and then
-    for its facts, and a project may read a module twice (a tree is never changed, only read and
-    rebuilt)."""
-    return parse_module(text)
+#: LibCST's parse of a text (in pieces where it is long), kept for the next parse of the same
+#: text (codemod/tree/parse.py's ``parsed_text``, which the compatible change reads too): the script
+#: is parsed to look for its project's modules and then for its facts, a project may read a
+#: module twice, and a script of a repository is read again as a module of another's program
+#: (DINO's main_dino.py in run_with_submitit.py's; a tree is never changed, only read and rebuilt)
+_parsed = parsed_text
 
 
 def _folder(path: str) -> Optional[Path]:
@@ -84,7 +83,7 @@ def _module_read(text: str) -> Optional[tuple[str, str, str, cst.Module]]:
     (``accelerate-rewrite .``) share their modules, each read once (a tree is never changed,
     only read and rebuilt)."""
     try:
-        module, head, tail = _parse(text, "<module>", make=parse_module)
+        module, head, tail = _parse(text, "<module>", make=parsed_text)
     except RewriteError:
         return None
     return text, head, tail, module

@@ -77,12 +77,13 @@ def parse_module(text: str, piece_lines: int = PIECE_LINES) -> cst.Module:
         return _parse_module(text, piece_lines)
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=64)
 def parsed_text(text: str) -> cst.Module:
     """``parse_module(text)``, kept for the next reader of the same text: a tree is never changed,
     only read and rebuilt. The compatible change and the keyword calls (codemod/project/) read a
-    module's text at every attempt of a rewrite, and a repository's entry points the same
-    modules' texts again."""
+    module's text at every attempt of a rewrite, a repository's entry points the same modules'
+    texts again, and a script is read again as a module of another's program
+    (codemod/reading.py)."""
     return parse_module(text)
 
 
