@@ -13,11 +13,9 @@ import re
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.tree.startup import import_matchers
-
-import_matchers()  # before the engine's first import of them (codemod/tree/startup.py)
-
-from accelerate_rewrite.codemod.checks import check  # noqa: E402
+# first: libcst.matchers imported without the docstrings it would print (codemod/tree/startup.py)
+import accelerate_rewrite.codemod.tree.startup  # noqa: F401
+from accelerate_rewrite.codemod.checks import check
 from accelerate_rewrite.codemod.edits.edit_set import apply_edits
 from accelerate_rewrite.codemod.analysis.facts import ScriptFacts
 from accelerate_rewrite.codemod.analysis.siblings import look_again

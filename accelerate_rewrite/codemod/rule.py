@@ -9,11 +9,9 @@ from typing import TYPE_CHECKING, ClassVar, Optional
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.tree.startup import import_matchers
-
-import_matchers()  # before the rules' first import of them (codemod/tree/startup.py)
-
-from accelerate_rewrite.codemod.edits.edit_set import EditSet  # noqa: E402
+# first: libcst.matchers imported without the docstrings it would print (codemod/tree/startup.py)
+import accelerate_rewrite.codemod.tree.startup  # noqa: F401
+from accelerate_rewrite.codemod.edits.edit_set import EditSet
 from accelerate_rewrite.codemod.result import Kind, Note  # noqa: F401 (their home is codemod/result.py)
 from accelerate_rewrite.options import Options
 

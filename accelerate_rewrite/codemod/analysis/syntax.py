@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Optional, Union
 
 import libcst as cst
 import libcst.matchers as m
+
 from accelerate_rewrite.codemod.tree.printing import code_for
 
 if TYPE_CHECKING:

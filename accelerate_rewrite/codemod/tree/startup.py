@@ -1,6 +1,6 @@
 """The engine's start, made shorter: ``libcst.matchers`` imported without the docstrings that
-``dataclasses`` writes for its classes that have none (``import_matchers``, called by the two
-ways into the engine, codemod/engine.py and codemod/rule.py, before anything else of theirs).
+``dataclasses`` writes for its classes that have none (``import_matchers``, on this module's
+import: the two ways into the engine, codemod/engine.py and codemod/rule.py, import it first).
 
 Each of those classes (174 in LibCST 1.9) gets ``Name(value: Union[str, ...] = ...)`` as its
 ``__doc__``: ``inspect.signature`` of the class, printed, every annotation of it rendered. That
@@ -40,3 +40,6 @@ def import_matchers() -> None:
         import libcst.matchers  # noqa: F401
     finally:
         dataclasses.inspect = inspect  # type: ignore[attr-defined]
+
+
+import_matchers()
