@@ -228,3 +228,21 @@ def test_a_result_reading_only_what_the_input_read_unbound_needs_no_scope_analys
     # without the input's text, as before: LibCST's analysis of every such result
     assert checks.check({"Generator": 4}, kept) == []
     assert parsed[-1] == kept
+
+
+def test_the_parses_kept_are_bounded_and_the_newest_is_always_kept(monkeypatch):
+    """codemod/tree/parse.py's ``parsed_text``: the same tree for the same text while it is kept;
+    the oldest go first past ``KEPT_TEXTS`` texts or ``KEPT_CHARACTERS`` characters, and the
+    newest stays whatever its length (a long script's rewrite asks for it twice)."""
+    monkeypatch.setattr(parse, "KEPT_TEXTS", 3)
+    monkeypatch.setattr(parse, "KEPT_CHARACTERS", 100)
+    parse.parsed_text.cache_clear()
+    texts = [f"x{i} = {i}\n" for i in range(4)]
+    trees = [parse.parsed_text(t) for t in texts]
+    assert list(parse._KEPT) == texts[1:]  # three kept, the oldest gone
+    assert parse.parsed_text(texts[3]) is trees[3] and parse.parsed_text(texts[0]) is not trees[0]
+    long = "y = 1\n" * 40  # 240 characters: past the bound alone
+    tree = parse.parsed_text(long)
+    assert list(parse._KEPT) == [long] and parse.parsed_text(long) is tree
+    parse.parsed_text.cache_clear()
+    assert not parse._KEPT

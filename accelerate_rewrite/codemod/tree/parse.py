@@ -24,7 +24,6 @@ errors are LibCST's own."""
 from __future__ import annotations
 
 from contextlib import contextmanager
-from functools import lru_cache
 from typing import Iterator, NamedTuple, Optional
 
 import libcst as cst
@@ -77,14 +76,33 @@ def parse_module(text: str, piece_lines: int = PIECE_LINES) -> cst.Module:
         return _parse_module(text, piece_lines)
 
 
-@lru_cache(maxsize=64)
+#: the texts ``parsed_text`` keeps the trees of (the oldest go first), and the most characters
+#: of them kept together (about 50k lines: a tree takes about 200 bytes a character; the newest
+#: is kept whatever its length: the rewrite of a long script asks for it twice)
+KEPT_TEXTS = 64
+KEPT_CHARACTERS = 2_000_000
+_KEPT: dict[str, cst.Module] = {}
+
+
 def parsed_text(text: str) -> cst.Module:
     """``parse_module(text)``, kept for the next reader of the same text: a tree is never changed,
-    only read and rebuilt. The compatible change and the keyword calls (codemod/project/) read a
-    module's text at every attempt of a rewrite, a repository's entry points the same modules'
-    texts again, and a script is read again as a module of another's program
-    (codemod/reading.py)."""
-    return parse_module(text)
+    only read and rebuilt. A script is parsed to look for its project's modules and then for its
+    facts, and read again as a module of another's program (codemod/reading.py); the compatible
+    change and the keyword calls (codemod/project/) read a module's text at every attempt of a
+    rewrite, and a repository's entry points the same modules' texts again."""
+    found = _KEPT.pop(text, None)
+    if found is None:
+        found = parse_module(text)
+    _KEPT[text] = found  # the newest last
+    total = sum(map(len, _KEPT))
+    while len(_KEPT) > 1 and (len(_KEPT) > KEPT_TEXTS or total > KEPT_CHARACTERS):
+        oldest = next(iter(_KEPT))
+        total -= len(oldest)
+        del _KEPT[oldest]
+    return found
+
+
+parsed_text.cache_clear = _KEPT.clear  # type: ignore[attr-defined]  (as an lru_cache's)
 
 
 def _parse_module(text: str, piece_lines: int) -> cst.Module:
