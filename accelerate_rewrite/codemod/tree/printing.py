@@ -3,7 +3,7 @@
 
 LibCST's ``CodegenState.record_syntactic_position`` is a generator-made context manager that
 records nothing (the position providers' states record there); every node's code generation
-enters one, a fifth of printing a statement. ``PlainState`` is LibCST's state with one shared
+enters one, about a third of printing a module (dino's utils.py: 26 ms, 18 without). ``PlainState`` is LibCST's state with one shared
 context that does nothing instead: the same tokens, in the same order (tests/test_layout.py
 compares ``code_for`` with ``Module.code_for_node`` on every fixture). The rewrite prints a
 module's changed statements at every attempt, and a repository's programs print their shared
