@@ -636,7 +636,7 @@ def test_each_file_of_a_project_is_parsed_once(tmp_path, monkeypatch):
     for text in (path.read_text(encoding="utf-8"), _whole(path.read_text(encoding="utf-8"))):
         engine._analyse.cache_clear()
         engine._parsed.cache_clear()
-        reading._module_read.cache_clear()  # the modules' parses kept across rewrites
+        reading._module_split.cache_clear()  # the modules' parses kept across rewrites
         parsed.clear()
         result = rewrite(text, Options.create(), path=str(path), scope=Scope(follow=True))
         assert result.changed and result.members
@@ -648,7 +648,7 @@ def test_each_file_of_a_project_is_parsed_once(tmp_path, monkeypatch):
     alone = "import helper\n" + (FIXTURES / "module_loop" / "input.py").read_text(encoding="utf-8")
     engine._analyse.cache_clear()
     engine._parsed.cache_clear()
-    reading._module_read.cache_clear()
+    reading._module_split.cache_clear()
     parsed.clear()
     assert rewrite(alone, Options.create(), path=str(solo / "train.py"), scope=Scope(follow=True)).changed
     assert alone in parsed and len(parsed) == len(set(parsed))
@@ -667,7 +667,7 @@ def test_a_script_read_again_as_a_module_of_another_program_is_parsed_once(tmp_p
                       encoding="utf-8")
     engine._analyse.cache_clear()
     engine._parsed.cache_clear()
-    reading._module_read.cache_clear()
+    reading._module_split.cache_clear()
     parsed: list[str] = []
     real = libcst.parse_module
     monkeypatch.setattr(libcst, "parse_module", lambda text, *a, **k: parsed.append(text) or real(text, *a, **k))

@@ -76,17 +76,26 @@ def _parse(source: str, path: str, make=None):
         ) from None
 
 
-@lru_cache(maxsize=64)
 def _module_read(text: str) -> Optional[tuple[str, str, str, cst.Module]]:
     """A module of the project, parsed: (text, head, tail, tree), or None where it can't be
-    read. Kept for the next program that imports the same text: the entry points of a repository
-    (``accelerate-rewrite .``) share their modules, each read once (a tree is never changed,
-    only read and rebuilt)."""
+    read. The entry points of a repository (``accelerate-rewrite .``) share their modules: the
+    tree is ``parsed_text``'s, kept (and bounded) there, and what the text splits into is kept
+    here (a text LibCST can't read whole is not tried again)."""
+    split = _module_split(text)
+    if split is None:
+        return None
+    head, tail = split
+    return text, head, tail, parsed_text(head)
+
+
+@lru_cache(maxsize=64)
+def _module_split(text: str) -> Optional[tuple[str, str]]:
+    """(head, tail) of a module's text (``_parse``), or None where it can't be read."""
     try:
-        module, head, tail = _parse(text, "<module>", make=parsed_text)
+        _, head, tail = _parse(text, "<module>", make=parsed_text)
     except RewriteError:
         return None
-    return text, head, tail, module
+    return head, tail
 
 
 def _project(source: str, path: str, scope: Scope, sources: Optional[dict[str, str]],
