@@ -167,15 +167,16 @@ import sys
 import torch
 
 
-def abort():
-    sys.stderr.write("terminate called without an active exception\\n")
+def abort(report=0):  # (a report: the launcher's lines of it, in place of the message)
+    sys.stderr.write("a launcher's report of the abort\\n" * report if report
+                     else "terminate called without an active exception\\n")
     sys.stderr.flush()
     os.abort()
 
 
 class AbortAtExit:
     def __del__(self):  # module globals are cleared at shutdown, after the atexit hooks
-        abort()
+        abort({report} if os.environ["RANK"] == "0" else 0)
 
 
 if "RANK" not in os.environ:
@@ -198,7 +199,7 @@ at_exit = AbortAtExit()
 
 
 def test_a_gloo_abort_after_every_process_finished_is_a_note_not_a_failure(work):
-    record = run_script(_script(work, "aborts.py", ABORTS.format(during=False)), label="rewritten",
+    record = run_script(_script(work, "aborts.py", ABORTS.format(during=False, report=0)), label="rewritten",
                         max_steps=10, timeout=120)
     assert record.exit_code == -6 and record.world_size == 2 and len(record.losses) == 3
     assert record.error is None
@@ -206,8 +207,19 @@ def test_a_gloo_abort_after_every_process_finished_is_a_note_not_a_failure(work)
                                        "finished the script: torch's gloo backend aborted it")
 
 
+def test_a_gloo_abort_at_exit_is_found_above_a_launchers_long_report(work):
+    """torchrun reports a process's abort in about 40 lines of its own (its traceback, then the
+    failures' table), after the abort's message: the message is looked for in the whole output,
+    not in its last lines only (a verify on 2 processes failed so under load)."""
+    record = run_script(_script(work, "aborts.py", ABORTS.format(during=False, report=60)), label="rewritten",
+                        max_steps=10, timeout=120)
+    assert "terminate called" not in record.output_tail
+    assert record.error is None
+    assert record.exit_note.startswith("the rewritten run exited with code -6 after every process had ")
+
+
 def test_an_abort_before_the_script_finished_stays_a_failure(work):
-    record = run_script(_script(work, "aborts.py", ABORTS.format(during=True)), label="rewritten",
+    record = run_script(_script(work, "aborts.py", ABORTS.format(during=True, report=0)), label="rewritten",
                         max_steps=10, timeout=120)
     assert record.exit_note is None
     assert "terminate called without an active exception" in record.error

@@ -118,6 +118,8 @@ class RunRecord:
     output_tail: str = ""
     #: every rank's process reached its exit hook (the script itself had finished)
     all_ranks_exited: bool = False
+    #: the run's output holds torch's gloo abort at exit (``GLOO_EXIT_ABORT``)
+    gloo_exit_abort: bool = False
     #: why a non-zero exit code was not taken for a failure (a process aborted after finishing)
     exit_note: Optional[str] = None
     #: per step, the half dtypes found in the autograd graph of its losses (None: not traced)
@@ -488,7 +490,10 @@ def run_script(
                 raise
             finally:
                 _stop_watcher(watcher)
-        record.output_tail = _tail(log.read_text(errors="replace"), 40)
+        logged = log.read_text(errors="replace")
+        record.output_tail = _tail(logged, 40)
+        # (anywhere in the log: torchrun's own report of the abort, 40 lines, comes after it)
+        record.gloo_exit_abort = GLOO_EXIT_ABORT in logged
         _merge(record, out_dir)
         if record.timed_out:
             made = f", after {len(record.losses)} optimizer step(s)" if record.losses else \
@@ -522,7 +527,7 @@ def torchrun(python: str, processes: int) -> list[str]:
 def _aborted_after_finishing(record: RunRecord) -> bool:
     """A run of several processes, each of which finished the script without an error, that died
     of torch's gloo abort at exit (see ``GLOO_EXIT_ABORT``)."""
-    return record.world_size > 1 and record.all_ranks_exited and GLOO_EXIT_ABORT in record.output_tail
+    return record.world_size > 1 and record.all_ranks_exited and record.gloo_exit_abort
 
 
 def _merge(record: RunRecord, out_dir: Path) -> None:
