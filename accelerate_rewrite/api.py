@@ -14,12 +14,17 @@ from accelerate_rewrite.codemod.reading import RewriteError  # noqa: F401 (impor
 from accelerate_rewrite.codemod.rule import Rule
 from accelerate_rewrite.options import Options
 from accelerate_rewrite.rules import ALL_RULES, BY_CODE
-from accelerate_rewrite.rules.accelerate.spelling import SPELLING
 
 
 def rewrite(source: str, options: Options, *, rules: Optional[Sequence[Rule]] = None, **kwargs) -> Result:
     """``codemod.engine.rewrite`` with the rules given (default: all of them) and the registry
     of every rule as its catalogue; ``kwargs``: path, check_idempotence, scope, sources. With
-    ``--backend accelerate`` the result is spelled in Accelerate's API (rules/accelerate/spelling.py)."""
+    ``--backend accelerate`` the result is spelled in Accelerate's API (rules/accelerate/spelling.py),
+    imported only then: it brings ``libcst.codemod`` (for ``AddImportsVisitor``), whose package
+    imports its command line's ``concurrent.futures`` and ``multiprocessing`` and its tests'
+    ``unittest``, a tenth of a second that a Fabric run does not need."""
+    spelling = None
+    if options.accelerate:
+        from accelerate_rewrite.rules.accelerate.spelling import SPELLING as spelling
     return engine.rewrite(source, options, rules=ALL_RULES if rules is None else rules, catalogue=BY_CODE,
-                          spelling=SPELLING if options.accelerate else None, **kwargs)
+                          spelling=spelling, **kwargs)

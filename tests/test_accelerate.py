@@ -280,6 +280,7 @@ def _two_ways(name: str, tmp_path, original_start: list, args: list, runs: int =
     return out
 
 
+@pytest.mark.slow  # (a second of its kind: out of CI's 15 minutes)
 @pytest.mark.runs
 def test_a_train_function_with_evaluation_on_two_processes(tmp_path):
     """imagenet_style (train and validate functions, best-model checkpoints): with ``--lr 0`` the
@@ -847,6 +848,7 @@ def test_transformer_engine_is_accelerate_s_fp8():
     assert 'accelerator = Accelerator(mixed_precision="fp8")' in out
 
 
+@pytest.mark.slow  # (a second of its kind: out of CI's 15 minutes)
 @pytest.mark.runs
 def test_tune_measures_accelerate_candidates_as_fabric_s(tmp_path, monkeypatch):
     """``tune --try "--backend accelerate ..."``: each candidate rewritten and verified as

@@ -1292,6 +1292,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # (a second of its kind: out of CI's 15 minutes)
 @pytest.mark.runs
 def test_timm_s_start_and_a_dict_of_loaders_run_on_two_processes_each_on_its_shard(tmp_path):
     """The rewrite (``--devices 2 --accelerator cpu``) runs as 2 gloo processes on CPU where the

@@ -69,6 +69,7 @@ def test_a_hand_written_download_runs_on_rank_zero_then_a_barrier():
 import pytest  # noqa: E402
 
 
+@pytest.mark.slow  # (a second of its kind: out of CI's 15 minutes)
 @pytest.mark.runs
 def test_a_script_that_downloads_its_data_runs_on_two_processes_from_a_fresh_folder_five_times(tmp_path):
     """own_download on 2 gloo processes (Fabric's launcher), each run in a folder of its own

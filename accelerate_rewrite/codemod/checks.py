@@ -258,8 +258,10 @@ def _exhaustive_chain(source: str, after: int, indent: int, name: str) -> bool:
     ...`` with ``choices=['lars', 'adamw']``): some branch always runs."""
     import ast
 
+    from accelerate_rewrite.codemod.tree.toplevel import python_tree
+
     try:
-        tree = ast.parse(source)
+        tree = python_tree(source)  # (the input's tree, shared: read only)
     except (SyntaxError, ValueError):
         return False
     chain = _chain_before(tree, source, after, indent)
@@ -329,8 +331,10 @@ def _fails_alike(source: str, old_lines: list[str], after: int, indent: int, nam
     fails at that read, loudly, before training starts, as the rewrite would."""
     import ast
 
+    from accelerate_rewrite.codemod.tree.toplevel import python_tree
+
     try:
-        tree = ast.parse(source)
+        tree = python_tree(source)  # (the input's tree, shared: read only)
     except (SyntaxError, ValueError):
         return False
     # the last ``if`` at this indentation before the inserted line, in its block

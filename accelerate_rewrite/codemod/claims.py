@@ -24,6 +24,7 @@ import re
 from typing import Optional, Sequence
 
 from accelerate_rewrite.codemod.result import Note
+from accelerate_rewrite.codemod.tree.toplevel import python_tree
 
 #: "removed `X`" and "`X` became `Y`", as the rules write them (``short``: maybe cut with "...")
 _REMOVED = re.compile(r"^removed `")
@@ -46,8 +47,8 @@ def true_claims(notes: Sequence[Note], source: str, output: str) -> list[Note]:
     if not kept:
         return list(notes)
     try:
-        spans = _statement_spans(ast.parse(source))
-        without = _without_fabric(ast.parse(output)) if _GUARDED.search(output) else []
+        spans = _statement_spans(python_tree(source))  # (the trees the checks read: parsed once)
+        without = _without_fabric(python_tree(output)) if _GUARDED.search(output) else []
     except (SyntaxError, ValueError):
         return list(notes)
     false = set()

@@ -170,7 +170,10 @@ def _mask(source: str, magics: list[str], path: str, number: int) -> tuple[list[
 def read(text: str, path: str) -> Program:
     nbformat = require()
     try:
-        nb = nbformat.reads(text, as_version=nbformat.NO_CONVERT)
+        # nbformat's reader, as ``nbformat.reads(text, NO_CONVERT)`` reads, without its validation
+        # against the schema, which only logs what it finds (nothing here reads that) and first
+        # compiles the schema (fastjsonschema): a quarter of a notebook's cost (docs/benchmarks.md)
+        nb = nbformat.reader.reads(text)
     except Exception as exc:  # nbformat raises several kinds (JSON, validation, version)
         raise NotebookError(f"{path}: not a notebook nbformat can read ({type(exc).__name__}: {exc})") from None
     program = Program(nb, "")

@@ -27,7 +27,10 @@ binding is reported too, and the rule that adds it is dropped: a refusal, never 
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from typing import Iterable, NamedTuple, Optional
+
+from accelerate_rewrite.codemod.tree.toplevel import python_tree
 
 #: the set of every name: what is "bound" after a statement that never falls through
 _ALL = frozenset({"*"})
@@ -294,11 +297,14 @@ def _as_store(node: ast.Delete) -> ast.AST:
     return ast.Tuple(node.targets, ast.Store())
 
 
+@lru_cache(maxsize=16)
 def maybe_unbound(source: str) -> dict[tuple[str, str], list[int]]:
     """(scope, name) -> the lines where a name of that scope is read at a point that some path
-    reaches without binding it (one per read). Empty for a source that does not parse."""
+    reaches without binding it (one per read). Empty for a source that does not parse. Made
+    once per text (a module's input is asked at every attempt of its program, and in every
+    program of a run that holds it): a mapping to read, never to change."""
     try:
-        tree = ast.parse(source)
+        tree = python_tree(source)
     except (SyntaxError, ValueError):
         return {}
     return _reads([_Scope("<module>", tree.body)])
