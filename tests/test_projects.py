@@ -858,3 +858,55 @@ def test_a_module_that_only_prints_prints_once_on_two_processes(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     rows = [line for line in run.stdout.splitlines() if line.startswith("┃")]
     assert [row.split("┃")[1].strip() for row in rows] == ["0", "1"]
+
+
+def test_a_module_read_with_aliases_is_not_parsed_again_at_each_attempt(tmp_path, monkeypatch, capsys):
+    """A launcher whose program holds a script of its own that reads a module through its name
+    (DINO's run_with_submitit.py, main_dino.py and its ``utils.x``): the text each attempt makes
+    of that script is the code of a tree made of its own statements and the changed ones
+    (Unit.home_tree), which the compatible change and the keyword calls read instead of parsing
+    it. The run's output is the same as with that text parsed, and fewer texts are parsed."""
+    import libcst
+
+    from accelerate_rewrite.cli import main
+    from accelerate_rewrite.codemod.project.units import Unit
+
+    root = _engine_driver(tmp_path)
+    train = root / "train.py"
+    train.write_text(train.read_text(encoding="utf-8").replace(
+        "from engine import evaluate, train_one_epoch\n", "import engine\n").replace(
+        "        train_one_epoch(", "        engine.train_one_epoch(").replace(
+        "accuracy = evaluate(", "accuracy = engine.evaluate("), encoding="utf-8")
+    (root / "launch.py").write_text(
+        'import argparse\n\nimport train\n\nif __name__ == "__main__":\n'
+        '    args = argparse.Namespace(device="cpu", epochs=1, lr=0.1, batch_size=16, seed=0, output="m.pt")\n'
+        '    train.main(args)\n', encoding="utf-8")
+    real_parse, real_home = libcst.parse_module, Unit.home_tree
+    trees: list[bool] = []
+
+    def run(home) -> tuple[str, int]:
+        from accelerate_rewrite.codemod import engine, reading
+        from accelerate_rewrite.codemod.project import program
+        from accelerate_rewrite.codemod.tree.parse import parsed_text
+
+        for cache in (engine._analyse, engine._parsed, reading._module_split, parsed_text):
+            cache.cache_clear()
+        program._PROJECTS.clear()
+        parsed: list[str] = []
+        monkeypatch.setattr(libcst, "parse_module", lambda text, *a, **k: parsed.append(text) or real_parse(text, *a, **k))
+        monkeypatch.setattr(Unit, "home_tree", home)
+        with pytest.raises(SystemExit):
+            main([str(root / "launch.py"), str(train), str(root / "engine.py"), "--no-cache", "-j", "1",
+                  "--format", "json"])
+        return capsys.readouterr().out, len(parsed)
+
+    def home(self, new, code):
+        made = real_home(self, new, code)
+        trees.append(made is not None)
+        return made
+
+    with_trees, fewer = run(home)
+    parsed_again, more = run(lambda self, new, code: None)
+    assert trees and all(trees)
+    assert with_trees == parsed_again and '"path": "launch.py"' in with_trees.replace(str(root) + "/", "")
+    assert fewer < more

@@ -287,6 +287,15 @@ def _rewrite(
     #: of the last apply_to: unit -> the tree its text was printed from (None where the text is not
     #: that tree's code): what the compatible change reads instead of parsing the text again
     made_trees: dict[int, Optional[cst.Module]] = {}
+    #: of the last apply_to, for a unit read with aliases: the edits' result and its text, whose
+    #: tree (Unit.home_tree) is made when first asked for (``tree_of``)
+    home_made: dict[int, tuple[cst.Module, str]] = {}
+
+    def tree_of(unit: Unit) -> Optional[cst.Module]:
+        """The tree the unit's last text is the code of, where there is one (else None: parsed)."""
+        if unit.index in home_made:
+            made_trees[unit.index] = unit.home_tree(*home_made.pop(unit.index))
+        return made_trees.get(unit.index)
 
     #: of the last attempt: the keys of replacements an edit around them dropped (edits/edit_set.py)
     swallowed: set[int] = set()
@@ -306,8 +315,13 @@ def _rewrite(
             back = Realias(unit.aliases, unit.renames)
             new = new.with_changes(body=[back.along(s) if id(s) in unit.layout.statements else s for s in new.body])
         code = restore(unit.head, unit.roundtrip, splice.code if splice is not None else module_code(new))
-        # the tree whose code the text is, where it is (no alias read back, no line put back)
+        # the tree whose code the text is, where it is (no line put back; with the aliases read
+        # back, the file's own statements where the edits kept them: Unit.home_tree, when asked)
         made_trees[unit.index] = new if unit.printed_as_read else None
+        if unit.printed_as_read or unit.home is None:
+            home_made.pop(unit.index, None)
+        else:
+            home_made[unit.index] = (new, code)
         return code, (splice if unit.roundtrip == unit.head else None)
 
     for unit in units:
@@ -350,12 +364,14 @@ def _rewrite(
         """The unit's compatible change (codemod/project/compat.py), made once per text."""
         if not unit.compatible:
             return None
-        same = unit.printed_as_read  # the view is the file's tree
         free = unit.free(unit.source, code)
         key = (unit.index, head_code, free)
         if key not in compat_made:
-            compat_made[key] = compatible(unit.head, head_code, unit.view if same else None,
-                                          made_trees.get(unit.index), unit.layout if same else None, free=free)
+            # the file's tree and its layout: the view where it prints as read, else the file's own
+            # (the tree made is of its statements: Unit.home_tree), else the text parsed
+            layout = unit.layout if unit.printed_as_read else unit.home if unit.roundtrip == unit.head else None
+            compat_made[key] = compatible(unit.head, head_code, layout.module if layout is not None else None,
+                                          tree_of(unit), layout, free=free)
         return compat_made[key]
 
     def refused_only(chosen: Sequence[Rule]) -> list[str]:
@@ -409,6 +425,7 @@ def _rewrite(
             # a module other files import changes so that they keep working (codemod/project/compat.py)
             compats[unit.index] = (made, unit.users(unit.source, code))
             heads[unit.index], splices[unit.index], made_trees[unit.index] = made.code, None, made.tree
+            home_made.pop(unit.index, None)
         keyword_calls = {name: i for made, _ in compats.values() for name, i in made.keyword_calls.items()}
         program = tuple(heads)
         for unit in units:
@@ -417,7 +434,8 @@ def _rewrite(
                 # as the file spells them (``from utils import A as B``: ``B(fabric)``)
                 spelled = {**keyword_calls, **{unit.renames[n]: i for n, i in keyword_calls.items()
                                                if n in unit.renames}}
-                moved = calls_by_keyword(head_code, spelled, made_trees.get(unit.index), unit.layout)
+                moved = calls_by_keyword(head_code, spelled, tree_of(unit),
+                                         unit.layout if unit.printed_as_read or unit.home is None else unit.home)
                 if moved != head_code:
                     heads[unit.index], splices[unit.index] = moved, None
             if spelling is not None and heads[unit.index] != unit.head:

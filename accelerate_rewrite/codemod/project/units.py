@@ -59,12 +59,28 @@ class Unit:
     #: the comments and blank lines of the statements the trivia checks tokenized, by their code
     #: (codemod/edits/preserve.py)
     trivia: dict = field(default_factory=dict)
+    #: of a file read with aliases (whose view's statements are read without them): the layout
+    #: of the file's own tree, and each view statement's own statement (by the view's id); a
+    #: result is then a tree of the file's own statements and the changed ones (``home_tree``)
+    home: Optional[Layout] = None
+    home_of: dict[int, cst.BaseStatement] = field(default_factory=dict)
 
     @property
     def printed_as_read(self) -> bool:
         """Whether the view's tree prints as the file's text (and a tree made from it as the text
         made): no alias read back, no line LibCST prints otherwise put back."""
         return self.roundtrip == self.head and not (self.aliases or self.renames)
+
+    def home_tree(self, new: cst.Module, code: str) -> Optional[cst.Module]:
+        """For a file read with aliases that prints as read: the tree whose code is ``code``, the
+        edits' result ``new`` (its changed statements read with the aliases again), with the
+        statements the edits kept as the file's own (``home_of``); None where that tree's code
+        is not ``code`` (then the text is parsed). What the compatible change and the keyword
+        calls read, instead of parsing the text made at each attempt."""
+        if self.home is None or self.roundtrip != self.head:
+            return None
+        tree = new.with_changes(body=[self.home_of.get(id(s), s) for s in new.body])
+        return tree if self.home.code_of(tree) == code else None
 
     def local(self, line: int) -> Optional[int]:
         unit, local = self.where(line)
@@ -88,6 +104,7 @@ def units_of(facts: "ScriptFacts", project: Project, scope: Scope) -> list[Unit]
         own = part.layout if part.layout is not None else Layout(part.module)
         # each statement printed as the file's own (read through its aliases again, if it has any)
         known = {id(v): own.piece(o) for v, o in zip(view.body, part.module.body)}
+        aliased = bool(part.aliases or part.renames)
         unit = Unit(
             path=part.path, source=part.source, head=part.head, tail=part.tail, roundtrip=own.code,
             view=view, layout=Layout(view, known=known),
@@ -99,7 +116,8 @@ def units_of(facts: "ScriptFacts", project: Project, scope: Scope) -> list[Unit]
             free=lambda before, after, path=part.path: frozenset(
                 n for n in (changed_names(before, after) or ()) if scope.refusal(path, frozenset({n})) is None),
             aliases=part.aliases, renames=part.renames,
-            parent=facts.parent)
+            parent=facts.parent, home=own if aliased else None,
+            home_of={id(v): o for v, o in zip(view.body, part.module.body)} if aliased else {})
         unit.first_read = lambda name, u=unit: (lambda line: u.local(line) if line is not None else None)(
             facts.first_read(name))
         units.append(unit)
