@@ -369,7 +369,7 @@ def _rewrite(
         if key not in compat_made:
             # the file's tree and its layout: the view where it prints as read, else the file's own
             # (the tree made is of its statements: Unit.home_tree), else the text parsed
-            layout = unit.layout if unit.printed_as_read else unit.home if unit.roundtrip == unit.head else None
+            layout = unit.made_layout()
             compat_made[key] = compatible(unit.head, head_code, layout.module if layout is not None else None,
                                           tree_of(unit), layout, free=free)
         return compat_made[key]
@@ -434,8 +434,7 @@ def _rewrite(
                 # as the file spells them (``from utils import A as B``: ``B(fabric)``)
                 spelled = {**keyword_calls, **{unit.renames[n]: i for n, i in keyword_calls.items()
                                                if n in unit.renames}}
-                moved = calls_by_keyword(head_code, spelled, tree_of(unit),
-                                         unit.layout if unit.printed_as_read or unit.home is None else unit.home)
+                moved = calls_by_keyword(head_code, spelled, tree_of(unit), unit.made_layout() or unit.layout)
                 if moved != head_code:
                     heads[unit.index], splices[unit.index] = moved, None
             if spelling is not None and heads[unit.index] != unit.head:

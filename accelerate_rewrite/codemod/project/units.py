@@ -71,6 +71,14 @@ class Unit:
         made): no alias read back, no line LibCST prints otherwise put back."""
         return self.roundtrip == self.head and not (self.aliases or self.renames)
 
+    def made_layout(self) -> Optional[Layout]:
+        """The layout of the trees made for this file (``home_tree``, and a compatible change's of
+        them): the view's where it prints as read, the file's own where it is read with aliases
+        and prints as read; None where LibCST prints it otherwise (its texts are parsed)."""
+        if self.printed_as_read:
+            return self.layout
+        return self.home if self.roundtrip == self.head else None
+
     def home_tree(self, new: cst.Module, code: str) -> Optional[cst.Module]:
         """For a file read with aliases that prints as read: the tree whose code is ``code``, the
         edits' result ``new`` (its changed statements read with the aliases again), with the
