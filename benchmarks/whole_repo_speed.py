@@ -114,9 +114,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     for r in sorted(rows, key=lambda r: r["ratio"] or 0):
         print(f"| {r['repo']} | {r['files']} | {r['lines']} | {r['ours']:.2f} | {r['torchfix']:.2f} | "
               f"{r['ratio']:.2f}x |")
+    # each round's totals, paired (the box moves between rounds: both tools of a round ran together)
+    paired = [sum(r["rounds"]["torchfix"][i] for r in rows) / sum(r["rounds"]["ours"][i] for r in rows)
+              for i in range(args.runs)]
     print(f"\n{len(rows)} repositories, medians of {args.runs} paired rounds: ours {total_ours:.1f} CPU-s, "
           f"TorchFix {total_theirs:.1f} CPU-s: **{total_theirs / total_ours:.2f}x** together; median "
-          f"{statistics.median(ratios):.2f}x, lowest {ratios[0]:.2f}x ({time.perf_counter() - started:.0f} s)")
+          f"{statistics.median(ratios):.2f}x, lowest {ratios[0]:.2f}x; each round's totals "
+          f"{', '.join(f'{p:.2f}x' for p in paired)} ({time.perf_counter() - started:.0f} s)")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "runs": args.runs}, indent=2))
     return 0
