@@ -12,8 +12,9 @@ process) around each file's ``prepare`` (prepare.py: read, choose the rules, rew
 then, in the same process, LibCST's parse of each file (the least of 3; the process is warm, as
 it is for every file of the run but the first). A file's figure is its own ``prepare``: a module
 that a script of the run follows is analysed in that script's program too, and that time is the
-script's (its parse as well, when the script reads it first). The first file of each run also
-pays the rules' import; the start (the interpreter, the command line, LibCST) is no file's.
+script's (its parse as well, when the script reads it first). The import of LibCST and of the
+rules comes before the first file (the runner's choice of each script's options imports them):
+it is the run's, as the start is, no file's.
 
 Each file is put in one class, by its text and its result:
 
