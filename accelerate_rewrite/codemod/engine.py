@@ -5,7 +5,8 @@ registry): nothing in codemod/ imports rules/."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Mapping, Optional, Protocol, Sequence
+from functools import partial
+from typing import Callable, Mapping, Optional, Protocol, Sequence, Union
 
 import difflib
 import os
@@ -286,16 +287,15 @@ def _rewrite(
 
     #: of the last apply_to: unit -> the tree its text was printed from (None where the text is not
     #: that tree's code): what the compatible change reads instead of parsing the text again
-    made_trees: dict[int, Optional[cst.Module]] = {}
-    #: of the last apply_to, for a unit read with aliases: the edits' result and its text, whose
-    #: tree (Unit.home_tree) is made when first asked for (``tree_of``)
-    home_made: dict[int, tuple[cst.Module, str]] = {}
+    #: (for a unit read with aliases, what makes that tree when first asked for: Unit.home_tree)
+    made_trees: dict[int, Union[cst.Module, Callable[[], Optional[cst.Module]], None]] = {}
 
     def tree_of(unit: Unit) -> Optional[cst.Module]:
         """The tree the unit's last text is the code of, where there is one (else None: parsed)."""
-        if unit.index in home_made:
-            made_trees[unit.index] = unit.home_tree(*home_made.pop(unit.index))
-        return made_trees.get(unit.index)
+        found = made_trees.get(unit.index)
+        if callable(found):
+            found = made_trees[unit.index] = found()
+        return found
 
     #: of the last attempt: the keys of replacements an edit around them dropped (edits/edit_set.py)
     swallowed: set[int] = set()
@@ -317,11 +317,8 @@ def _rewrite(
         code = restore(unit.head, unit.roundtrip, splice.code if splice is not None else module_code(new))
         # the tree whose code the text is, where it is (no line put back; with the aliases read
         # back, the file's own statements where the edits kept them: Unit.home_tree, when asked)
-        made_trees[unit.index] = new if unit.printed_as_read else None
-        if unit.printed_as_read or unit.home is None:
-            home_made.pop(unit.index, None)
-        else:
-            home_made[unit.index] = (new, code)
+        made_trees[unit.index] = new if unit.printed_as_read else \
+            partial(unit.home_tree, new, code) if unit.home is not None else None
         return code, (splice if unit.roundtrip == unit.head else None)
 
     for unit in units:
@@ -425,7 +422,6 @@ def _rewrite(
             # a module other files import changes so that they keep working (codemod/project/compat.py)
             compats[unit.index] = (made, unit.users(unit.source, code))
             heads[unit.index], splices[unit.index], made_trees[unit.index] = made.code, None, made.tree
-            home_made.pop(unit.index, None)
         keyword_calls = {name: i for made, _ in compats.values() for name, i in made.keyword_calls.items()}
         program = tuple(heads)
         for unit in units:
