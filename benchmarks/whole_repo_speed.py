@@ -5,6 +5,7 @@ command, one process each, paired run by run.
     python3 -m venv /tmp/torchfix-venv && /tmp/torchfix-venv/bin/pip install torchfix==0.7.0
     .venv/bin/python benchmarks/whole_repo_speed.py --torchfix /tmp/torchfix-venv/bin/torchfix
     .venv/bin/python benchmarks/whole_repo_speed.py --torchfix ... --only dino --runs 5 --keep /tmp/wr
+    .venv/bin/python benchmarks/whole_repo_speed.py --torchfix ... --skip unilm --skip pytorch-image-models
 
 The repositories are those of benchmarks/real_corpus.py's lists (``--tsv`` as there, default its
 default lists), each at the commit the list names, from the git mirrors (``--mirrors``),
@@ -36,12 +37,15 @@ import real_speed as rs  # noqa: E402
 ARGS = ["--precision", "bf16-mixed", "--devices", "4", "--no-cache", "-j", "1", "--format", "json"]
 
 
-def repositories(tables: list[Path], mirrors: Path, folder: Path, only: Optional[list[str]]) -> list[tuple[str, Path]]:
+def repositories(tables: list[Path], mirrors: Path, folder: Path, only: Optional[list[str]],
+                 skip: Optional[list[str]] = None) -> list[tuple[str, Path]]:
     """(repo@commit, its tree), once per repository and commit."""
     seen: dict[str, Path] = {}
     chosen = [e for t in tables if t.exists() for e in rc.read_tsv(t)]
     if only:
         chosen = [e for e in chosen if any(p.lower() in e.repo.lower() for p in only)]
+    if skip:
+        chosen = [e for e in chosen if not any(p.lower() in e.repo.lower() for p in skip)]
     for entry in chosen:
         key = f"{entry.repo}@{entry.commit[:7]}"
         if key in seen:
@@ -76,6 +80,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--tsv", action="append", type=Path, help="the corpus lists (default real_speed.py's: the 63)")
     parser.add_argument("--mirrors", type=Path, default=Path("/work/.mirror"))
     parser.add_argument("--only", action="append", metavar="PATTERN", help="repositories whose name holds it")
+    parser.add_argument("--skip", action="append", metavar="PATTERN", help="leave out repositories whose name holds it")
     parser.add_argument("--runs", type=int, default=3, help="paired rounds (default 3)")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the extracted trees here")
     parser.add_argument("--json", type=Path, metavar="PATH", help="dump the figures")
@@ -88,7 +93,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     try:
-        repos = repositories(args.tsv or list(rs.TABLES), args.mirrors, folder, args.only)
+        repos = repositories(args.tsv or list(rs.TABLES), args.mirrors, folder, args.only, args.skip)
         env = rs.environment(scratch)
         rs.cpu_of([tool, rs.WARM_UP.name, *ARGS], rs.WARM_UP.parent, env)  # bytecode, untimed
         rs.cpu_of([args.torchfix, rs.WARM_UP.name], rs.WARM_UP.parent, env)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import difflib
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -574,12 +576,52 @@ def test_the_engine_imports_libcst_matchers_without_printing_their_signatures():
     assert done.returncode == 0, done.stderr
 
 
+def test_the_code_of_libcsts_dataclass_methods_is_compiled_once_and_kept_as_bytecode_is(tmp_path):
+    """codemod/tree/startup.py: the first start compiles the methods dataclasses writes for
+    LibCST's nodes and matchers and keeps their code where Python keeps bytecode
+    (PYTHONPYCACHEPREFIX); the next start compiles none of them and its classes are the same;
+    a file it can't read is as none; under PYTHONDONTWRITEBYTECODE nothing is written."""
+    probe = (
+        "import dataclasses, json, sys\n"
+        "import accelerate_rewrite.api\n"
+        "import libcst as cst, libcst.matchers as m\n"
+        "from accelerate_rewrite.codemod.tree import startup\n"
+        "assert 'exec' not in vars(dataclasses)\n"
+        "node = cst.Name('x')\n"
+        "assert node == node and repr(cst.Name('x')).startswith('Name(') and m.matches(node, m.Name('x'))\n"
+        "try:\n"
+        "    node.value = 'y'\n"
+        "except dataclasses.FrozenInstanceError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('not frozen')\n"
+        "print(json.dumps([startup.compiled_here, startup.CACHE]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(tmp_path / "pycache")
+
+    def start(**more) -> tuple[int, str]:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env={**env, **more})
+        assert done.returncode == 0, done.stderr
+        return tuple(json.loads(done.stdout))
+
+    first, cache = start()
+    assert first > 500 and cache.startswith(str(tmp_path / "pycache")) and os.path.exists(cache)
+    assert start() == (0, cache)  # every method's code read back: nothing compiled
+    with open(cache, "wb") as file:
+        file.write(b"not this Python's")
+    assert start()[0] == first  # as none, and written again
+    assert start()[0] == 0
+    os.unlink(cache)
+    assert start(PYTHONDONTWRITEBYTECODE="1")[0] == first and not os.path.exists(cache)
+
+
 def _matchers_imported_by(way_in: str) -> None:
     probe = (
         "import dataclasses, inspect\n"
         f"import {way_in}\n"
         "import libcst as cst, libcst.matchers as m\n"
-        "assert dataclasses.inspect is inspect\n"
+        "assert dataclasses.inspect is inspect and 'exec' not in vars(dataclasses)\n"
         "assert m.Name.__doc__ == 'Name' and m.Call.__doc__ == 'Call', (m.Name.__doc__, m.Call.__doc__)\n"
         "assert cst.Name.__doc__.strip().startswith('A simple variable name')\n"
         "call = cst.parse_expression('torch.cuda.amp.autocast(enabled=True)')\n"

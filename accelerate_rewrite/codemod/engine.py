@@ -12,10 +12,12 @@ import difflib
 import os
 import re
 
+# first, before LibCST: its dataclasses' methods compiled once, the matchers without the
+# docstrings they would print (codemod/tree/startup.py)
+import accelerate_rewrite.codemod.tree.startup  # noqa: F401
+
 import libcst as cst
 
-# first: libcst.matchers imported without the docstrings it would print (codemod/tree/startup.py)
-import accelerate_rewrite.codemod.tree.startup  # noqa: F401
 from accelerate_rewrite.codemod.checks import check
 from accelerate_rewrite.codemod.edits.edit_set import apply_edits
 from accelerate_rewrite.codemod.analysis.facts import ScriptFacts

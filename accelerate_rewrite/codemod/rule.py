@@ -7,10 +7,12 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Optional
 
+# first, before LibCST: its dataclasses' methods compiled once, the matchers without the
+# docstrings they would print (codemod/tree/startup.py)
+import accelerate_rewrite.codemod.tree.startup  # noqa: F401
+
 import libcst as cst
 
-# first: libcst.matchers imported without the docstrings it would print (codemod/tree/startup.py)
-import accelerate_rewrite.codemod.tree.startup  # noqa: F401
 from accelerate_rewrite.codemod.edits.edit_set import EditSet
 from accelerate_rewrite.codemod.result import Kind, Note  # noqa: F401 (their home is codemod/result.py)
 from accelerate_rewrite.options import Options

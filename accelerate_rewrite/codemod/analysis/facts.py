@@ -250,7 +250,10 @@ class ScriptFacts(Places, Index, Flow):
         """The key an expression names: a Name (resolved through scopes) or ``self.attr``."""
         if isinstance(expr, cst.Name):
             return self.key_for_name(expr, expr.value)
-        if m.matches(expr, m.Attribute(value=m.Name("self"), attr=m.Name())):
+        # ``self.attr``; asked of every value of the program's flows (codemod/analysis/identity.py),
+        # so read as types, not with a matcher made and matched at each call
+        if type(expr) is cst.Attribute and type(expr.value) is cst.Name and expr.value.value == "self" \
+                and type(expr.attr) is cst.Name:
             func = self.function(expr)
             cls = self.enclosing_class(func) if func is not None else None
             if cls is not None:
