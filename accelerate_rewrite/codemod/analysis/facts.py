@@ -140,6 +140,8 @@ class ScriptFacts(Places, Index, Flow):
         self._memo: dict[object, object] = {}
         #: (id of a scope, name) -> (that scope, what ``assignments`` says of the name there)
         self._bound: dict[tuple[int, str], tuple[object, tuple]] = {}
+        #: id(``self.attr``) -> (it, its key or None): ``key_of``'s, asked again at each flow
+        self._self_keys: dict[int, tuple[cst.Attribute, Optional[Key]]] = {}
         self._ready = False
         self._self_attrs: list[cst.Attribute] = []
         #: keys of loaders built in a helper that returns them (codemod/analysis/returns.py): they are
@@ -254,10 +256,13 @@ class ScriptFacts(Places, Index, Flow):
         # so read as types, not with a matcher made and matched at each call
         if type(expr) is cst.Attribute and type(expr.value) is cst.Name and expr.value.value == "self" \
                 and type(expr.attr) is cst.Name:
-            func = self.function(expr)
-            cls = self.enclosing_class(func) if func is not None else None
-            if cls is not None:
-                return (cls, f"self.{expr.attr.value}")
+            found = self._self_keys.get(id(expr))  # (its function is found once: up its parents)
+            if found is None or found[0] is not expr:
+                func = self.function(expr)
+                cls = self.enclosing_class(func) if func is not None else None
+                found = self._self_keys[id(expr)] = (expr, (cls, f"self.{expr.attr.value}") if cls is not None else None)
+            if found[1] is not None:
+                return found[1]
         elif self.object_attributes and isinstance(expr, cst.Attribute) and isinstance(expr.value, cst.Name):
             return self._object_attribute(expr)
         return None

@@ -59,9 +59,10 @@ class Flow:
 
         by_name: dict[Key, list[Key]] = {}
         for target, value in self._aliases:
-            union(target, self.key_of(value))
-            if target is not None and self.key_of(value) is not None:
-                by_name.setdefault(target, []).append(self.key_of(value))
+            key = self.key_of(value)
+            union(target, key)
+            if target is not None and key is not None:
+                by_name.setdefault(target, []).append(key)
         for fn in self.functions.values():
             owner = fn.node if isinstance(fn.node, cst.FunctionDef) else init_of(fn.node)
             if owner is None:

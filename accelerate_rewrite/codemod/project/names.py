@@ -24,26 +24,45 @@ def _reads_through(code: str, through: str, names: set[str]) -> tuple[set[str], 
     read through ``through`` can't be followed: ``through`` read otherwise (``print(E)``,
     ``E.x = 1``), bound again, or a name it reads so also a name of the script's own (a local
     ``train`` beside ``E.train``), or spelled other than ``E.name``."""
-    tree = python_tree(code)
+    attributes, bare, others = _spelled(code)
     used: set[str] = set()
+    for attr, loaded, exact in attributes.get(through, ()):
+        if attr not in names:
+            return used, f"`{through}.{attr}` is not defined at its top level"
+        if not loaded:
+            return used, f"the script assigns `{through}.{attr}`"
+        if not exact:  # its code is more than ``through.name``: ``E . x``, ``(E).x``, a line break
+            return used, f"`{through}.{attr}` is spelled with spaces or a line break"
+        used.add(attr)
+    if through in bare:
+        return used, f"`{through}` is read other than as `{through}.name`"
+    clash = sorted(used & others)
+    if clash:
+        return used, f"`{clash[0]}` is both `{through}.{clash[0]}` and a name of the script"
+    return used, None
+
+
+@lru_cache(maxsize=16)  # (an importer is asked of each module it reads through a name, in each program)
+def _spelled(code: str) -> tuple[dict[str, list[tuple[str, bool, bool]]], frozenset[str], frozenset[str]]:
+    """What ``_reads_through`` reads of ``code``, in one walk: each ``base.attr`` of a bare name,
+    by base, in the walk's order (the attribute, whether it is read, whether its code is
+    ``base.attr`` exactly); the names read otherwise than as such a base; and every name the
+    code binds or reads (its own)."""
+    tree = python_tree(code)
+    attributes: dict[str, list[tuple[str, bool, bool]]] = {}
     bases: set[int] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == through:
-            if node.attr not in names:
-                return used, f"`{through}.{node.attr}` is not defined at its top level"
-            if not isinstance(node.ctx, ast.Load):
-                return used, f"the script assigns `{through}.{node.attr}`"
-            if node.end_lineno != node.lineno or (node.end_col_offset or 0) - node.col_offset \
-                    != len(f"{through}.{node.attr}".encode("utf-8")):  # (the columns count bytes)
-                # its code is more than ``through.name``: ``E . x``, ``(E).x``, a line break
-                return used, f"`{through}.{node.attr}` is spelled with spaces or a line break"
-            used.add(node.attr)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            exact = node.end_lineno == node.lineno and (node.end_col_offset or 0) - node.col_offset \
+                == len(f"{node.value.id}.{node.attr}".encode("utf-8"))  # (the columns count bytes)
+            attributes.setdefault(node.value.id, []).append((node.attr, isinstance(node.ctx, ast.Load), exact))
             bases.add(id(node.value))
+    bare: set[str] = set()
     others: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
-            if node.id == through and id(node) not in bases:
-                return used, f"`{through}` is read other than as `{through}.name`"
+            if id(node) not in bases:
+                bare.add(node.id)
             others.add(node.id)
         elif isinstance(node, ast.arg):
             others.add(node.arg)
@@ -53,10 +72,7 @@ def _reads_through(code: str, through: str, names: set[str]) -> tuple[set[str], 
             others.update(node.names)
         elif isinstance(node, ast.alias):
             others.add(node.asname or node.name.split(".")[0])
-    clash = sorted(used & others)
-    if clash:
-        return used, f"`{clash[0]}` is both `{through}.{clash[0]}` and a name of the script"
-    return used, None
+    return attributes, frozenset(bare), frozenset(others)
 
 
 class _Renaming(Along, cst.CSTTransformer):
@@ -223,16 +239,10 @@ def _needed(code: str, wanted: set[str]) -> Optional[set[str]]:
     also a script), left out of the analysis (its file keeps it). None where a name is read
     otherwise than by name (``globals()``, ``getattr(module, ...)``)."""
     try:
-        tree = python_tree(code)
+        defs, top = _reads_of(code)
     except (SyntaxError, ValueError):
         return None
-    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-
-    def reads(node: ast.AST) -> set[str]:
-        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-
-    todo = set(wanted) | {name for n in tree.body if not isinstance(n, tuple(type(d) for d in defs.values()))
-                          for name in reads(n)}
+    todo = set(wanted) | top
     if "globals" in todo or "__all__" in todo:
         return None
     needed: set[str] = set()
@@ -241,8 +251,23 @@ def _needed(code: str, wanted: set[str]) -> Optional[set[str]]:
         if name in needed or name not in defs:
             continue
         needed.add(name)
-        todo |= reads(defs[name])
+        todo |= defs[name]
     return needed
+
+
+@lru_cache(maxsize=16)  # (each program that follows the module asks, with the names it wants)
+def _reads_of(code: str) -> tuple[dict[str, frozenset[str]], frozenset[str]]:
+    """The names each top-level function and class of ``code`` reads (the last of a name), and
+    those its other top-level statements read."""
+    tree = python_tree(code)
+    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+    def reads(node: ast.AST) -> frozenset[str]:
+        return frozenset(n.id for n in ast.walk(node) if isinstance(n, ast.Name))
+
+    kinds = tuple(type(d) for d in defs.values())
+    top = frozenset(name for n in tree.body if not isinstance(n, kinds) for name in reads(n))
+    return {name: reads(node) for name, node in defs.items()}, top
 
 
 def _own_name(name: str, dotted: str) -> str:
