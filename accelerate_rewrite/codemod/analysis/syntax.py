@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional, Union
 import libcst as cst
 import libcst.matchers as m
 
-from accelerate_rewrite.codemod.tree.printing import code_for
+from accelerate_rewrite.codemod.tree.printing import code_once
 
 if TYPE_CHECKING:
     from accelerate_rewrite.codemod.analysis.view import Facts
@@ -20,7 +20,7 @@ def code(node: cst.CSTNode) -> str:
     """The source text of a node (of a name without brackets, its value: most nodes asked)."""
     if type(node) is cst.Name and not node.lpar:
         return node.value
-    return code_for(node)
+    return code_once(node)
 
 
 def short(node: cst.CSTNode, limit: int = 48) -> str:

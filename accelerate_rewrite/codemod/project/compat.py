@@ -53,7 +53,7 @@ import libcst as cst
 
 from accelerate_rewrite.codemod.project.guards import NAME, chosen, guard, reads_fabric
 from accelerate_rewrite.codemod.tree.parse import parsed_text
-from accelerate_rewrite.codemod.tree.printing import code_for, module_code
+from accelerate_rewrite.codemod.tree.printing import code_for, code_once, module_code
 
 #: whether the definition being merged is one no other file reads (``compatible``'s ``free``)
 _FREE: contextvars.ContextVar[bool] = contextvars.ContextVar("free", default=False)
@@ -83,28 +83,25 @@ class Compatible:
     changed: list[str] = field(default_factory=list)
 
 
-#: each node's code, printed once: id -> (the node, kept alive so that its id is not reused, its
-#: code); a merge compares the same statements' code many times, and each entry point of a
-#: repository merges the same shared module's statements again (``accelerate-rewrite .``)
-_CODES: dict[object, tuple[cst.CSTNode, str]] = {}
-_CODES_MAX = 50_000
+#: a statement's code without its leading lines, printed once (``_bare_code``): ("bare", id) ->
+#: (the statement, kept alive so that its id is not reused, its code)
+_BARE: dict[object, tuple[cst.CSTNode, str]] = {}
+_BARE_MAX = 20_000
 
 
 def _stmt_code(node: cst.CSTNode) -> str:
-    found = _CODES.get(id(node))
-    if found is None:
-        if len(_CODES) >= _CODES_MAX:
-            _CODES.clear()
-        found = _CODES[id(node)] = (node, code_for(node))
-    return found[1]
+    """Its code (printed once per node: a merge compares the same statements' code many times,
+    and each entry point of a repository merges the same shared module's statements again)."""
+    return code_once(node)
 
 
 def _bare_code(node: cst.BaseStatement) -> str:
     """``node``'s code without its leading blank lines and comments."""
-    key = ("bare", id(node))
-    found = _CODES.get(key)
-    if found is None:
-        found = _CODES[key] = (node, _stmt_code(node.with_changes(leading_lines=())))
+    found = _BARE.get(id(node))
+    if found is None or found[0] is not node:
+        if len(_BARE) >= _BARE_MAX:
+            _BARE.clear()
+        found = _BARE[id(node)] = (node, code_for(node.with_changes(leading_lines=())))
     return found[1]
 
 

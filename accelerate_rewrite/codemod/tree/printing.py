@@ -40,6 +40,25 @@ def code_for(node: cst.CSTNode, module: Optional[cst.Module] = None) -> str:
     return "".join(state.tokens)
 
 
+#: each node's code, printed once: id -> (the node, kept alive so that its id is not reused, its
+#: code). The trees of a repository's modules are parsed once and shared by the programs of every
+#: script that follows them: the analysis asks each program for the code of the same nodes
+#: (codemod/analysis/syntax.py ``code``), and a merge compares the same statements' code many
+#: times (codemod/project/compat.py)
+_CODES: dict[int, tuple[cst.CSTNode, str]] = {}
+_CODES_MAX = 50_000
+
+
+def code_once(node: cst.CSTNode) -> str:
+    """``code_for(node)``, printed once per node (LibCST's nodes never change)."""
+    found = _CODES.get(id(node))
+    if found is None or found[0] is not node:
+        if len(_CODES) >= _CODES_MAX:
+            _CODES.clear()
+        found = _CODES[id(node)] = (node, code_for(node))
+    return found[1]
+
+
 def module_code(module: cst.Module) -> str:
     """``module.code``."""
     return code_for(module, module)
