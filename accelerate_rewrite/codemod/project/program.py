@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import libcst as cst
 
-from accelerate_rewrite.codemod.tree.layout import Layout
+from accelerate_rewrite.codemod.tree.layout import Layout, layout_of
 from accelerate_rewrite.codemod.tree.printing import module_code
 from accelerate_rewrite.codemod.tree.toplevel import python_tree
 from accelerate_rewrite.codemod.project.names import (
@@ -193,7 +193,7 @@ def build(path: str, head: str, module: cst.Module, source: str,
     def line_of(part: Part, index: int) -> int:
         return part.starts[index] + len(getattr(part.module.body[index], "leading_lines", ()))
 
-    script.layout = Layout(module, text=head)
+    script.layout = layout_of(module, head)
     script.starts = script.layout.starts()
 
     def expand(part_index: int) -> list[tuple[int, int]]:
@@ -380,7 +380,7 @@ def build(path: str, head: str, module: cst.Module, source: str,
                     head=m_head, tail=m_tail, module=m_module, dotted=dotted, file=file, package=package, via=via)
         part.renames.update(own_names)
         part.needed = _needed(imported_code, wanted) if wanted else None
-        part.layout = Layout(m_module, text=m_head)
+        part.layout = layout_of(m_module, m_head)
         part.starts = part.layout.starts()
         parts.append(part)
         included[dotted] = index

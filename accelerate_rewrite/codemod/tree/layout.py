@@ -319,6 +319,25 @@ class Layout:
         return out
 
 
+#: a file's Layout, one for every program of a run that holds the file: id(tree) -> (the tree,
+#: its text, its Layout). A repository's modules are parsed once (codemod/tree/parse.py) and each
+#: entry point's program reads them again (``accelerate-rewrite .``): their statements' code, and
+#: the names each statement reads (``names_in``), are then known from the first program on
+_LAYOUTS: dict[int, tuple[cst.Module, str, "Layout"]] = {}
+_LAYOUTS_MAX = 64
+
+
+def layout_of(module: cst.Module, text: str) -> "Layout":
+    """``Layout(module, text=text)``, made once per tree and text (a Layout changes nothing of
+    its tree: what it makes, it makes once)."""
+    found = _LAYOUTS.get(id(module))
+    if found is None or found[0] is not module or found[1] != text:
+        if len(_LAYOUTS) >= _LAYOUTS_MAX:
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))
+        found = _LAYOUTS[id(module)] = (module, text, Layout(module, text=text))
+    return found[2]
+
+
 #: the name of a marker line ``Layout._marked`` puts where a kept inner statement's code goes
 _MARKER = "__accelerate_rewrite_kept_{}__"
 
