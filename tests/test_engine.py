@@ -578,9 +578,10 @@ def test_the_engine_imports_libcst_matchers_without_printing_their_signatures():
 
 def test_the_code_of_libcsts_dataclass_methods_is_compiled_once_and_kept_as_bytecode_is(tmp_path):
     """codemod/tree/startup.py: the first start compiles the methods dataclasses writes for
-    LibCST's nodes and matchers and keeps their code where Python keeps bytecode
-    (PYTHONPYCACHEPREFIX); the next start compiles none of them and its classes are the same;
-    a file it can't read is as none; under PYTHONDONTWRITEBYTECODE nothing is written."""
+    LibCST's nodes and matchers, and libcst.matchers with its annotations unread, and keeps
+    their code where Python keeps bytecode (PYTHONPYCACHEPREFIX); the next start compiles none of
+    them and its classes are the same; a file it can't read is as none; under
+    PYTHONDONTWRITEBYTECODE nothing is written."""
     probe = (
         "import dataclasses, json, sys\n"
         "import accelerate_rewrite.api\n"
@@ -589,6 +590,9 @@ def test_the_code_of_libcsts_dataclass_methods_is_compiled_once_and_kept_as_byte
         "assert 'exec' not in vars(dataclasses)\n"
         "node = cst.Name('x')\n"
         "assert node == node and repr(cst.Name('x')).startswith('Name(') and m.matches(node, m.Name('x'))\n"
+        "assert isinstance(m.Name.__annotations__['value'], str)  # the matchers' annotations unread\n"
+        "assert not isinstance(cst.Name.__annotations__['value'], str)  # the nodes' as ever\n"
+        "assert not any(type(f).__name__ == '_MatchersFinder' for f in sys.meta_path)\n"
         "try:\n"
         "    node.value = 'y'\n"
         "except dataclasses.FrozenInstanceError:\n"

@@ -1,4 +1,4 @@
-"""The engine's start, made shorter, in two ways, on this module's import (the two ways into the
+"""The engine's start, made shorter, in three ways, on this module's import (the two ways into the
 engine, codemod/engine.py and codemod/rule.py, import it before anything imports LibCST):
 
 - **The code of the methods ``dataclasses`` writes is compiled once** (``CompiledOnce``). Each
@@ -13,16 +13,24 @@ engine, codemod/engine.py and codemod/rule.py, import it before anything imports
   keyed by its whole text and compiled as ``exec`` compiles it (file ``<string>``, no
   ``__future__`` flags): the methods are the same, only not compiled again. A file this Python
   can't read (another version's, cut short) is as none.
+- **``libcst.matchers``' annotations are not evaluated** (``MatchersLoader``): its module is
+  compiled as with ``from __future__ import annotations`` (PEP 563), its code kept as the
+  methods' are (keyed by the file's path, modification time and size, as Python keys its own
+  bytecode). Each of its 174 classes annotates its fields with nested ``Union[...]`` of
+  matcher types, and evaluating them (typing hashing each nested union) is a third of its import.
+  Nothing reads them: ``m.matches`` reads the fields' values, ``dataclasses`` takes a string
+  annotation as it takes any, and the walks here read the annotations of LibCST's nodes
+  (libcst._nodes, evaluated as ever), never of its matchers.
 - **``libcst.matchers`` without the docstrings ``dataclasses`` writes** for its classes that have
-  none (``import_matchers``). Each of those classes (174 in LibCST 1.9) gets ``Name(value:
+  none (``_NoSignatures``). Each of those classes (174 in LibCST 1.9) gets ``Name(value:
   Union[str, ...] = ...)`` as its ``__doc__``: ``inspect.signature`` of the class, printed,
   every annotation of it rendered, 50-130 ms of every start. Here such a class's ``__doc__`` is
   its name alone, as ``dataclasses`` writes it where no signature can be taken; nothing reads
   it, and the classes are otherwise LibCST's own.
 
-Both are undone once the imports are done (``dataclasses`` gets its own ``exec`` and
-``inspect`` back), and where ``dataclasses``' internals moved, LibCST is imported as it is. The
-cache's answer (cache.py) imports neither LibCST nor the rules.
+All are undone once the imports are done (``dataclasses`` gets its own ``exec`` and ``inspect``
+back, the import system its finders), and where ``dataclasses``' internals moved, LibCST is
+imported as it is. The cache's answer (cache.py) imports neither LibCST nor the rules.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from __future__ import annotations
 import builtins
 import os
 import sys
+from importlib.machinery import PathFinder, SourceFileLoader
 from typing import Optional
 
 #: the file the codes are kept in (None where this Python keeps no bytecode)
@@ -85,6 +94,8 @@ class CompiledOnce:
         import marshal
 
         codes = self.codes if len(self.codes) <= MAX_CODES else {s: self.codes[s] for s in self.used}
+        # a module's code kept for another version of its file (LibCST upgraded): not kept on
+        codes = {key: code for key, code in codes.items() if not key.startswith(MODULE_KEY) or key in self.used}
         temporary = f"{self.path}.{os.getpid()}.tmp"
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -96,6 +107,52 @@ class CompiledOnce:
                 os.unlink(temporary)
             except OSError:
                 pass
+
+
+#: how a module's code is keyed among the methods' (no method's text starts so)
+MODULE_KEY = "\0annotations unread\0"
+_ANNOTATIONS = __import__("__future__").annotations.compiler_flag
+
+
+class MatchersLoader(SourceFileLoader):
+    """``libcst.matchers``' loader: its module compiled as with ``from __future__ import
+    annotations``, its code kept in ``once`` (``CompiledOnce``), not in its own bytecode file,
+    which other processes import as it is."""
+
+    def __init__(self, fullname: str, path: str, once: CompiledOnce) -> None:
+        super().__init__(fullname, path)
+        self.once = once
+
+    def get_code(self, fullname: str):
+        path = self.get_filename(fullname)
+        try:
+            stats = self.path_stats(path)
+        except OSError:
+            return super().get_code(fullname)
+        key = f"{MODULE_KEY}{path}\0{stats['mtime']!r}\0{stats['size']}"
+        code = self.once.codes.get(key)
+        if code is None:
+            code = self.once.codes[key] = compile(self.get_data(path), path, "exec", flags=_ANNOTATIONS,
+                                                  dont_inherit=True)
+            self.once.compiled += 1
+        self.once.used.add(key)
+        return code
+
+
+class _MatchersFinder:
+    """Finds ``libcst.matchers`` where Python finds it, to be loaded by ``MatchersLoader``."""
+
+    def __init__(self, once: CompiledOnce) -> None:
+        self.once = once
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "libcst.matchers":
+            return None
+        spec = PathFinder.find_spec(name, path, target)
+        if spec is None or type(spec.loader) is not SourceFileLoader or not spec.origin:
+            return None  # (bytecode alone, a zip: Python's own way)
+        spec.loader = MatchersLoader(name, spec.origin, self.once)
+        return spec
 
 
 class _NoSignatures:
@@ -131,7 +188,12 @@ def import_libcst() -> None:
         import libcst  # noqa: F401
 
         dataclasses.inspect = _NoSignatures  # type: ignore[attr-defined]
-        import libcst.matchers  # noqa: F401
+        finder = _MatchersFinder(once)
+        sys.meta_path.insert(0, finder)
+        try:
+            import libcst.matchers  # noqa: F401
+        finally:
+            sys.meta_path.remove(finder)
     finally:
         dataclasses.inspect = inspect  # type: ignore[attr-defined]
         if own is None:
