@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -181,6 +182,13 @@ class Reporter:
         return self._out
 
     @property
+    def out_file(self):
+        """stdout's file, as its console writes it (the console's own, where one is made or
+        given): JSON records and ``-o -`` are written there without making a console, whose
+        import (rich's) is a tenth of the start of a run."""
+        return self._out.file if self._out is not None else sys.stdout
+
+    @property
     def err(self) -> "Console":
         if self._err is None:
             self._err = make_console(stderr=True)
@@ -188,7 +196,7 @@ class Reporter:
 
     def _flush_out(self) -> None:
         try:
-            self.out.file.flush()
+            self.out_file.flush()
         except (AttributeError, ValueError):
             pass
 

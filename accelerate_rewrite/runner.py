@@ -82,8 +82,8 @@ def finish(prepared: Prepared, settings: Settings, report: Reporter) -> list[Out
             assert data is not None and settings.output is not None
             if settings.output == "-":
                 report._flush_out()
-                report.out.file.write(result.output)
-                report.out.file.flush()
+                report.out_file.write(result.output)
+                report.out_file.flush()
             else:
                 out = Path(settings.output)
                 same = os.path.realpath(out) == os.path.realpath(path)
@@ -148,8 +148,8 @@ def run(
         for outcome in finish(prepared, settings, report):
             tally.outcomes.append(outcome)
             if settings.output_format == "json":
-                report.out.file.write(json.dumps(record(outcome)) + "\n")
-                report.out.file.flush()
+                report.out_file.write(json.dumps(record(outcome)) + "\n")
+                report.out_file.flush()
 
     scopes, claimed = projects(targets, settings)
     first = [t for t in targets if t.path not in claimed]

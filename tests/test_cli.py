@@ -539,3 +539,29 @@ def test_help_imports_no_torch(tmp_path):
     assert proc.returncode == 0
     assert "Usage:" in proc.stdout
     assert not re.search(r"\b(torch|lightning)\b", proc.stderr)
+
+
+def test_json_records_are_written_without_loading_rich(tmp_path):
+    """``--format json`` (and ``-o -``) write to stdout as its console would, without making the
+    console: rich's import is a tenth of the start of every run (report.py ``out_file``)."""
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nmodel = torch.nn.Linear(2, 2)\n"
+                      "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                      "for x in range(3):\n    loss = model(torch.randn(4, 2)).sum()\n"
+                      "    loss.backward()\n    opt.step()\n")
+    probe = (
+        "import contextlib, io, json, sys\n"
+        "from accelerate_rewrite.cli import main\n"
+        f"sys.argv = ['accelerate-rewrite', {str(script)!r}, '--no-cache', '--format', 'json']\n"
+        "out = io.StringIO()\n"
+        "try:\n"
+        "    with contextlib.redirect_stdout(out):\n"
+        "        main()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "record = json.loads(out.getvalue().splitlines()[0])\n"
+        "assert record['changed'] and 'AR101' in record['rules'], record\n"
+        "assert not any(name == 'rich' or name.startswith('rich.') for name in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
