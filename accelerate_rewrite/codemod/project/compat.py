@@ -83,8 +83,8 @@ class Compatible:
     changed: list[str] = field(default_factory=list)
 
 
-#: a statement's code without its leading lines, printed once (``_bare_code``): ("bare", id) ->
-#: (the statement, kept alive so that its id is not reused, its code)
+#: a statement's code without its leading lines, printed once (``_bare_code``): id -> (the
+#: statement, kept alive so that its id is not reused, its code)
 _BARE: dict[object, tuple[cst.CSTNode, str]] = {}
 _BARE_MAX = 20_000
 
