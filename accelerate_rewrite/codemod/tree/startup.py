@@ -35,7 +35,9 @@ imported as it is. The cache's answer (cache.py) imports neither LibCST nor the 
 
 from __future__ import annotations
 
+import __future__
 import builtins
+import marshal
 import os
 import sys
 from importlib.machinery import PathFinder, SourceFileLoader
@@ -70,20 +72,24 @@ class CompiledOnce:
             with open(path, "rb") as file:
                 data = file.read()
             if data[:len(MAGIC_NUMBER)] == MAGIC_NUMBER:
-                codes = __import__("marshal").loads(data[len(MAGIC_NUMBER):])
+                codes = marshal.loads(data[len(MAGIC_NUMBER):])
                 if type(codes) is dict:
                     self.codes = codes
         except (OSError, ValueError, EOFError, TypeError):
             pass  # none yet, or not this Python's: compiled here
 
+    def code(self, key: str, make):
+        """The code kept under ``key``, or ``make()``'s, kept (and counted) here."""
+        code = self.codes.get(key)
+        if code is None:
+            code = self.codes[key] = make()
+            self.compiled += 1
+        self.used.add(key)
+        return code
+
     def exec(self, source, *args, **kwargs):
         if type(source) is str:
-            code = self.codes.get(source)
-            if code is None:
-                code = self.codes[source] = compile(source, "<string>", "exec", dont_inherit=True)
-                self.compiled += 1
-            self.used.add(source)
-            source = code
+            source = self.code(source, lambda: compile(source, "<string>", "exec", dont_inherit=True))
         return builtins.exec(source, *args, **kwargs)
 
     def save(self) -> None:
@@ -91,8 +97,6 @@ class CompiledOnce:
         be reading or writing it), unless Python writes no bytecode."""
         if not self.compiled or self.path is None or sys.dont_write_bytecode:
             return
-        import marshal
-
         codes = self.codes if len(self.codes) <= MAX_CODES else {s: self.codes[s] for s in self.used}
         # a module's code kept for another version of its file (LibCST upgraded): not kept on
         codes = {key: code for key, code in codes.items() if not key.startswith(MODULE_KEY) or key in self.used}
@@ -111,7 +115,7 @@ class CompiledOnce:
 
 #: how a module's code is keyed among the methods' (no method's text starts so)
 MODULE_KEY = "\0annotations unread\0"
-_ANNOTATIONS = __import__("__future__").annotations.compiler_flag
+_ANNOTATIONS = __future__.annotations.compiler_flag
 
 
 class MatchersLoader(SourceFileLoader):
@@ -130,13 +134,8 @@ class MatchersLoader(SourceFileLoader):
         except OSError:
             return super().get_code(fullname)
         key = f"{MODULE_KEY}{path}\0{stats['mtime']!r}\0{stats['size']}"
-        code = self.once.codes.get(key)
-        if code is None:
-            code = self.once.codes[key] = compile(self.get_data(path), path, "exec", flags=_ANNOTATIONS,
-                                                  dont_inherit=True)
-            self.once.compiled += 1
-        self.once.used.add(key)
-        return code
+        return self.once.code(key, lambda: compile(self.get_data(path), path, "exec", flags=_ANNOTATIONS,
+                                                   dont_inherit=True))
 
 
 class _MatchersFinder:
